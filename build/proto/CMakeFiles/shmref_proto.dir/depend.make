@@ -1,0 +1,2 @@
+# Empty dependencies file for shmref_proto.
+# This may be replaced when dependencies are built.

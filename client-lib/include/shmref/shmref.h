@@ -1,0 +1,135 @@
+/* shmref.h: libshmref, the client library of shmrefd. The only public header.
+ *
+ * A producer leases a buffer, writes into its mapping, and publishes it; publishing
+ * returns a descriptor (a 128-bit capability token and a size) that it hands to its
+ * consumers over any channel. A consumer acquires the descriptor and gets a read-only
+ * mapping of the same bytes. Every lease is released explicitly or when the connection
+ * closes (or the process dies); the daemon recycles the buffer once no one holds it.
+ *
+ * Conventions: functions that can fail return an int, >= 0 on success and -errno on
+ * failure; on failure no output parameter is written. Refusals from the daemon map to
+ * -EDQUOT (quota), -ENOSPC (pool full), -ENOENT (unknown or expired descriptor),
+ * -EACCES (refused by policy), -EPROTO (protocol violation) and others; the daemon's
+ * message is then in shmref_errmsg(). A connection is not thread-safe: use one per
+ * thread, or serialise calls. Compiles as C99 and C++. */
+#ifndef SHMREF_SHMREF_H
+#define SHMREF_SHMREF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define SHMREF_EXPORT __attribute__((visibility("default")))
+#else
+#define SHMREF_EXPORT
+#endif
+
+#define SHMREF_VERSION_MAJOR 0
+#define SHMREF_VERSION_MINOR 1
+#define SHMREF_VERSION_PATCH 0
+
+typedef struct shmref_conn shmref_conn;
+typedef struct shmref_buf shmref_buf;
+typedef struct shmref_status shmref_status;
+
+/* A descriptor: a plain value, safe to copy. Its text form starts with "shmref1:". */
+#define SHMREF_TOKEN_LEN 16
+#define SHMREF_DESC_TEXT_MAX 64   /* bytes of the text form, with its NUL */
+#define SHMREF_DESC_BINARY_MAX 32 /* bytes of the binary (msgpack) form */
+#define SHMREF_META_MAX 16384     /* bytes of metadata a publish may attach */
+
+typedef struct shmref_desc {
+    uint8_t token[SHMREF_TOKEN_LEN];
+    uint64_t size;
+} shmref_desc;
+
+/* shmref_connect: connect to shmrefd and say hello. path NULL means the default:
+ * $SHMREFD_SOCKET, else $XDG_RUNTIME_DIR/shmrefd.sock, else /run/shmrefd/shmrefd.sock.
+ * On success *ret_conn is owned by the caller: free it with shmref_close(). On failure
+ * nothing is returned; a refusal's message cannot be read (there is no connection), so
+ * the error code is all: -ENOENT / -ECONNREFUSED (no daemon), -EACCES, -EPROTONOSUPPORT. */
+SHMREF_EXPORT int shmref_connect(const char *path, shmref_conn **ret_conn);
+
+/* shmref_close: closes the connection. The daemon releases every lease it still held.
+ * Buffers obtained from it must not be used afterwards (their mappings are unmapped);
+ * their handles are freed. Accepts NULL. */
+SHMREF_EXPORT void shmref_close(shmref_conn *conn);
+
+/* shmref_errmsg: the message of the last failed call on conn (the daemon's words for a
+ * refusal, the library's otherwise), "" if none. Owned by conn, valid until its next call. */
+SHMREF_EXPORT const char *shmref_errmsg(const shmref_conn *conn);
+
+/* shmref_ping: one round trip. */
+SHMREF_EXPORT int shmref_ping(shmref_conn *conn);
+
+/* shmref_daemon_pid: the daemon's pid, as it said in hello. */
+SHMREF_EXPORT int shmref_daemon_pid(const shmref_conn *conn);
+
+/* shmref_lease: a writable buffer of at least size bytes (size > 0). The daemon charges
+ * the tenant's quota for the buffer's size class. *ret_buf is owned by the caller until
+ * shmref_release() or shmref_close(). */
+SHMREF_EXPORT int shmref_lease(shmref_conn *conn, size_t size, shmref_buf **ret_buf);
+
+/* shmref_publish: makes the first len bytes of a leased buffer readable by anyone who
+ * gets the descriptor. keep_ms > 0 asks the daemon to keep the buffer alive that long
+ * with no holder, so the producer may release or exit before its consumer acquires; the
+ * retention ends at the first acquire. meta (up to SHMREF_META_MAX bytes, may be NULL)
+ * is returned to every consumer: dtype, shape, a manifest. The producer keeps its lease
+ * and must not write after publishing. A buffer is published at most once. */
+SHMREF_EXPORT int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms,
+                                 const void *meta, size_t meta_len, shmref_desc *ret_desc);
+
+/* shmref_acquire: a read-only view of a published buffer. -ENOENT when the descriptor
+ * is unknown, released by everyone, or its retention ran out; -EINVAL when the size in
+ * the descriptor does not match. *ret_buf is owned by the caller until shmref_release(). */
+SHMREF_EXPORT int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_buf);
+
+/* shmref_release: drops this holder's reference and frees the handle, which must not be
+ * used again, whatever the result. The library may keep the mapping cached for the
+ * next lease of the same buffer; the memory may still be readable, but reading it is a
+ * bug. Accepts NULL (returns 0). */
+SHMREF_EXPORT int shmref_release(shmref_buf *buf);
+
+/* Accessors of a buffer handle. data is writable for a lease, read-only for an acquire.
+ * size: the usable size (the leased size, or the published size for an acquire);
+ * capacity: the bytes behind the mapping (the size class). */
+SHMREF_EXPORT void *shmref_buf_data(const shmref_buf *buf);
+SHMREF_EXPORT size_t shmref_buf_size(const shmref_buf *buf);
+SHMREF_EXPORT size_t shmref_buf_capacity(const shmref_buf *buf);
+SHMREF_EXPORT int shmref_buf_writable(const shmref_buf *buf);
+/* The metadata the producer attached (NULL and 0 if none). Owned by buf. */
+SHMREF_EXPORT const void *shmref_buf_meta(const shmref_buf *buf, size_t *ret_len);
+
+/* Descriptor forms. to_text writes a NUL-terminated string of fewer than
+ * SHMREF_DESC_TEXT_MAX bytes and returns its length (-ENOBUFS if cap is too small);
+ * from_text accepts the string with surrounding whitespace (-EINVAL otherwise).
+ * to_binary returns the length written (-EMSGSIZE); from_binary returns 0 or -EINVAL. */
+SHMREF_EXPORT int shmref_desc_to_text(const shmref_desc *desc, char *buf, size_t cap);
+SHMREF_EXPORT int shmref_desc_from_text(const char *text, shmref_desc *ret_desc);
+SHMREF_EXPORT int shmref_desc_to_binary(const shmref_desc *desc, void *buf, size_t cap);
+SHMREF_EXPORT int shmref_desc_from_binary(const void *buf, size_t len, shmref_desc *ret_desc);
+
+/* shmref_status_get: a snapshot of the daemon's state. *ret_status is owned by the
+ * caller: free it with shmref_status_free() (accepts NULL). The snapshot is a tree of
+ * maps and arrays addressed by dotted paths: "pool.bytes_total", "clients.0.pid",
+ * "pool.classes.2.size". The keys are documented in the README. */
+SHMREF_EXPORT int shmref_status_get(shmref_conn *conn, shmref_status **ret_status);
+SHMREF_EXPORT void shmref_status_free(shmref_status *status);
+/* The snapshot as one JSON object (NUL-terminated, owned by status). NULL on ENOMEM. */
+SHMREF_EXPORT const char *shmref_status_json(shmref_status *status);
+/* An unsigned integer at path: 0, -ENOENT (no such path), -EINVAL (not an integer). */
+SHMREF_EXPORT int shmref_status_u64(const shmref_status *status, const char *path, uint64_t *ret);
+/* A string at path, NUL-terminated, owned by status: 0, -ENOENT or -EINVAL. */
+SHMREF_EXPORT int shmref_status_str(const shmref_status *status, const char *path, const char **ret);
+/* The number of elements of the array (or pairs of the map) at path, or -ENOENT/-EINVAL. */
+SHMREF_EXPORT int shmref_status_count(const shmref_status *status, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

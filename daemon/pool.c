@@ -1,0 +1,348 @@
+/* pool.c: see pool.h. Backing files are unlinked from birth (O_TMPFILE in the pool
+ * directory, or memfd), so nothing is left behind when the daemon dies. Creating and
+ * reserving a buffer (fallocate of up to gigabytes) runs in libuv's thread pool; all
+ * other state is touched only on the loop thread. */
+#include "pool.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "units.h"
+
+struct pool_class {
+    struct pool_class_stat st;
+    struct pool_buf *free_head;
+};
+
+struct pool {
+    uv_loop_t *loop;
+    char *dir;
+    bool use_memfd;
+    uint64_t cap, unit;
+    unsigned unit_bits;
+    uint64_t bytes_alloc, bytes_warm;
+    uint64_t next_id;
+    unsigned creating;
+    struct pool_buf *lru_head, *lru_tail;
+    struct pool_counters counters;
+    struct pool_class classes[POOL_MAX_CLASSES];
+};
+
+struct pool_create {
+    uv_work_t work;
+    struct pool *pool;
+    uint64_t size;
+    uint16_t cls;
+    uint32_t tenant;
+    int fd, err;
+    pool_get_cb cb;
+    void *data;
+};
+
+static char why_buf[512];
+
+static int probe_tmpfile(const char *dir)
+{
+    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    close(fd);
+    return 0;
+}
+
+int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
+             struct pool **ret, const char **ret_why)
+{
+    struct statvfs sv;
+    char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX];
+
+    if (statvfs(dir, &sv) < 0) {
+        int e = errno;
+        snprintf(why_buf, sizeof(why_buf), "pool directory %s: %s", dir, strerror(e));
+        *ret_why = why_buf;
+        return -e;
+    }
+    uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+    if (cap > avail) {
+        snprintf(why_buf, sizeof(why_buf),
+                 "pool size %s (%llu bytes) does not fit in %s: %s (%llu bytes) available; "
+                 "lower --pool-size or enlarge the tmpfs (for docker: --shm-size)",
+                 units_format(cap, a), (unsigned long long)cap, dir, units_format(avail, b),
+                 (unsigned long long)avail);
+        *ret_why = why_buf;
+        return -ENOSPC;
+    }
+    if (!use_memfd) {
+        int r = probe_tmpfile(dir);
+        if (r < 0) {
+            snprintf(why_buf, sizeof(why_buf), "pool directory %s does not support O_TMPFILE: %s",
+                     dir, strerror(-r));
+            *ret_why = why_buf;
+            return r;
+        }
+    }
+    struct pool *p = calloc(1, sizeof(*p));
+    if (!p || !(p->dir = strdup(dir))) {
+        free(p);
+        *ret_why = "out of memory";
+        return -ENOMEM;
+    }
+    p->loop = loop;
+    p->use_memfd = use_memfd;
+    p->cap = cap;
+    p->unit = (uint64_t)sysconf(_SC_PAGESIZE);
+    p->unit_bits = (unsigned)__builtin_ctzll(p->unit);
+    *ret = p;
+    return 0;
+}
+
+/* class_of: the class index and size for size bytes, or -1 if beyond every class. */
+static int class_of(const struct pool *p, uint64_t size, uint64_t *ret_size)
+{
+    uint64_t u = p->unit;
+    if (size == 0)
+        size = 1;
+    if (size > (1ULL << 46))
+        return -1;
+    uint64_t n = (size + u - 1) / u * u;
+    if (n <= 4 * u) {
+        *ret_size = n;
+        return (int)(n / u) - 1;
+    }
+    unsigned k = 63 - (unsigned)__builtin_clzll(n);
+    uint64_t step = 1ULL << (k - 2);
+    n = (n + step - 1) & ~(step - 1);
+    k = 63 - (unsigned)__builtin_clzll(n);
+    unsigned m = (unsigned)(n >> (k - 2)); /* 4..7 */
+    int idx = 3 + (int)(k - p->unit_bits - 2) * 4 + (int)(m - 4);
+    if (idx >= POOL_MAX_CLASSES)
+        return -1;
+    *ret_size = n;
+    return idx;
+}
+
+uint64_t pool_class_size(const struct pool *p, uint64_t size)
+{
+    uint64_t n;
+    return class_of(p, size, &n) < 0 ? 0 : n;
+}
+
+static void lru_unlink(struct pool *p, struct pool_buf *b)
+{
+    struct pool_class *c = &p->classes[b->cls];
+    if (b->lru_prev) b->lru_prev->lru_next = b->lru_next; else p->lru_head = b->lru_next;
+    if (b->lru_next) b->lru_next->lru_prev = b->lru_prev; else p->lru_tail = b->lru_prev;
+    if (b->cls_prev) b->cls_prev->cls_next = b->cls_next; else c->free_head = b->cls_next;
+    if (b->cls_next) b->cls_next->cls_prev = b->cls_prev;
+    b->lru_prev = b->lru_next = b->cls_prev = b->cls_next = NULL;
+    b->is_free = false;
+    c->st.nfree--;
+    p->bytes_warm -= b->size;
+}
+
+static void retire(struct pool *p, struct pool_buf *b)
+{
+    p->classes[b->cls].st.total--;
+    p->bytes_alloc -= b->size;
+    p->counters.retired++;
+    close(b->fd);
+    if (b->ro_fd >= 0)
+        close(b->ro_fd);
+    free(b);
+}
+
+/* make_room: evict the least recently used free buffers until need more bytes fit. */
+static int make_room(struct pool *p, uint64_t need)
+{
+    while (p->bytes_alloc + need > p->cap && p->lru_head) {
+        struct pool_buf *b = p->lru_head;
+        lru_unlink(p, b);
+        p->counters.evicted++;
+        retire(p, b);
+    }
+    return p->bytes_alloc + need > p->cap ? -ENOSPC : 0;
+}
+
+static void create_work(uv_work_t *w)
+{
+    struct pool_create *c = w->data;
+    struct pool *p = c->pool;
+    int fd = p->use_memfd ? memfd_create("shmref", MFD_CLOEXEC)
+                          : open(p->dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        c->err = -errno;
+        return;
+    }
+    int r;
+    do
+        r = fallocate(fd, 0, 0, (off_t)c->size);
+    while (r < 0 && errno == EINTR);
+    if (r < 0) {
+        c->err = -errno;
+        close(fd);
+        return;
+    }
+    c->fd = fd;
+}
+
+static void create_done(uv_work_t *w, int status)
+{
+    struct pool_create *c = w->data;
+    struct pool *p = c->pool;
+    struct pool_buf *b = NULL;
+
+    p->creating--;
+    if (status < 0 && c->err == 0)
+        c->err = status;
+    if (c->err == 0 && !(b = calloc(1, sizeof(*b)))) {
+        close(c->fd);
+        c->err = -ENOMEM;
+    }
+    if (c->err < 0) {
+        p->bytes_alloc -= c->size;
+        p->counters.create_failed++;
+        c->cb(p, NULL, c->err, c->data);
+        free(c);
+        return;
+    }
+    b->id = ++p->next_id;
+    b->fd = c->fd;
+    b->ro_fd = -1;
+    b->size = c->size;
+    b->tenant = c->tenant;
+    b->gen = 1;
+    b->cls = c->cls;
+    p->classes[c->cls].st.size = c->size;
+    p->classes[c->cls].st.total++;
+    p->counters.created++;
+    c->cb(p, b, 0, c->data);
+    free(c);
+}
+
+int pool_get(struct pool *p, uint64_t size, uint32_t tenant, struct pool_buf **ret,
+             pool_get_cb cb, void *data)
+{
+    uint64_t csize;
+    int idx = class_of(p, size, &csize);
+    if (idx < 0)
+        return -EFBIG;
+    struct pool_class *c = &p->classes[idx];
+
+    /* Prefer the tenant's own warm buffer, else one nobody has mapped yet. */
+    struct pool_buf *pick = NULL;
+    for (struct pool_buf *b = c->free_head; b; b = b->cls_next) {
+        if (b->tenant == tenant) {
+            pick = b;
+            break;
+        }
+        if (b->tenant == POOL_NO_TENANT && !pick)
+            pick = b;
+    }
+    if (pick) {
+        lru_unlink(p, pick);
+        pick->tenant = tenant;
+        pick->gen++;
+        p->counters.recycled++;
+        *ret = pick;
+        return 0;
+    }
+    if (make_room(p, csize) < 0)
+        return -ENOSPC;
+    struct pool_create *cr = calloc(1, sizeof(*cr));
+    if (!cr)
+        return -ENOMEM;
+    cr->work.data = cr;
+    cr->pool = p;
+    cr->size = csize;
+    cr->cls = (uint16_t)idx;
+    cr->tenant = tenant;
+    cr->fd = -1;
+    cr->cb = cb;
+    cr->data = data;
+    int r = uv_queue_work(p->loop, &cr->work, create_work, create_done);
+    if (r < 0) {
+        free(cr);
+        return r;
+    }
+    p->bytes_alloc += csize;
+    p->creating++;
+    return 1;
+}
+
+void pool_put(struct pool *p, struct pool_buf *b)
+{
+    if (b->foreign) {
+        retire(p, b);
+        return;
+    }
+    struct pool_class *c = &p->classes[b->cls];
+    b->is_free = true;
+    b->lru_prev = p->lru_tail;
+    b->lru_next = NULL;
+    if (p->lru_tail) p->lru_tail->lru_next = b; else p->lru_head = b;
+    p->lru_tail = b;
+    b->cls_prev = NULL;
+    b->cls_next = c->free_head;
+    if (c->free_head)
+        c->free_head->cls_prev = b;
+    c->free_head = b;
+    c->st.nfree++;
+    p->bytes_warm += b->size;
+}
+
+int pool_ro_fd(struct pool *p, struct pool_buf *b)
+{
+    char path[64];
+    (void)p;
+    if (b->ro_fd >= 0)
+        return b->ro_fd;
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", b->fd);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    b->ro_fd = fd;
+    return fd;
+}
+
+void pool_free(struct pool *p)
+{
+    if (!p)
+        return;
+    while (p->lru_head) {
+        struct pool_buf *b = p->lru_head;
+        lru_unlink(p, b);
+        retire(p, b);
+    }
+    free(p->dir);
+    free(p);
+}
+
+uint64_t pool_cap(const struct pool *p) { return p->cap; }
+uint64_t pool_bytes_alloc(const struct pool *p) { return p->bytes_alloc; }
+uint64_t pool_bytes_warm(const struct pool *p) { return p->bytes_warm; }
+const char *pool_dir(const struct pool *p) { return p->dir; }
+const char *pool_kind(const struct pool *p) { return p->use_memfd ? "memfd" : "tmpfile"; }
+struct pool_counters pool_counters(const struct pool *p) { return p->counters; }
+
+uint64_t pool_fs_available(const struct pool *p)
+{
+    struct statvfs sv;
+    if (statvfs(p->dir, &sv) < 0)
+        return 0;
+    return (uint64_t)sv.f_bavail * sv.f_frsize;
+}
+
+unsigned pool_classes(const struct pool *p, struct pool_class_stat *ret, unsigned max)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < POOL_MAX_CLASSES && n < max; i++)
+        if (p->classes[i].st.total > 0)
+            ret[n++] = p->classes[i].st;
+    return n;
+}

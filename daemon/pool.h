@@ -1,0 +1,84 @@
+/* pool.h: the pool of pre-faulted shared-memory buffers. Private to the daemon.
+ * Invariants: every buffer's pages are reserved (fallocate) before it is handed out, so a
+ * full tmpfs is an error at lease time, never a SIGBUS in a client; bytes_alloc (every
+ * backing file, including those being created) never exceeds the cap; a free buffer is
+ * reused only by its own tenant, and a buffer another tenant has mapped is never reused. */
+#ifndef SHMREFD_POOL_H
+#define SHMREFD_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <uv.h>
+
+#define POOL_NO_TENANT ((uint32_t)-1)
+#define POOL_MAX_CLASSES 256
+
+struct pool_buf {
+    uint64_t id;            /* unique per backing file for the daemon's lifetime */
+    int fd;                 /* O_RDWR, owned by the pool */
+    int ro_fd;              /* O_RDONLY reopen, made on first acquire, or -1 */
+    uint64_t size;          /* the class size: bytes reserved */
+    uint32_t tenant;        /* uid that may reuse it; POOL_NO_TENANT if never leased */
+    uint32_t gen;           /* how many times it has been leased */
+    uint16_t cls;
+    bool foreign;           /* mapped by another uid than tenant: retire on return */
+    bool is_free;
+    struct pool_buf *lru_prev, *lru_next; /* all free buffers, oldest first */
+    struct pool_buf *cls_prev, *cls_next; /* free buffers of this class */
+};
+
+struct pool_class_stat {
+    uint64_t size;
+    uint32_t total;         /* buffers of this class that exist (free or in use) */
+    uint32_t nfree;
+};
+
+struct pool_counters {
+    uint64_t created, recycled, retired, evicted, create_failed;
+};
+
+struct pool;
+
+/* Completion of an asynchronous create: buf is NULL and err < 0 on failure. The
+ * callback always runs (on the loop thread), even during shutdown. */
+typedef void (*pool_get_cb)(struct pool *pool, struct pool_buf *buf, int err, void *data);
+
+/* pool_new: opens the pool in dir, capped at cap bytes (0 means no cap is checked).
+ * Refuses, with the numbers in *ret_why (a static buffer), when cap exceeds the space
+ * statvfs reports for dir. use_memfd forces memfd_create instead of O_TMPFILE. */
+int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
+             struct pool **ret, const char **ret_why);
+/* pool_free: closes every buffer; in-flight creations must have completed. Accepts NULL. */
+void pool_free(struct pool *pool);
+
+/* pool_class_size: the size class that holds size bytes (page-rounded, then rounded up
+ * to one of four steps per power of two, so at most 25% is wasted); 0 if too large. */
+uint64_t pool_class_size(const struct pool *pool, uint64_t size);
+
+/* pool_get: a buffer of size's class for tenant. Returns 0 with *ret for a warm buffer;
+ * 1 when a new buffer is being created off the loop (cb will be called); -ENOSPC when
+ * the cap leaves no room even after evicting every free buffer; -EFBIG when size is
+ * beyond every class. */
+int pool_get(struct pool *pool, uint64_t size, uint32_t tenant, struct pool_buf **ret,
+             pool_get_cb cb, void *data);
+
+/* pool_put: a buffer no one holds any more. It goes back warm to its tenant's free list,
+ * or is retired (closed) if another tenant mapped it. */
+void pool_put(struct pool *pool, struct pool_buf *buf);
+
+/* pool_ro_fd: the read-only fd of buf (made on first use). Returns it or -errno. */
+int pool_ro_fd(struct pool *pool, struct pool_buf *buf);
+
+/* Accounting, for status and refusal messages. */
+uint64_t pool_cap(const struct pool *pool);
+uint64_t pool_bytes_alloc(const struct pool *pool);   /* every backing file */
+uint64_t pool_bytes_warm(const struct pool *pool);    /* free buffers, ready */
+uint64_t pool_fs_available(const struct pool *pool);  /* statvfs of the dir, now */
+const char *pool_dir(const struct pool *pool);
+const char *pool_kind(const struct pool *pool);       /* "tmpfile" or "memfd" */
+unsigned pool_classes(const struct pool *pool, struct pool_class_stat *ret, unsigned max);
+struct pool_counters pool_counters(const struct pool *pool);
+
+#endif

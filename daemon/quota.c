@@ -1,0 +1,140 @@
+/* quota.c: see quota.h. Tenants are few (one per uid using the daemon), so a flat array
+ * searched linearly is the simplest thing that is fast enough. */
+#include "quota.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "units.h"
+
+struct entry {
+    struct quota_tenant t;
+    bool own_limit;
+};
+
+struct quota {
+    uint64_t default_quota;
+    struct entry *v;
+    unsigned n, cap;
+};
+
+int quota_new(uint64_t default_quota, struct quota **ret)
+{
+    struct quota *q = calloc(1, sizeof(*q));
+    if (!q)
+        return -ENOMEM;
+    q->default_quota = default_quota;
+    *ret = q;
+    return 0;
+}
+
+void quota_free(struct quota *q)
+{
+    if (!q)
+        return;
+    free(q->v);
+    free(q);
+}
+
+static struct entry *find(const struct quota *q, uint32_t uid)
+{
+    for (unsigned i = 0; i < q->n; i++)
+        if (q->v[i].t.uid == uid)
+            return &q->v[i];
+    return NULL;
+}
+
+static struct entry *get(struct quota *q, uint32_t uid)
+{
+    struct entry *e = find(q, uid);
+    if (e)
+        return e;
+    if (q->n == q->cap) {
+        unsigned cap = q->cap ? q->cap * 2 : 8;
+        struct entry *v = realloc(q->v, cap * sizeof(*v));
+        if (!v)
+            return NULL;
+        q->v = v;
+        q->cap = cap;
+    }
+    e = &q->v[q->n++];
+    *e = (struct entry){ .t = { .uid = uid, .quota = q->default_quota } };
+    return e;
+}
+
+/* Drop entries that hold nothing and have no limit of their own. */
+static void prune(struct quota *q, struct entry *e)
+{
+    if (e->t.bytes || e->t.buffers || e->own_limit)
+        return;
+    *e = q->v[--q->n];
+}
+
+void quota_set_default(struct quota *q, uint64_t bytes)
+{
+    q->default_quota = bytes;
+    for (unsigned i = 0; i < q->n; i++)
+        if (!q->v[i].own_limit)
+            q->v[i].t.quota = bytes;
+}
+
+int quota_set(struct quota *q, uint32_t uid, uint64_t bytes)
+{
+    struct entry *e = get(q, uid);
+    if (!e)
+        return -ENOMEM;
+    e->t.quota = bytes;
+    e->own_limit = true;
+    return 0;
+}
+
+uint64_t quota_limit(const struct quota *q, uint32_t uid)
+{
+    const struct entry *e = find(q, uid);
+    return e ? e->t.quota : q->default_quota;
+}
+
+int quota_charge(struct quota *q, uint32_t uid, uint64_t bytes, char *why, size_t why_len)
+{
+    char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], c[UNITS_TEXT_MAX];
+    struct entry *e = get(q, uid);
+    if (!e) {
+        snprintf(why, why_len, "out of memory");
+        return -ENOMEM;
+    }
+    if (bytes > e->t.quota || e->t.bytes > e->t.quota - bytes) {
+        snprintf(why, why_len,
+                 "quota exceeded for uid %u: holds %s (%llu bytes), asks %s (%llu bytes), quota %s (%llu bytes)",
+                 uid, units_format(e->t.bytes, a), (unsigned long long)e->t.bytes,
+                 units_format(bytes, b), (unsigned long long)bytes,
+                 units_format(e->t.quota, c), (unsigned long long)e->t.quota);
+        prune(q, e);
+        return -EDQUOT;
+    }
+    e->t.bytes += bytes;
+    e->t.buffers++;
+    return 0;
+}
+
+void quota_credit(struct quota *q, uint32_t uid, uint64_t bytes)
+{
+    struct entry *e = find(q, uid);
+    if (!e)
+        return;
+    e->t.bytes = e->t.bytes >= bytes ? e->t.bytes - bytes : 0;
+    if (e->t.buffers)
+        e->t.buffers--;
+    prune(q, e);
+}
+
+unsigned quota_tenants(const struct quota *q, struct quota_tenant *ret, unsigned max)
+{
+    unsigned n = 0;
+    for (; n < q->n && n < max; n++)
+        ret[n] = q->v[n].t;
+    return n;
+}
+
+unsigned quota_count(const struct quota *q) { return q->n; }

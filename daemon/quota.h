@@ -1,0 +1,37 @@
+/* quota.h: the byte ledger per tenant (uid). Private to the daemon.
+ * Charges are class-rounded bytes of buffers a tenant produced that are still alive
+ * (held or retained); a charge that would pass the tenant's quota is refused whole. */
+#ifndef SHMREFD_QUOTA_H
+#define SHMREFD_QUOTA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct quota_tenant {
+    uint32_t uid;
+    uint64_t bytes;    /* charged now */
+    uint64_t quota;    /* the limit in force for this uid */
+    uint32_t buffers;  /* live buffers charged */
+};
+
+struct quota;
+
+int quota_new(uint64_t default_quota, struct quota **ret);
+void quota_free(struct quota *q);
+
+/* quota_set_default / quota_set: the limit for every uid, or for one uid. A lowered
+ * limit never takes back what is charged; it refuses new charges. */
+void quota_set_default(struct quota *q, uint64_t bytes);
+int quota_set(struct quota *q, uint32_t uid, uint64_t bytes);
+uint64_t quota_limit(const struct quota *q, uint32_t uid);
+
+/* quota_charge: charge bytes to uid. Returns 0, or -EDQUOT with a message naming the
+ * numbers in why (why_len bytes), or -ENOMEM. */
+int quota_charge(struct quota *q, uint32_t uid, uint64_t bytes, char *why, size_t why_len);
+void quota_credit(struct quota *q, uint32_t uid, uint64_t bytes);
+
+/* quota_tenants: the tenants with a charge or a limit of their own. */
+unsigned quota_tenants(const struct quota *q, struct quota_tenant *ret, unsigned max);
+unsigned quota_count(const struct quota *q);
+
+#endif

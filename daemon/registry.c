@@ -1,0 +1,309 @@
+/* registry.c: see registry.h. Tokens live in a chained hash keyed by their first 8
+ * bytes (they are random, so that is a good hash). A handle is (slot generation << 32 |
+ * slot index), with generations starting at 1, so 0 is never a handle. */
+#include "registry.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#define NO_SLOT UINT32_MAX
+
+struct registry {
+    uv_loop_t *loop;
+    struct pool *pool;
+    struct quota *quota;
+    struct registry_buf **buckets;
+    uint32_t nbuckets, nhashed;
+    struct registry_stats st;
+};
+
+int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct registry **ret)
+{
+    struct registry *r = calloc(1, sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    r->nbuckets = 64;
+    r->buckets = calloc(r->nbuckets, sizeof(*r->buckets));
+    if (!r->buckets) {
+        free(r);
+        return -ENOMEM;
+    }
+    r->loop = loop;
+    r->pool = pool;
+    r->quota = quota;
+    *ret = r;
+    return 0;
+}
+
+static uint32_t bucket_of(const struct registry *r, const uint8_t *token)
+{
+    uint64_t k;
+    memcpy(&k, token, sizeof(k));
+    return (uint32_t)(k & (r->nbuckets - 1));
+}
+
+static void hash_grow(struct registry *r)
+{
+    uint32_t n = r->nbuckets * 2;
+    struct registry_buf **nb = calloc(n, sizeof(*nb));
+    if (!nb)
+        return; /* keep the old table: chains get longer, nothing breaks */
+    struct registry_buf **old = r->buckets;
+    uint32_t oldn = r->nbuckets;
+    r->buckets = nb;
+    r->nbuckets = n;
+    for (uint32_t i = 0; i < oldn; i++) {
+        while (old[i]) {
+            struct registry_buf *b = old[i];
+            old[i] = b->hnext;
+            uint32_t k = bucket_of(r, b->token);
+            b->hnext = nb[k];
+            nb[k] = b;
+        }
+    }
+    free(old);
+}
+
+static void hash_remove(struct registry *r, struct registry_buf *b)
+{
+    struct registry_buf **p = &r->buckets[bucket_of(r, b->token)];
+    while (*p && *p != b)
+        p = &(*p)->hnext;
+    if (*p) {
+        *p = b->hnext;
+        r->nhashed--;
+    }
+}
+
+struct registry_buf *registry_buf_new(struct registry *r, struct pool_buf *pb, uint32_t tenant,
+                                      uint64_t size)
+{
+    struct registry_buf *b = calloc(1, sizeof(*b));
+    if (!b)
+        return NULL;
+    b->pb = pb;
+    b->tenant = tenant;
+    b->size = size;
+    b->reg = r;
+    r->st.buffers++;
+    r->st.bytes += pb->size;
+    return b;
+}
+
+/* buf_gone: the last reference went: credit the producer, recycle the buffer. */
+static void buf_gone(struct registry *r, struct registry_buf *b)
+{
+    if (b->published) {
+        hash_remove(r, b);
+        r->st.published--;
+    }
+    r->st.buffers--;
+    r->st.bytes -= b->pb->size;
+    quota_credit(r->quota, b->tenant, b->pb->size);
+    pool_put(r->pool, b->pb);
+    free(b->meta);
+    free(b);
+}
+
+void registry_buf_drop(struct registry *r, struct registry_buf *b)
+{
+    buf_gone(r, b);
+}
+
+static void unref(struct registry *r, struct registry_buf *b)
+{
+    if (--b->refs == 0)
+        buf_gone(r, b);
+}
+
+int registry_hold(struct registry *r, struct registry_holder *h, struct registry_buf *b,
+                  bool writable, uint64_t *ret_handle)
+{
+    (void)r;
+    if (h->slots == NULL || h->free_head == NO_SLOT) {
+        if (h->slots == NULL)
+            h->free_head = NO_SLOT;
+        uint32_t n = h->nslots ? h->nslots * 2 : 8;
+        struct registry_lease *s = realloc(h->slots, n * sizeof(*s));
+        if (!s)
+            return -ENOMEM;
+        for (uint32_t i = h->nslots; i < n; i++)
+            s[i] = (struct registry_lease){ .buf = NULL, .gen = 0,
+                                            .next_free = i + 1 < n ? i + 1 : NO_SLOT };
+        h->free_head = h->nslots;
+        h->slots = s;
+        h->nslots = n;
+    }
+    uint32_t i = h->free_head;
+    struct registry_lease *l = &h->slots[i];
+    h->free_head = l->next_free;
+    l->buf = b;
+    l->gen++;
+    if (l->gen == 0)
+        l->gen = 1;
+    l->writable = writable;
+    b->refs++;
+    h->leases++;
+    h->bytes += b->pb->size;
+    *ret_handle = (uint64_t)l->gen << 32 | i;
+    return 0;
+}
+
+struct registry_lease *registry_lease_of(struct registry_holder *h, uint64_t handle)
+{
+    uint32_t i = (uint32_t)handle, gen = (uint32_t)(handle >> 32);
+    if (i >= h->nslots || !h->slots[i].buf || h->slots[i].gen != gen)
+        return NULL;
+    return &h->slots[i];
+}
+
+static void drop_slot(struct registry *r, struct registry_holder *h, uint32_t i)
+{
+    struct registry_lease *l = &h->slots[i];
+    struct registry_buf *b = l->buf;
+    l->buf = NULL;
+    l->next_free = h->free_head;
+    h->free_head = i;
+    h->leases--;
+    h->bytes -= b->pb->size;
+    unref(r, b);
+}
+
+int registry_release(struct registry *r, struct registry_holder *h, uint64_t handle)
+{
+    if (!registry_lease_of(h, handle))
+        return -ENOENT;
+    drop_slot(r, h, (uint32_t)handle);
+    return 0;
+}
+
+uint32_t registry_release_all(struct registry *r, struct registry_holder *h)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < h->nslots; i++)
+        if (h->slots[i].buf) {
+            drop_slot(r, h, i);
+            n++;
+        }
+    free(h->slots);
+    *h = (struct registry_holder){ .free_head = NO_SLOT };
+    return n;
+}
+
+static void timer_closed(uv_handle_t *t)
+{
+    free(t);
+}
+
+static void stop_timer(struct registry_buf *b)
+{
+    if (b->timer) {
+        uv_close((uv_handle_t *)b->timer, timer_closed);
+        b->timer = NULL;
+    }
+}
+
+void registry_end_retention(struct registry *r, struct registry_buf *b)
+{
+    if (!b->retained)
+        return;
+    b->retained = false;
+    stop_timer(b);
+    r->st.retained--;
+    r->st.retained_bytes -= b->pb->size;
+    unref(r, b);
+}
+
+static void retention_expired(uv_timer_t *t)
+{
+    struct registry_buf *b = t->data;
+    b->reg->st.expired++;
+    registry_end_retention(b->reg, b);
+}
+
+int registry_publish(struct registry *r, struct registry_buf *b, uint64_t size, uint32_t keep_ms,
+                     const uint8_t *meta, uint32_t meta_len)
+{
+    if (b->published)
+        return -EALREADY;
+    if (getrandom(b->token, sizeof(b->token), 0) != (ssize_t)sizeof(b->token))
+        return -EIO;
+    uint8_t *m = NULL;
+    if (meta_len) {
+        if (!(m = malloc(meta_len)))
+            return -ENOMEM;
+        memcpy(m, meta, meta_len);
+    }
+    if (keep_ms) {
+        uv_timer_t *t = malloc(sizeof(*t));
+        if (!t) {
+            free(m);
+            return -ENOMEM;
+        }
+        uv_timer_init(r->loop, t);
+        t->data = b;
+        uv_timer_start(t, retention_expired, keep_ms, 0);
+        b->timer = t;
+        b->retained = true;
+        b->deadline = uv_now(r->loop) + keep_ms;
+        b->refs++;
+        r->st.retained++;
+        r->st.retained_bytes += b->pb->size;
+    }
+    b->meta = m;
+    b->meta_len = meta_len;
+    b->size = size;
+    b->published = true;
+    r->st.published++;
+    if (r->nhashed >= r->nbuckets)
+        hash_grow(r);
+    uint32_t k = bucket_of(r, b->token);
+    b->hnext = r->buckets[k];
+    r->buckets[k] = b;
+    r->nhashed++;
+    return 0;
+}
+
+struct registry_buf *registry_find(struct registry *r, const uint8_t *token)
+{
+    struct registry_buf *b = r->buckets[bucket_of(r, token)];
+    while (b && memcmp(b->token, token, PROTO_TOKEN_LEN) != 0)
+        b = b->hnext;
+    if (!b)
+        return NULL;
+    if (b->retained && uv_now(r->loop) >= b->deadline && b->refs == 1) {
+        /* Only the retention holds it and its time is up: it is gone. */
+        r->st.expired++;
+        registry_end_retention(r, b);
+        return NULL;
+    }
+    return b;
+}
+
+void registry_end_retentions(struct registry *r)
+{
+    for (uint32_t i = 0; i < r->nbuckets; i++) {
+        struct registry_buf *b = r->buckets[i];
+        while (b) {
+            struct registry_buf *next = b->hnext;
+            registry_end_retention(r, b); /* may free b */
+            b = next;
+        }
+    }
+}
+
+void registry_free(struct registry *r)
+{
+    if (!r)
+        return;
+    registry_end_retentions(r);
+    free(r->buckets);
+    free(r);
+}
+
+struct registry_stats registry_stats(const struct registry *r)
+{
+    return r->st;
+}

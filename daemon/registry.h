@@ -1,0 +1,87 @@
+/* registry.h: live buffers, their tokens, and who holds them. Private to the daemon.
+ * A buffer is writing (leased, not yet published) or published; it is alive while it
+ * has references (lease handles plus a retention). When the last reference goes, the
+ * registry credits the producer's quota and gives the buffer back to the pool. A
+ * holder is one connection's set of lease handles; handles are never reused within a
+ * holder's life, so a stale handle is reported, not mistaken for another lease. */
+#ifndef SHMREFD_REGISTRY_H
+#define SHMREFD_REGISTRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "pool.h"
+#include "proto.h"
+#include "quota.h"
+
+struct registry_buf {
+    struct pool_buf *pb;
+    uint8_t token[PROTO_TOKEN_LEN];
+    uint32_t refs;          /* lease handles plus one while retained */
+    uint32_t tenant;        /* the producer's uid, charged for pb->size */
+    uint64_t size;          /* leased size; after publish, the published size */
+    bool published, retained;
+    uint32_t meta_len;
+    uint8_t *meta;
+    uint64_t deadline;      /* uv_now() ms at which retention ends */
+    uv_timer_t *timer;      /* retention timer, freed in its close callback */
+    struct registry *reg;
+    struct registry_buf *hnext;
+};
+
+struct registry_lease {
+    struct registry_buf *buf; /* NULL: free slot */
+    uint32_t gen;
+    uint32_t next_free;
+    bool writable;
+};
+
+struct registry_holder {
+    struct registry_lease *slots;
+    uint32_t nslots, free_head, leases;
+    uint64_t bytes;             /* class bytes of buffers this holder has handles on */
+};
+
+struct registry;
+
+int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct registry **ret);
+/* registry_end_retentions: drops every retention (at shutdown; timers close on the loop). */
+void registry_end_retentions(struct registry *reg);
+/* registry_free: ends every retention; holders must have been released first. */
+void registry_free(struct registry *reg);
+
+/* registry_buf_new: a writing buffer produced by tenant (already charged for pb->size).
+ * It has no reference yet: hold it at once. Returns NULL on ENOMEM (nothing is taken). */
+struct registry_buf *registry_buf_new(struct registry *reg, struct pool_buf *pb, uint32_t tenant,
+                                      uint64_t size);
+/* registry_buf_drop: undo registry_buf_new for a buffer that was never held. */
+void registry_buf_drop(struct registry *reg, struct registry_buf *b);
+
+/* registry_hold: a new handle on b for holder. Returns 0 and *ret_handle, or -ENOMEM. */
+int registry_hold(struct registry *reg, struct registry_holder *h, struct registry_buf *b,
+                  bool writable, uint64_t *ret_handle);
+/* registry_lease_of: the lease a handle names, or NULL. */
+struct registry_lease *registry_lease_of(struct registry_holder *h, uint64_t handle);
+/* registry_release: drop one handle. Returns 0 or -ENOENT. */
+int registry_release(struct registry *reg, struct registry_holder *h, uint64_t handle);
+/* registry_release_all: drop every handle of h and free its table; returns how many. */
+uint32_t registry_release_all(struct registry *reg, struct registry_holder *h);
+
+/* registry_publish: makes b findable by a fresh random token; keep_ms > 0 adds a
+ * retention reference. Returns 0, or -EALREADY if published, -errno from getrandom. */
+int registry_publish(struct registry *reg, struct registry_buf *b, uint64_t size, uint32_t keep_ms,
+                     const uint8_t *meta, uint32_t meta_len);
+/* registry_find: the published, live buffer with this token, or NULL. A retention that
+ * has run out counts as gone even if its timer has not fired yet. */
+struct registry_buf *registry_find(struct registry *reg, const uint8_t *token);
+/* registry_end_retention: drops the retention reference, if any (at first acquire). */
+void registry_end_retention(struct registry *reg, struct registry_buf *b);
+
+struct registry_stats {
+    uint64_t buffers, bytes, published, retained, retained_bytes, expired;
+};
+struct registry_stats registry_stats(const struct registry *reg);
+
+#endif

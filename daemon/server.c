@@ -1,0 +1,228 @@
+/* server.c: see server.h. Accepting is non-blocking and bounded by --max-clients; on
+ * EMFILE the listener pauses for 100 ms instead of spinning. */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "conn.h"
+#include "log.h"
+#include "units.h"
+
+int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
+{
+    const char *why = NULL;
+    memset(s, 0, sizeof(*s));
+    s->loop = loop;
+    s->opt = opt;
+    s->listen_fd = -1;
+    s->started_ms = uv_now(loop);
+    uv_timer_init(loop, &s->accept_retry); /* first, so server_stop can always close it */
+    int r = pool_new(loop, opt->pool_dir, opt->pool_size, opt->memfd, &s->pool, &why);
+    if (r < 0) {
+        log_error("cannot start: %s", why);
+        return r;
+    }
+    if ((r = quota_new(opt->tenant_quota, &s->quota)) < 0 ||
+        (r = registry_new(loop, s->pool, s->quota, &s->reg)) < 0) {
+        log_error("cannot start: %s", strerror(-r));
+        return r;
+    }
+    return 0;
+}
+
+static void on_accept(uv_poll_t *p, int status, int events);
+
+static void accept_resume(uv_timer_t *t)
+{
+    struct server *s = t->data;
+    if (s->listening)
+        uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
+}
+
+static void accept_one(struct server *s, int fd)
+{
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+        log_warning("SO_PEERCRED failed: %s; dropping the connection", strerror(errno));
+        close(fd);
+        return;
+    }
+    if (s->nconns >= s->opt->max_clients) {
+        uint8_t buf[PROTO_MAX_ERRMSG + 64];
+        int n = proto_encode_error(0, EUSERS, buf, sizeof(buf),
+                                   "too many clients: %u connected, limit %u", s->nconns,
+                                   s->opt->max_clients);
+        if (n > 0 && send(fd, buf, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+            log_debug("could not tell pid %d it was refused: %s", (int)cred.pid, strerror(errno));
+        log_warning("refused client pid=%d uid=%u: %u clients connected (limit %u)", (int)cred.pid,
+                    (unsigned)cred.uid, s->nconns, s->opt->max_clients);
+        s->counters.refused_limit++;
+        close(fd);
+        return;
+    }
+    /* Room for the largest reply (status) in one datagram. */
+    int sndbuf = PROTO_MAX_REPLY + 4096;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+    struct conn *c;
+    int r = conn_new(s, fd, &cred, &c);
+    if (r < 0) {
+        log_error("cannot serve client pid=%d: %s", (int)cred.pid, strerror(-r));
+        close(fd);
+        return;
+    }
+    s->counters.connections++;
+    log_debug("client %llu pid=%d uid=%u gid=%u connected", (unsigned long long)c->id, (int)cred.pid,
+              (unsigned)cred.uid, (unsigned)cred.gid);
+}
+
+static void on_accept(uv_poll_t *p, int status, int events)
+{
+    struct server *s = p->data;
+    (void)events;
+    if (status < 0) {
+        log_error("listening socket: %s", uv_strerror(status));
+        return;
+    }
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            accept_one(s, fd);
+            continue;
+        }
+        if (errno == EINTR || errno == ECONNABORTED)
+            continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            log_warning("cannot accept: %s (%u clients); pausing accepts for 100 ms",
+                        strerror(errno), s->nconns);
+            uv_poll_stop(&s->listen_poll);
+            s->accept_retry.data = s;
+            uv_timer_start(&s->accept_retry, accept_resume, 100, 0);
+        } else if (errno != EAGAIN) {
+            log_error("accept: %s", strerror(errno));
+        }
+        return;
+    }
+}
+
+int server_listen_fd(struct server *s, int fd)
+{
+    int r = uv_poll_init(s->loop, &s->listen_poll, fd);
+    if (r < 0) {
+        log_error("cannot poll the listening socket: %s", uv_strerror(r));
+        return r;
+    }
+    s->listen_fd = fd;
+    s->listen_poll.data = s;
+    s->listening = true;
+    uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
+    return 0;
+}
+
+/* stale_or_live: for an existing path, 0 if it is a dead socket (removed), -EADDRINUSE
+ * if a daemon answers there, -EEXIST if it is not a socket. */
+static int stale_or_live(const char *path, const struct sockaddr_un *sa)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (!S_ISSOCK(st.st_mode))
+        return -EEXIST;
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int r = connect(fd, (const struct sockaddr *)sa, sizeof(*sa));
+    int e = errno;
+    close(fd);
+    if (r == 0)
+        return -EADDRINUSE;
+    if (e != ECONNREFUSED && e != ENOENT)
+        return -e;
+    return unlink(path) < 0 && errno != ENOENT ? -errno : 0;
+}
+
+int server_listen_path(struct server *s)
+{
+    const char *path = s->opt->socket_path;
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        log_error("socket path %s is longer than %zu bytes", path, sizeof(sa.sun_path) - 1);
+        return -ENAMETOOLONG;
+    }
+    strcpy(sa.sun_path, path);
+    char *dir = strdup(path), *slash = dir ? strrchr(dir, '/') : NULL;
+    if (slash && slash != dir) {
+        *slash = '\0';
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+            log_warning("cannot create %s: %s", dir, strerror(errno));
+    }
+    free(dir);
+    int r = stale_or_live(path, &sa);
+    if (r == -EADDRINUSE) {
+        log_error("another shmrefd is already serving %s", path);
+        return r;
+    }
+    if (r < 0) {
+        log_error("cannot use socket path %s: %s", path, strerror(-r));
+        return r;
+    }
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        r = -errno;
+        log_error("socket: %s", strerror(errno));
+        return r;
+    }
+    /* Bind under a umask that already gives the final mode: no window with more. */
+    mode_t old = umask(0777 & ~s->opt->socket_mode);
+    r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    umask(old);
+    if (r < 0 || chmod(path, s->opt->socket_mode) < 0 || listen(fd, 128) < 0) {
+        r = -errno;
+        log_error("cannot listen on %s: %s", path, strerror(errno));
+        close(fd);
+        return r;
+    }
+    return server_listen_fd(s, fd);
+}
+
+static void noop_close(uv_handle_t *h)
+{
+    (void)h;
+}
+
+void server_stop(struct server *s)
+{
+    if (s->stopping)
+        return;
+    s->stopping = true;
+    if (s->listening) {
+        s->listening = false;
+        uv_close((uv_handle_t *)&s->listen_poll, noop_close);
+    }
+    uv_close((uv_handle_t *)&s->accept_retry, noop_close);
+    while (s->conns)
+        conn_close(s->conns, NULL);
+    if (s->reg)
+        registry_end_retentions(s->reg);
+}
+
+void server_free(struct server *s)
+{
+    registry_free(s->reg);
+    s->reg = NULL;
+    quota_free(s->quota);
+    s->quota = NULL;
+    pool_free(s->pool);
+    s->pool = NULL;
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    s->listen_fd = -1;
+}

@@ -1,0 +1,172 @@
+/* status.c: see status.h. Keys are stable: shmrefctl, the metrics exporter and operators'
+ * scripts read them; add keys, never rename them. */
+#include "status.h"
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <msgpack.h>
+
+#include "conn.h"
+#include "server.h"
+
+#define LIST_MAX 500 /* keeps the worst case (long client names) well inside one reply */
+
+static void key(msgpack_packer *pk, const char *k)
+{
+    size_t n = strlen(k);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, k, n);
+}
+
+static void kv_u64(msgpack_packer *pk, const char *k, uint64_t v)
+{
+    key(pk, k);
+    msgpack_pack_uint64(pk, v);
+}
+
+static void kv_str(msgpack_packer *pk, const char *k, const char *v)
+{
+    key(pk, k);
+    key(pk, v);
+}
+
+static void pack_daemon(msgpack_packer *pk, struct server *s)
+{
+    key(pk, "daemon");
+    msgpack_pack_map(pk, 6);
+    kv_str(pk, "version", SHMREF_VERSION_STRING);
+    kv_u64(pk, "protocol", PROTO_VERSION);
+    kv_u64(pk, "pid", (uint64_t)getpid());
+    kv_u64(pk, "uptime_ms", uv_now(s->loop) - s->started_ms);
+    kv_str(pk, "socket", s->opt->socket_path ? s->opt->socket_path : "");
+    kv_u64(pk, "clients", s->nconns);
+}
+
+static void pack_pool(msgpack_packer *pk, struct server *s)
+{
+    struct pool_class_stat cls[POOL_MAX_CLASSES];
+    struct registry_stats rs = registry_stats(s->reg);
+    uint64_t cap = pool_cap(s->pool);
+    unsigned n = pool_classes(s->pool, cls, POOL_MAX_CLASSES);
+
+    key(pk, "pool");
+    msgpack_pack_map(pk, 9);
+    kv_str(pk, "dir", pool_dir(s->pool));
+    kv_str(pk, "kind", pool_kind(s->pool));
+    kv_u64(pk, "bytes_total", cap);
+    kv_u64(pk, "bytes_leased", rs.bytes);
+    kv_u64(pk, "bytes_free", cap > rs.bytes ? cap - rs.bytes : 0);
+    kv_u64(pk, "bytes_allocated", pool_bytes_alloc(s->pool));
+    kv_u64(pk, "bytes_warm", pool_bytes_warm(s->pool));
+    kv_u64(pk, "fs_available", pool_fs_available(s->pool));
+    key(pk, "classes");
+    msgpack_pack_array(pk, n);
+    for (unsigned i = 0; i < n; i++) {
+        msgpack_pack_map(pk, 3);
+        kv_u64(pk, "size", cls[i].size);
+        kv_u64(pk, "total", cls[i].total);
+        kv_u64(pk, "free", cls[i].nfree);
+    }
+}
+
+static void pack_buffers(msgpack_packer *pk, struct server *s)
+{
+    struct registry_stats rs = registry_stats(s->reg);
+    key(pk, "buffers");
+    msgpack_pack_map(pk, 5);
+    kv_u64(pk, "live", rs.buffers);
+    kv_u64(pk, "published", rs.published);
+    kv_u64(pk, "retained", rs.retained);
+    kv_u64(pk, "retained_bytes", rs.retained_bytes);
+    kv_u64(pk, "expired", rs.expired);
+}
+
+static void pack_tenants(msgpack_packer *pk, struct server *s)
+{
+    static struct quota_tenant t[LIST_MAX];
+    unsigned n = quota_tenants(s->quota, t, LIST_MAX);
+    kv_u64(pk, "tenants_total", quota_count(s->quota));
+    key(pk, "tenants");
+    msgpack_pack_array(pk, n);
+    for (unsigned i = 0; i < n; i++) {
+        msgpack_pack_map(pk, 4);
+        kv_u64(pk, "uid", t[i].uid);
+        kv_u64(pk, "bytes", t[i].bytes);
+        kv_u64(pk, "quota", t[i].quota);
+        kv_u64(pk, "buffers", t[i].buffers);
+    }
+}
+
+static void pack_clients(msgpack_packer *pk, struct server *s)
+{
+    unsigned n = s->nconns < LIST_MAX ? s->nconns : LIST_MAX;
+    kv_u64(pk, "clients_total", s->nconns);
+    key(pk, "clients");
+    msgpack_pack_array(pk, n);
+    struct conn *c = s->conns;
+    for (unsigned i = 0; i < n && c; i++, c = c->next) {
+        msgpack_pack_map(pk, 6);
+        kv_u64(pk, "id", c->id);
+        kv_u64(pk, "pid", (uint64_t)c->pid);
+        kv_u64(pk, "uid", c->uid);
+        kv_str(pk, "name", c->name);
+        kv_u64(pk, "leases", c->holder.leases);
+        kv_u64(pk, "bytes", c->holder.bytes);
+    }
+}
+
+static void pack_limits(msgpack_packer *pk, struct server *s)
+{
+    key(pk, "limits");
+    msgpack_pack_map(pk, 5);
+    kv_u64(pk, "pool_size", s->opt->pool_size);
+    kv_u64(pk, "tenant_quota", s->opt->tenant_quota);
+    kv_u64(pk, "max_lease_size", s->opt->max_lease_size);
+    kv_u64(pk, "max_leases_per_client", s->opt->max_leases);
+    kv_u64(pk, "max_clients", s->opt->max_clients);
+}
+
+static void pack_counters(msgpack_packer *pk, struct server *s)
+{
+    const struct server_counters *k = &s->counters;
+    struct pool_counters pc = pool_counters(s->pool);
+    key(pk, "counters");
+    msgpack_pack_map(pk, 19);
+    kv_u64(pk, "connections", k->connections);
+    kv_u64(pk, "leases", k->leases);
+    kv_u64(pk, "publishes", k->publishes);
+    kv_u64(pk, "acquires", k->acquires);
+    kv_u64(pk, "releases", k->releases);
+    kv_u64(pk, "reclaimed_leases", k->reclaimed_leases);
+    kv_u64(pk, "reclaimed_clients", k->reclaimed_clients);
+    kv_u64(pk, "refused_quota", k->refused_quota);
+    kv_u64(pk, "refused_space", k->refused_space);
+    kv_u64(pk, "refused_limit", k->refused_limit);
+    kv_u64(pk, "refused_other", k->refused_other);
+    kv_u64(pk, "protocol_errors", k->protocol_errors);
+    kv_u64(pk, "slow_clients", k->slow_clients);
+    kv_u64(pk, "buffers_created", pc.created);
+    kv_u64(pk, "buffers_recycled", pc.recycled);
+    kv_u64(pk, "buffers_retired", pc.retired);
+    kv_u64(pk, "buffers_evicted", pc.evicted);
+    kv_u64(pk, "buffers_create_failed", pc.create_failed);
+    kv_u64(pk, "retentions_expired", registry_stats(s->reg).expired);
+}
+
+int status_build(struct server *s, uint8_t *buf, size_t cap)
+{
+    struct proto_buf pb = { buf, 0, cap, 0 };
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &pb, proto_buf_write);
+    msgpack_pack_map(&pk, 9);
+    pack_daemon(&pk, s);
+    pack_pool(&pk, s);
+    pack_buffers(&pk, s);
+    pack_tenants(&pk, s);
+    pack_clients(&pk, s);
+    pack_limits(&pk, s);
+    pack_counters(&pk, s);
+    return pb.overflow ? -EMSGSIZE : (int)pb.len;
+}

@@ -1,0 +1,115 @@
+/* proto.h: the shmrefd wire format, shared by the daemon, libshmref and shmrefctl.
+ * Private header (not installed). Pure code: no I/O, no logging; decoding is bounded
+ * and checks every field's type and range, so it is safe on hostile input.
+ *
+ * Every message is one SOCK_SEQPACKET datagram holding one msgpack array:
+ *   [op, id, field...]
+ * `op` says what it is (requests 1..63, replies op + 64, error 127); `id` is chosen by
+ * the client and echoed in the reply, so requests can be pipelined. Fields are
+ * positional per op; trailing extra fields are ignored (room for later versions). */
+#ifndef SHMREF_PROTO_H
+#define SHMREF_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PROTO_VERSION 1
+
+/* Limits that hold for every peer, whatever it negotiates. */
+#define PROTO_MAX_REQUEST  (64 * 1024)   /* bytes of one client->daemon message */
+#define PROTO_MAX_REPLY    (192 * 1024)  /* bytes of one daemon->client message */
+#define PROTO_MAX_DEPTH    8             /* nesting of arrays and maps */
+#define PROTO_MAX_META     (16 * 1024)   /* bytes of metadata attached at publish */
+#define PROTO_MAX_NAME     64            /* bytes of the client name sent in hello */
+#define PROTO_MAX_ERRMSG   512           /* bytes of an error message */
+#define PROTO_TOKEN_LEN    16            /* 128-bit capability token */
+
+/* Feature bits announced in hello. */
+#define PROTO_FEAT_NOREPLY_RELEASE (1u << 0) /* release with PROTO_RELEASE_NOREPLY */
+
+/* Flags of a release request. */
+#define PROTO_RELEASE_NOREPLY (1u << 0) /* no reply on success; an error still replies */
+
+enum proto_op {
+    PROTO_OP_HELLO = 1,
+    PROTO_OP_LEASE = 2,
+    PROTO_OP_PUBLISH = 3,
+    PROTO_OP_ACQUIRE = 4,
+    PROTO_OP_RELEASE = 5,
+    PROTO_OP_STATUS = 6,
+    PROTO_OP_PING = 7,
+    PROTO_OP_REPLY = 64,          /* added to a request op in its reply */
+    PROTO_OP_ERROR = 127,
+};
+
+/* A decoded message. Pointers (name, meta, msg, body) point into the buffer that was
+ * decoded and are valid as long as that buffer is. */
+struct proto_msg {
+    uint32_t op;
+    uint32_t id;
+    union {
+        struct { uint32_t version; uint64_t features; const char *name; uint32_t name_len; } hello;
+        struct {
+            uint32_t version; uint64_t features;
+            uint32_t max_request; uint64_t max_lease; uint32_t max_leases; uint32_t max_meta;
+            uint64_t pid;
+        } hello_reply;
+        struct { uint64_t size; uint32_t flags; } lease;
+        /* The reply to lease and acquire carries one fd: the buffer (O_RDWR for a lease,
+         * O_RDONLY for an acquire). buf_id is unique per backing file for the daemon's
+         * lifetime, so clients key their mapping caches by it (never by fd number). */
+        struct {
+            uint64_t handle; uint64_t buf_id; uint32_t gen;
+            uint64_t size; uint64_t capacity;
+            const uint8_t *meta; uint32_t meta_len;
+        } lease_reply, acquire_reply;
+        struct {
+            uint64_t handle; uint64_t size; uint32_t keep_ms;
+            const uint8_t *meta; uint32_t meta_len;
+        } publish;
+        struct { uint8_t token[PROTO_TOKEN_LEN]; uint64_t size; } publish_reply;
+        struct { uint8_t token[PROTO_TOKEN_LEN]; uint32_t flags; } acquire;
+        struct { uint64_t handle; uint32_t flags; } release;
+        /* The status body is itself a msgpack map, carried as bin so the envelope stays
+         * flat; decode it with proto_check() before unpacking. */
+        struct { const uint8_t *body; uint32_t body_len; } status_reply;
+        /* code is a positive Linux errno value (EDQUOT, ENOSPC, ENOENT, EACCES ...). */
+        struct { int32_t code; const char *msg; uint32_t msg_len; } error;
+    } u;
+};
+
+/* proto_check: verify that buf[0..len) is exactly one msgpack object, nested at most
+ * max_depth deep, whose every length and element count fits in the bytes that remain.
+ * Only after this is it safe to hand the bytes to msgpack-c, whose unpacker would
+ * otherwise reserve memory for whatever count a header claims. ext types are refused.
+ * Returns 0, or -EPROTO with a static reason in *ret_why. */
+int proto_check(const uint8_t *buf, size_t len, unsigned max_depth, const char **ret_why);
+
+/* proto_decode: check and decode one message of at most max_len bytes into *ret.
+ * Returns 0, or -EPROTO (malformed: the peer should be dropped) or -EOPNOTSUPP (a
+ * well-formed message with an unknown op; *ret has op and id so a reply can name it).
+ * *ret_why gets a static reason on failure. */
+int proto_decode(const uint8_t *buf, size_t len, size_t max_len, struct proto_msg *ret,
+                 const char **ret_why);
+
+/* proto_encode: encode *msg into buf (cap bytes). Returns the length, or -EMSGSIZE. */
+int proto_encode(const struct proto_msg *msg, uint8_t *buf, size_t cap);
+
+/* proto_encode_error: convenience for an error reply with a printf-style message,
+ * truncated to PROTO_MAX_ERRMSG. Returns the length, or -EMSGSIZE. */
+int proto_encode_error(uint32_t id, int code, uint8_t *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* A msgpack-c packer target over a caller's fixed buffer: no allocation; a write that
+ * does not fit sets overflow and fails. Use: msgpack_packer_init(&pk, &pb, proto_buf_write). */
+struct proto_buf {
+    uint8_t *p;
+    size_t len, cap;
+    int overflow;
+};
+int proto_buf_write(void *data, const char *buf, size_t len);
+
+/* proto_op_name: "lease", "publish" ... or "unknown". */
+const char *proto_op_name(uint32_t op);
+
+#endif
