@@ -8,20 +8,12 @@ set(CMAKE_DEPENDS_LANGUAGES
 
 # The set of dependency files which are needed:
 set(CMAKE_DEPENDS_DEPENDENCY_FILES
-  "/work/main/daemon/broker.c" "daemon/CMakeFiles/shmrefd.dir/broker.c.o" "gcc" "daemon/CMakeFiles/shmrefd.dir/broker.c.o.d"
-  "/work/main/daemon/conn.c" "daemon/CMakeFiles/shmrefd.dir/conn.c.o" "gcc" "daemon/CMakeFiles/shmrefd.dir/conn.c.o.d"
-  "/work/main/daemon/log.c" "daemon/CMakeFiles/shmrefd.dir/log.c.o" "gcc" "daemon/CMakeFiles/shmrefd.dir/log.c.o.d"
-  "/work/main/daemon/options.c" "daemon/CMakeFiles/shmrefd.dir/options.c.o" "gcc" "daemon/CMakeFiles/shmrefd.dir/options.c.o.d"
-  "/work/main/daemon/pool.c" "daemon/CMakeFiles/shmrefd.dir/pool.c.o" "gcc" "daemon/CMakeFiles/shmrefd.dir/pool.c.o.d"
-  "/work/main/daemon/quota.c" "daemon/CMakeFiles/shmrefd.dir/quota.c.o" "gcc" "daemon/CMakeFiles/shmrefd.dir/quota.c.o.d"
-  "/work/main/daemon/registry.c" "daemon/CMakeFiles/shmrefd.dir/registry.c.o" "gcc" "daemon/CMakeFiles/shmrefd.dir/registry.c.o.d"
-  "/work/main/daemon/server.c" "daemon/CMakeFiles/shmrefd.dir/server.c.o" "gcc" "daemon/CMakeFiles/shmrefd.dir/server.c.o.d"
   "/work/main/daemon/shmrefd.c" "daemon/CMakeFiles/shmrefd.dir/shmrefd.c.o" "gcc" "daemon/CMakeFiles/shmrefd.dir/shmrefd.c.o.d"
-  "/work/main/daemon/status.c" "daemon/CMakeFiles/shmrefd.dir/status.c.o" "gcc" "daemon/CMakeFiles/shmrefd.dir/status.c.o.d"
   )
 
 # Targets to which this target links.
 set(CMAKE_TARGET_LINKED_INFO_FILES
+  "/work/main/build/daemon/CMakeFiles/shmrefd_core.dir/DependInfo.cmake"
   "/work/main/build/proto/CMakeFiles/shmref_proto.dir/DependInfo.cmake"
   )
 

@@ -83,167 +83,24 @@ daemon/CMakeFiles/shmrefd.dir/shmrefd.c.s: cmake_force
 	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling C source to assembly CMakeFiles/shmrefd.dir/shmrefd.c.s"
 	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -S /work/main/daemon/shmrefd.c -o CMakeFiles/shmrefd.dir/shmrefd.c.s
 
-daemon/CMakeFiles/shmrefd.dir/options.c.o: daemon/CMakeFiles/shmrefd.dir/flags.make
-daemon/CMakeFiles/shmrefd.dir/options.c.o: /work/main/daemon/options.c
-daemon/CMakeFiles/shmrefd.dir/options.c.o: daemon/CMakeFiles/shmrefd.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_2) "Building C object daemon/CMakeFiles/shmrefd.dir/options.c.o"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -MD -MT daemon/CMakeFiles/shmrefd.dir/options.c.o -MF CMakeFiles/shmrefd.dir/options.c.o.d -o CMakeFiles/shmrefd.dir/options.c.o -c /work/main/daemon/options.c
-
-daemon/CMakeFiles/shmrefd.dir/options.c.i: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Preprocessing C source to CMakeFiles/shmrefd.dir/options.c.i"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -E /work/main/daemon/options.c > CMakeFiles/shmrefd.dir/options.c.i
-
-daemon/CMakeFiles/shmrefd.dir/options.c.s: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling C source to assembly CMakeFiles/shmrefd.dir/options.c.s"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -S /work/main/daemon/options.c -o CMakeFiles/shmrefd.dir/options.c.s
-
-daemon/CMakeFiles/shmrefd.dir/log.c.o: daemon/CMakeFiles/shmrefd.dir/flags.make
-daemon/CMakeFiles/shmrefd.dir/log.c.o: /work/main/daemon/log.c
-daemon/CMakeFiles/shmrefd.dir/log.c.o: daemon/CMakeFiles/shmrefd.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_3) "Building C object daemon/CMakeFiles/shmrefd.dir/log.c.o"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -MD -MT daemon/CMakeFiles/shmrefd.dir/log.c.o -MF CMakeFiles/shmrefd.dir/log.c.o.d -o CMakeFiles/shmrefd.dir/log.c.o -c /work/main/daemon/log.c
-
-daemon/CMakeFiles/shmrefd.dir/log.c.i: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Preprocessing C source to CMakeFiles/shmrefd.dir/log.c.i"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -E /work/main/daemon/log.c > CMakeFiles/shmrefd.dir/log.c.i
-
-daemon/CMakeFiles/shmrefd.dir/log.c.s: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling C source to assembly CMakeFiles/shmrefd.dir/log.c.s"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -S /work/main/daemon/log.c -o CMakeFiles/shmrefd.dir/log.c.s
-
-daemon/CMakeFiles/shmrefd.dir/server.c.o: daemon/CMakeFiles/shmrefd.dir/flags.make
-daemon/CMakeFiles/shmrefd.dir/server.c.o: /work/main/daemon/server.c
-daemon/CMakeFiles/shmrefd.dir/server.c.o: daemon/CMakeFiles/shmrefd.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_4) "Building C object daemon/CMakeFiles/shmrefd.dir/server.c.o"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -MD -MT daemon/CMakeFiles/shmrefd.dir/server.c.o -MF CMakeFiles/shmrefd.dir/server.c.o.d -o CMakeFiles/shmrefd.dir/server.c.o -c /work/main/daemon/server.c
-
-daemon/CMakeFiles/shmrefd.dir/server.c.i: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Preprocessing C source to CMakeFiles/shmrefd.dir/server.c.i"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -E /work/main/daemon/server.c > CMakeFiles/shmrefd.dir/server.c.i
-
-daemon/CMakeFiles/shmrefd.dir/server.c.s: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling C source to assembly CMakeFiles/shmrefd.dir/server.c.s"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -S /work/main/daemon/server.c -o CMakeFiles/shmrefd.dir/server.c.s
-
-daemon/CMakeFiles/shmrefd.dir/conn.c.o: daemon/CMakeFiles/shmrefd.dir/flags.make
-daemon/CMakeFiles/shmrefd.dir/conn.c.o: /work/main/daemon/conn.c
-daemon/CMakeFiles/shmrefd.dir/conn.c.o: daemon/CMakeFiles/shmrefd.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_5) "Building C object daemon/CMakeFiles/shmrefd.dir/conn.c.o"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -MD -MT daemon/CMakeFiles/shmrefd.dir/conn.c.o -MF CMakeFiles/shmrefd.dir/conn.c.o.d -o CMakeFiles/shmrefd.dir/conn.c.o -c /work/main/daemon/conn.c
-
-daemon/CMakeFiles/shmrefd.dir/conn.c.i: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Preprocessing C source to CMakeFiles/shmrefd.dir/conn.c.i"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -E /work/main/daemon/conn.c > CMakeFiles/shmrefd.dir/conn.c.i
-
-daemon/CMakeFiles/shmrefd.dir/conn.c.s: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling C source to assembly CMakeFiles/shmrefd.dir/conn.c.s"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -S /work/main/daemon/conn.c -o CMakeFiles/shmrefd.dir/conn.c.s
-
-daemon/CMakeFiles/shmrefd.dir/broker.c.o: daemon/CMakeFiles/shmrefd.dir/flags.make
-daemon/CMakeFiles/shmrefd.dir/broker.c.o: /work/main/daemon/broker.c
-daemon/CMakeFiles/shmrefd.dir/broker.c.o: daemon/CMakeFiles/shmrefd.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_6) "Building C object daemon/CMakeFiles/shmrefd.dir/broker.c.o"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -MD -MT daemon/CMakeFiles/shmrefd.dir/broker.c.o -MF CMakeFiles/shmrefd.dir/broker.c.o.d -o CMakeFiles/shmrefd.dir/broker.c.o -c /work/main/daemon/broker.c
-
-daemon/CMakeFiles/shmrefd.dir/broker.c.i: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Preprocessing C source to CMakeFiles/shmrefd.dir/broker.c.i"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -E /work/main/daemon/broker.c > CMakeFiles/shmrefd.dir/broker.c.i
-
-daemon/CMakeFiles/shmrefd.dir/broker.c.s: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling C source to assembly CMakeFiles/shmrefd.dir/broker.c.s"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -S /work/main/daemon/broker.c -o CMakeFiles/shmrefd.dir/broker.c.s
-
-daemon/CMakeFiles/shmrefd.dir/registry.c.o: daemon/CMakeFiles/shmrefd.dir/flags.make
-daemon/CMakeFiles/shmrefd.dir/registry.c.o: /work/main/daemon/registry.c
-daemon/CMakeFiles/shmrefd.dir/registry.c.o: daemon/CMakeFiles/shmrefd.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_7) "Building C object daemon/CMakeFiles/shmrefd.dir/registry.c.o"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -MD -MT daemon/CMakeFiles/shmrefd.dir/registry.c.o -MF CMakeFiles/shmrefd.dir/registry.c.o.d -o CMakeFiles/shmrefd.dir/registry.c.o -c /work/main/daemon/registry.c
-
-daemon/CMakeFiles/shmrefd.dir/registry.c.i: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Preprocessing C source to CMakeFiles/shmrefd.dir/registry.c.i"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -E /work/main/daemon/registry.c > CMakeFiles/shmrefd.dir/registry.c.i
-
-daemon/CMakeFiles/shmrefd.dir/registry.c.s: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling C source to assembly CMakeFiles/shmrefd.dir/registry.c.s"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -S /work/main/daemon/registry.c -o CMakeFiles/shmrefd.dir/registry.c.s
-
-daemon/CMakeFiles/shmrefd.dir/pool.c.o: daemon/CMakeFiles/shmrefd.dir/flags.make
-daemon/CMakeFiles/shmrefd.dir/pool.c.o: /work/main/daemon/pool.c
-daemon/CMakeFiles/shmrefd.dir/pool.c.o: daemon/CMakeFiles/shmrefd.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_8) "Building C object daemon/CMakeFiles/shmrefd.dir/pool.c.o"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -MD -MT daemon/CMakeFiles/shmrefd.dir/pool.c.o -MF CMakeFiles/shmrefd.dir/pool.c.o.d -o CMakeFiles/shmrefd.dir/pool.c.o -c /work/main/daemon/pool.c
-
-daemon/CMakeFiles/shmrefd.dir/pool.c.i: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Preprocessing C source to CMakeFiles/shmrefd.dir/pool.c.i"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -E /work/main/daemon/pool.c > CMakeFiles/shmrefd.dir/pool.c.i
-
-daemon/CMakeFiles/shmrefd.dir/pool.c.s: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling C source to assembly CMakeFiles/shmrefd.dir/pool.c.s"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -S /work/main/daemon/pool.c -o CMakeFiles/shmrefd.dir/pool.c.s
-
-daemon/CMakeFiles/shmrefd.dir/quota.c.o: daemon/CMakeFiles/shmrefd.dir/flags.make
-daemon/CMakeFiles/shmrefd.dir/quota.c.o: /work/main/daemon/quota.c
-daemon/CMakeFiles/shmrefd.dir/quota.c.o: daemon/CMakeFiles/shmrefd.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_9) "Building C object daemon/CMakeFiles/shmrefd.dir/quota.c.o"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -MD -MT daemon/CMakeFiles/shmrefd.dir/quota.c.o -MF CMakeFiles/shmrefd.dir/quota.c.o.d -o CMakeFiles/shmrefd.dir/quota.c.o -c /work/main/daemon/quota.c
-
-daemon/CMakeFiles/shmrefd.dir/quota.c.i: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Preprocessing C source to CMakeFiles/shmrefd.dir/quota.c.i"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -E /work/main/daemon/quota.c > CMakeFiles/shmrefd.dir/quota.c.i
-
-daemon/CMakeFiles/shmrefd.dir/quota.c.s: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling C source to assembly CMakeFiles/shmrefd.dir/quota.c.s"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -S /work/main/daemon/quota.c -o CMakeFiles/shmrefd.dir/quota.c.s
-
-daemon/CMakeFiles/shmrefd.dir/status.c.o: daemon/CMakeFiles/shmrefd.dir/flags.make
-daemon/CMakeFiles/shmrefd.dir/status.c.o: /work/main/daemon/status.c
-daemon/CMakeFiles/shmrefd.dir/status.c.o: daemon/CMakeFiles/shmrefd.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_10) "Building C object daemon/CMakeFiles/shmrefd.dir/status.c.o"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -MD -MT daemon/CMakeFiles/shmrefd.dir/status.c.o -MF CMakeFiles/shmrefd.dir/status.c.o.d -o CMakeFiles/shmrefd.dir/status.c.o -c /work/main/daemon/status.c
-
-daemon/CMakeFiles/shmrefd.dir/status.c.i: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Preprocessing C source to CMakeFiles/shmrefd.dir/status.c.i"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -E /work/main/daemon/status.c > CMakeFiles/shmrefd.dir/status.c.i
-
-daemon/CMakeFiles/shmrefd.dir/status.c.s: cmake_force
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling C source to assembly CMakeFiles/shmrefd.dir/status.c.s"
-	cd /work/main/build/daemon && /usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -S /work/main/daemon/status.c -o CMakeFiles/shmrefd.dir/status.c.s
-
 # Object files for target shmrefd
 shmrefd_OBJECTS = \
-"CMakeFiles/shmrefd.dir/shmrefd.c.o" \
-"CMakeFiles/shmrefd.dir/options.c.o" \
-"CMakeFiles/shmrefd.dir/log.c.o" \
-"CMakeFiles/shmrefd.dir/server.c.o" \
-"CMakeFiles/shmrefd.dir/conn.c.o" \
-"CMakeFiles/shmrefd.dir/broker.c.o" \
-"CMakeFiles/shmrefd.dir/registry.c.o" \
-"CMakeFiles/shmrefd.dir/pool.c.o" \
-"CMakeFiles/shmrefd.dir/quota.c.o" \
-"CMakeFiles/shmrefd.dir/status.c.o"
+"CMakeFiles/shmrefd.dir/shmrefd.c.o"
 
 # External object files for target shmrefd
 shmrefd_EXTERNAL_OBJECTS =
 
 bin/shmrefd: daemon/CMakeFiles/shmrefd.dir/shmrefd.c.o
-bin/shmrefd: daemon/CMakeFiles/shmrefd.dir/options.c.o
-bin/shmrefd: daemon/CMakeFiles/shmrefd.dir/log.c.o
-bin/shmrefd: daemon/CMakeFiles/shmrefd.dir/server.c.o
-bin/shmrefd: daemon/CMakeFiles/shmrefd.dir/conn.c.o
-bin/shmrefd: daemon/CMakeFiles/shmrefd.dir/broker.c.o
-bin/shmrefd: daemon/CMakeFiles/shmrefd.dir/registry.c.o
-bin/shmrefd: daemon/CMakeFiles/shmrefd.dir/pool.c.o
-bin/shmrefd: daemon/CMakeFiles/shmrefd.dir/quota.c.o
-bin/shmrefd: daemon/CMakeFiles/shmrefd.dir/status.c.o
 bin/shmrefd: daemon/CMakeFiles/shmrefd.dir/build.make
+bin/shmrefd: lib/libshmrefd_core.a
 bin/shmrefd: lib/libshmref_proto.a
-bin/shmrefd: /usr/lib/x86_64-linux-gnu/libmsgpackc.so
 bin/shmrefd: /usr/lib/x86_64-linux-gnu/libuv.so
 bin/shmrefd: /usr/lib/x86_64-linux-gnu/libpthread.a
 bin/shmrefd: /usr/lib/x86_64-linux-gnu/libdl.a
 bin/shmrefd: /usr/lib/x86_64-linux-gnu/librt.a
+bin/shmrefd: /usr/lib/x86_64-linux-gnu/libmsgpackc.so
 bin/shmrefd: daemon/CMakeFiles/shmrefd.dir/link.txt
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --bold --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_11) "Linking C executable ../bin/shmrefd"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --bold --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_2) "Linking C executable ../bin/shmrefd"
 	cd /work/main/build/daemon && $(CMAKE_COMMAND) -E cmake_link_script CMakeFiles/shmrefd.dir/link.txt --verbose=$(VERBOSE)
 
 # Rule to build all files generated by this target.

@@ -4,7 +4,7 @@
 # compile C with /usr/bin/cc
 C_DEFINES = -DSHMREF_VERSION_STRING=\"0.1.0\" -D_GNU_SOURCE
 
-C_INCLUDES = -I/work/main/proto
+C_INCLUDES = -I/work/main/daemon -I/work/main/proto
 
 C_FLAGS = -g -Wall -Wextra -Wshadow -Wno-missing-field-initializers -Werror -std=gnu11
 

@@ -1,0 +1,3 @@
+file(REMOVE_RECURSE
+  "../lib/libshmrefd_core.a"
+)

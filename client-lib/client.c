@@ -1,0 +1,236 @@
+/* client.c: connecting, the hello, and the blocking request/reply transport of
+ * libshmref. Library code: it never logs and never aborts; failures are -errno with a
+ * message in conn->errmsg. */
+#include "client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "paths.h"
+
+int client_fail(shmref_conn *conn, int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(conn->errmsg, sizeof(conn->errmsg), fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+static int send_req(shmref_conn *conn, const struct proto_msg *req)
+{
+    int len = proto_encode(req, conn->wbuf, sizeof(conn->wbuf));
+    if (len < 0)
+        return client_fail(conn, -EMSGSIZE, "request too large for one message");
+    ssize_t n;
+    do
+        n = send(conn->fd, conn->wbuf, (size_t)len, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return client_fail(conn, -errno, "send to shmrefd failed: %s", strerror(errno));
+    return 0;
+}
+
+/* recv_reply: one message; its fd (if any) in *ret_fd, else -1. */
+static int recv_reply(shmref_conn *conn, size_t *ret_len, int *ret_fd)
+{
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+    } ctl;
+    struct iovec iov = { .iov_base = conn->rbuf, .iov_len = sizeof(conn->rbuf) };
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
+                         .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf) };
+    ssize_t n;
+    do
+        n = recvmsg(conn->fd, &mh, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return client_fail(conn, -errno, "receive from shmrefd failed: %s", strerror(errno));
+    int fd = -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int f;
+            memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+            if (fd < 0)
+                fd = f;
+            else
+                close(f); /* more than one fd: never sent by shmrefd */
+        }
+    }
+    if (n == 0 && fd < 0)
+        return client_fail(conn, -ECONNRESET, "shmrefd closed the connection");
+    if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+        if (fd >= 0)
+            close(fd);
+        return client_fail(conn, -EPROTO, "reply from shmrefd was truncated");
+    }
+    *ret_len = (size_t)n;
+    *ret_fd = fd;
+    return 0;
+}
+
+int client_call(shmref_conn *conn, struct proto_msg *req, struct proto_msg *rep, int *ret_fd)
+{
+    const char *why;
+    conn->errmsg[0] = '\0';
+    req->id = ++conn->next_id;
+    int r = send_req(conn, req);
+    if (r < 0)
+        return r;
+    for (;;) {
+        size_t len;
+        int fd;
+        if ((r = recv_reply(conn, &len, &fd)) < 0)
+            return r;
+        r = proto_decode(conn->rbuf, len, sizeof(conn->rbuf), rep, &why);
+        if (r < 0) {
+            if (fd >= 0)
+                close(fd);
+            return client_fail(conn, -EPROTO, "bad reply from shmrefd: %s", why);
+        }
+        if (rep->id != req->id || (rep->op != PROTO_OP_ERROR && rep->op != req->op + PROTO_OP_REPLY)) {
+            /* A late reply to an earlier request (e.g. an error for a no-reply release):
+             * not ours to wait for. */
+            if (fd >= 0)
+                close(fd);
+            if (rep->id == req->id)
+                return client_fail(conn, -EPROTO, "shmrefd answered %s with %s",
+                                   proto_op_name(req->op), proto_op_name(rep->op));
+            continue;
+        }
+        if (rep->op == PROTO_OP_ERROR) {
+            if (fd >= 0)
+                close(fd);
+            return client_fail(conn, -rep->u.error.code, "%.*s", (int)rep->u.error.msg_len,
+                               rep->u.error.msg);
+        }
+        if (ret_fd)
+            *ret_fd = fd;
+        else if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+}
+
+static int connect_path(const char *path, int *ret_fd)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return -ENAMETOOLONG;
+    strcpy(sa.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int r;
+    do
+        r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+    while (r < 0 && errno == EINTR);
+    if (r < 0) {
+        r = -errno;
+        close(fd);
+        return r;
+    }
+    *ret_fd = fd;
+    return 0;
+}
+
+static int hello(shmref_conn *conn)
+{
+    char name[PROTO_MAX_NAME + 1] = "";
+    int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, name, PROTO_MAX_NAME);
+        close(fd);
+        if (n > 0) {
+            name[n] = '\0';
+            name[strcspn(name, "\n")] = '\0';
+        }
+    }
+    struct proto_msg req = { .op = PROTO_OP_HELLO }, rep;
+    req.u.hello.version = PROTO_VERSION;
+    req.u.hello.name = name;
+    req.u.hello.name_len = (uint32_t)strlen(name);
+    int r = client_call(conn, &req, &rep, NULL);
+    if (r < 0)
+        return r;
+    if (rep.u.hello_reply.version != PROTO_VERSION)
+        return client_fail(conn, -EPROTONOSUPPORT, "shmrefd speaks protocol %u, this library %d",
+                           (unsigned)rep.u.hello_reply.version, PROTO_VERSION);
+    conn->daemon_pid = (pid_t)rep.u.hello_reply.pid;
+    conn->features = rep.u.hello_reply.features;
+    conn->max_lease = rep.u.hello_reply.max_lease;
+    return 0;
+}
+
+int shmref_connect(const char *path, shmref_conn **ret_conn)
+{
+    char def[4096];
+    if (!ret_conn)
+        return -EINVAL;
+    if (!path) {
+        if (paths_default_socket(def, sizeof(def)) < 0)
+            return -ENAMETOOLONG;
+        path = def;
+    }
+    shmref_conn *conn = calloc(1, sizeof(*conn));
+    if (!conn)
+        return -ENOMEM;
+    mapcache_init(&conn->cache);
+    int r = connect_path(path, &conn->fd);
+    if (r < 0) {
+        free(conn);
+        return r;
+    }
+    if ((r = hello(conn)) < 0) {
+        close(conn->fd);
+        free(conn);
+        return r;
+    }
+    *ret_conn = conn;
+    return 0;
+}
+
+void shmref_close(shmref_conn *conn)
+{
+    if (!conn)
+        return;
+    while (conn->bufs) {
+        shmref_buf *b = conn->bufs;
+        conn->bufs = b->next;
+        free(b->meta);
+        free(b);
+    }
+    mapcache_clear(&conn->cache);
+    close(conn->fd);
+    free(conn->cache.v);
+    free(conn);
+}
+
+const char *shmref_errmsg(const shmref_conn *conn)
+{
+    return conn ? conn->errmsg : "";
+}
+
+int shmref_ping(shmref_conn *conn)
+{
+    if (!conn)
+        return -EINVAL;
+    struct proto_msg req = { .op = PROTO_OP_PING }, rep;
+    return client_call(conn, &req, &rep, NULL);
+}
+
+int shmref_daemon_pid(const shmref_conn *conn)
+{
+    return conn ? (int)conn->daemon_pid : -EINVAL;
+}

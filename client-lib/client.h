@@ -1,0 +1,81 @@
+/* client.h: libshmref's private internals. Not installed.
+ * A connection does blocking request/reply calls over SOCK_SEQPACKET; replies carrying
+ * a buffer bring its fd with SCM_RIGHTS. Mappings of pool buffers are cached per
+ * connection, keyed by the daemon's buffer id, and reused when the daemon hands the
+ * same buffer out again, so a recycled buffer is mapped once. */
+#ifndef SHMREF_CLIENT_H
+#define SHMREF_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "proto.h"
+#include "shmref/shmref.h"
+
+struct mapcache_entry {
+    uint64_t buf_id;
+    void *addr;
+    size_t len;
+    bool writable;
+    unsigned users;         /* live handles using this mapping */
+    uint64_t last_use;
+};
+
+struct mapcache {
+    struct mapcache_entry *v;
+    unsigned n, cap;
+    uint64_t tick;
+    uint64_t idle_bytes, max_idle_bytes;
+    unsigned max_idle;
+};
+
+struct shmref_buf {
+    shmref_conn *conn;
+    uint64_t handle, buf_id;
+    uint32_t gen;
+    void *data;
+    size_t size, capacity;
+    bool writable, published;
+    void *meta;
+    size_t meta_len;
+    shmref_buf *prev, *next;
+};
+
+struct shmref_conn {
+    int fd;
+    uint32_t next_id;
+    pid_t daemon_pid;
+    uint64_t features, max_lease;
+    struct mapcache cache;
+    shmref_buf *bufs;
+    char errmsg[PROTO_MAX_ERRMSG + 1];
+    uint8_t wbuf[PROTO_MAX_REQUEST];
+    uint8_t rbuf[PROTO_MAX_REPLY];
+};
+
+/* client_call: send req (id assigned here) and wait for its reply. A reply that carries
+ * an fd returns it in *ret_fd (if ret_fd is NULL, or none was expected, it is closed).
+ * An error reply becomes -code with its message in conn->errmsg. rep's pointers point
+ * into conn->rbuf until the next call. */
+int client_call(shmref_conn *conn, struct proto_msg *req, struct proto_msg *rep, int *ret_fd);
+
+/* client_fail: set conn->errmsg and return err (negative). */
+int client_fail(shmref_conn *conn, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+void mapcache_init(struct mapcache *mc);
+/* mapcache_get: a mapping of buffer buf_id (len bytes) from fd, shared with earlier
+ * handles if one exists (a writable one also serves read-only requests). Returns 0 with
+ * *ret_addr, or -errno from mmap. fd stays the caller's. */
+int mapcache_get(struct mapcache *mc, uint64_t buf_id, int fd, size_t len, bool writable,
+                 void **ret_addr);
+/* mapcache_find: the live mapping for buf_id usable as asked, without an fd, or NULL. */
+void *mapcache_find(struct mapcache *mc, uint64_t buf_id, size_t len, bool writable);
+/* mapcache_put: a handle stopped using addr. Idle mappings stay mapped, up to a byte
+ * and count bound ($SHMREF_MAP_CACHE bytes, default 1 GiB), least recently used first out. */
+void mapcache_put(struct mapcache *mc, void *addr);
+/* mapcache_clear: unmap everything (the connection closes). */
+void mapcache_clear(struct mapcache *mc);
+
+#endif

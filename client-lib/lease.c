@@ -1,0 +1,170 @@
+/* lease.c: buffers of libshmref: lease, publish, acquire, release and the accessors.
+ * A handle owns its place in the connection's list and a use of a cached mapping; the
+ * fd that arrives with a buffer is closed as soon as the mapping exists. */
+#include "client.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void link_buf(shmref_conn *conn, shmref_buf *b)
+{
+    b->conn = conn;
+    b->prev = NULL;
+    b->next = conn->bufs;
+    if (conn->bufs)
+        conn->bufs->prev = b;
+    conn->bufs = b;
+}
+
+static void unlink_buf(shmref_buf *b)
+{
+    if (b->prev) b->prev->next = b->next; else b->conn->bufs = b->next;
+    if (b->next) b->next->prev = b->prev;
+}
+
+/* release_handle: tell the daemon to drop a handle we could not hand to the caller. */
+static void release_handle(shmref_conn *conn, uint64_t handle)
+{
+    struct proto_msg req = { .op = PROTO_OP_RELEASE }, rep;
+    req.u.release.handle = handle;
+    char keep[sizeof(conn->errmsg)];
+    memcpy(keep, conn->errmsg, sizeof(keep));
+    client_call(conn, &req, &rep, NULL);
+    memcpy(conn->errmsg, keep, sizeof(keep));
+}
+
+/* take_buffer: turn a lease or acquire reply (and its fd) into a handle. */
+static int take_buffer(shmref_conn *conn, const struct proto_msg *rep, int fd, bool writable,
+                       shmref_buf **ret_buf)
+{
+    uint64_t handle = rep->u.lease_reply.handle;
+    shmref_buf *b = calloc(1, sizeof(*b));
+    int r = -ENOMEM;
+    if (!b)
+        goto fail;
+    b->handle = handle;
+    b->buf_id = rep->u.lease_reply.buf_id;
+    b->gen = rep->u.lease_reply.gen;
+    b->size = rep->u.lease_reply.size;
+    b->capacity = rep->u.lease_reply.capacity;
+    b->writable = writable;
+    if (rep->u.lease_reply.meta_len) {
+        if (!(b->meta = malloc(rep->u.lease_reply.meta_len)))
+            goto fail;
+        memcpy(b->meta, rep->u.lease_reply.meta, rep->u.lease_reply.meta_len);
+        b->meta_len = rep->u.lease_reply.meta_len;
+    }
+    /* A cached mapping needs no fd; a new one does. */
+    b->data = mapcache_find(&conn->cache, b->buf_id, b->capacity, writable);
+    if (!b->data) {
+        if (fd < 0) {
+            r = client_fail(conn, -EPROTO, "shmrefd sent no fd with the buffer");
+            goto fail;
+        }
+        r = mapcache_get(&conn->cache, b->buf_id, fd, b->capacity, writable, &b->data);
+        if (r < 0) {
+            client_fail(conn, r, "mmap of %zu bytes failed: %s", b->capacity, strerror(-r));
+            goto fail;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    link_buf(conn, b);
+    *ret_buf = b;
+    return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    if (b)
+        free(b->meta);
+    free(b);
+    release_handle(conn, handle);
+    return r == -ENOMEM ? client_fail(conn, -ENOMEM, "out of memory") : r;
+}
+
+int shmref_lease(shmref_conn *conn, size_t size, shmref_buf **ret_buf)
+{
+    if (!conn || !ret_buf || size == 0)
+        return -EINVAL;
+    struct proto_msg req = { .op = PROTO_OP_LEASE }, rep;
+    int fd = -1;
+    req.u.lease.size = size;
+    int r = client_call(conn, &req, &rep, &fd);
+    if (r < 0)
+        return r;
+    return take_buffer(conn, &rep, fd, true, ret_buf);
+}
+
+int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms, const void *meta, size_t meta_len,
+                   shmref_desc *ret_desc)
+{
+    if (!buf || !ret_desc || (meta_len && !meta) || meta_len > SHMREF_META_MAX)
+        return -EINVAL;
+    shmref_conn *conn = buf->conn;
+    if (!buf->writable)
+        return client_fail(conn, -EPERM, "an acquired buffer cannot be published");
+    if (len > buf->size)
+        return client_fail(conn, -EINVAL, "publish of %zu bytes exceeds the leased %zu", len, buf->size);
+    struct proto_msg req = { .op = PROTO_OP_PUBLISH }, rep;
+    req.u.publish.handle = buf->handle;
+    req.u.publish.size = len;
+    req.u.publish.keep_ms = keep_ms;
+    req.u.publish.meta = meta;
+    req.u.publish.meta_len = (uint32_t)meta_len;
+    int r = client_call(conn, &req, &rep, NULL);
+    if (r < 0)
+        return r;
+    buf->published = true;
+    memcpy(ret_desc->token, rep.u.publish_reply.token, SHMREF_TOKEN_LEN);
+    ret_desc->size = rep.u.publish_reply.size;
+    return 0;
+}
+
+int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_buf)
+{
+    if (!conn || !desc || !ret_buf)
+        return -EINVAL;
+    struct proto_msg req = { .op = PROTO_OP_ACQUIRE }, rep;
+    int fd = -1;
+    memcpy(req.u.acquire.token, desc->token, SHMREF_TOKEN_LEN);
+    int r = client_call(conn, &req, &rep, &fd);
+    if (r < 0)
+        return r;
+    if (rep.u.acquire_reply.size != desc->size) {
+        if (fd >= 0)
+            close(fd);
+        uint64_t have = rep.u.acquire_reply.size;
+        release_handle(conn, rep.u.acquire_reply.handle);
+        return client_fail(conn, -EINVAL, "descriptor says %llu bytes, the buffer has %llu",
+                           (unsigned long long)desc->size, (unsigned long long)have);
+    }
+    return take_buffer(conn, &rep, fd, false, ret_buf);
+}
+
+int shmref_release(shmref_buf *buf)
+{
+    if (!buf)
+        return 0;
+    shmref_conn *conn = buf->conn;
+    struct proto_msg req = { .op = PROTO_OP_RELEASE }, rep;
+    req.u.release.handle = buf->handle;
+    unlink_buf(buf);
+    mapcache_put(&conn->cache, buf->data);
+    free(buf->meta);
+    free(buf);
+    return client_call(conn, &req, &rep, NULL);
+}
+
+void *shmref_buf_data(const shmref_buf *buf) { return buf ? buf->data : NULL; }
+size_t shmref_buf_size(const shmref_buf *buf) { return buf ? buf->size : 0; }
+size_t shmref_buf_capacity(const shmref_buf *buf) { return buf ? buf->capacity : 0; }
+int shmref_buf_writable(const shmref_buf *buf) { return buf ? buf->writable : 0; }
+
+const void *shmref_buf_meta(const shmref_buf *buf, size_t *ret_len)
+{
+    if (ret_len)
+        *ret_len = buf ? buf->meta_len : 0;
+    return buf ? buf->meta : NULL;
+}

@@ -1,0 +1,420 @@
+/* shmrefctl.c: the operators' and scripts' tool, built on the public libshmref API only.
+ * Commands: status [--json], put [--keep-ms N] FILE|-, get DESCRIPTOR [-o FILE], ping.
+ * Exit status: 0 done, 1 the daemon or the system refused, 2 usage error. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shmref/shmref.h"
+#include "units.h"
+
+#define PUT_DEFAULT_KEEP_MS 300000
+
+static const char usage[] =
+    "Usage: shmrefctl [--socket PATH] COMMAND [ARGS]\n"
+    "\n"
+    "Commands:\n"
+    "  status [--json]                 the daemon's pool, tenants, clients and counters\n"
+    "  put [--keep-ms N] FILE|-        copy FILE (or stdin) into a buffer, publish it, and\n"
+    "                                  print its descriptor; the daemon keeps it N ms\n"
+    "                                  (default 300000) or until the first get\n"
+    "  get DESCRIPTOR [-o FILE]        write a published buffer to FILE (default stdout)\n"
+    "  ping                            one round trip to the daemon\n"
+    "\n"
+    "Options (before or after the command):\n"
+    "  -s, --socket PATH   the daemon's socket (default: $SHMREFD_SOCKET, else\n"
+    "                      $XDG_RUNTIME_DIR/shmrefd.sock, else /run/shmrefd/shmrefd.sock)\n"
+    "  -h, --help          show this help\n"
+    "  -V, --version       show the version\n";
+
+static const char *socket_path;
+
+static int fail(shmref_conn *conn, const char *what, int r)
+{
+    const char *msg = conn ? shmref_errmsg(conn) : "";
+    fprintf(stderr, "shmrefctl: %s: %s%s%s\n", what, strerror(-r), *msg ? ": " : "", msg);
+    return 1;
+}
+
+static int connect_or_fail(shmref_conn **conn)
+{
+    int r = shmref_connect(socket_path, conn);
+    if (r < 0) {
+        fprintf(stderr, "shmrefctl: cannot reach shmrefd at %s: %s\n",
+                socket_path ? socket_path : "the default socket", strerror(-r));
+        return 1;
+    }
+    return 0;
+}
+
+static uint64_t u64(const shmref_status *st, const char *path)
+{
+    uint64_t v = 0;
+    shmref_status_u64(st, path, &v);
+    return v;
+}
+
+static const char *str(const shmref_status *st, const char *path)
+{
+    const char *s = "?";
+    shmref_status_str(st, path, &s);
+    return s;
+}
+
+static const char *size_at(const shmref_status *st, const char *path, char buf[UNITS_TEXT_MAX])
+{
+    return units_format(u64(st, path), buf);
+}
+
+static void print_table(const shmref_status *st)
+{
+    char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], c[UNITS_TEXT_MAX], d[UNITS_TEXT_MAX], p[128];
+    printf("shmrefd %s (protocol %llu), pid %llu, up %.1f s, %llu client(s), socket %s\n",
+           str(st, "daemon.version"), (unsigned long long)u64(st, "daemon.protocol"),
+           (unsigned long long)u64(st, "daemon.pid"), u64(st, "daemon.uptime_ms") / 1000.0,
+           (unsigned long long)u64(st, "daemon.clients"), str(st, "daemon.socket"));
+    printf("\npool %s (%s)\n", str(st, "pool.dir"), str(st, "pool.kind"));
+    printf("  total %s, leased %s, free %s\n", size_at(st, "pool.bytes_total", a),
+           size_at(st, "pool.bytes_leased", b), size_at(st, "pool.bytes_free", c));
+    printf("  allocated %s (warm %s), filesystem has %s available\n",
+           size_at(st, "pool.bytes_allocated", a), size_at(st, "pool.bytes_warm", b),
+           size_at(st, "pool.fs_available", d));
+    int n = shmref_status_count(st, "pool.classes");
+    printf("\n  %12s %8s %8s\n", "CLASS", "BUFFERS", "FREE");
+    for (int i = 0; i < n; i++) {
+        char k1[64], k2[64], k3[64];
+        snprintf(k1, sizeof(k1), "pool.classes.%d.size", i);
+        snprintf(k2, sizeof(k2), "pool.classes.%d.total", i);
+        snprintf(k3, sizeof(k3), "pool.classes.%d.free", i);
+        printf("  %12s %8llu %8llu\n", size_at(st, k1, a), (unsigned long long)u64(st, k2),
+               (unsigned long long)u64(st, k3));
+    }
+    printf("\nbuffers: %llu live, %llu published, %llu retained (%s)\n",
+           (unsigned long long)u64(st, "buffers.live"), (unsigned long long)u64(st, "buffers.published"),
+           (unsigned long long)u64(st, "buffers.retained"), size_at(st, "buffers.retained_bytes", a));
+    n = shmref_status_count(st, "tenants");
+    printf("\n%-10s %12s %12s %8s\n", "TENANT", "BYTES", "QUOTA", "BUFFERS");
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof(p), "tenants.%d.", i);
+        char k[160];
+        printf("uid %-6llu", (unsigned long long)u64(st, (snprintf(k, sizeof(k), "%suid", p), k)));
+        printf(" %12s", size_at(st, (snprintf(k, sizeof(k), "%sbytes", p), k), a));
+        printf(" %12s", size_at(st, (snprintf(k, sizeof(k), "%squota", p), k), b));
+        printf(" %8llu\n", (unsigned long long)u64(st, (snprintf(k, sizeof(k), "%sbuffers", p), k)));
+    }
+    n = shmref_status_count(st, "clients");
+    printf("\n%-6s %8s %6s %-16s %7s %12s\n", "CLIENT", "PID", "UID", "NAME", "LEASES", "BYTES");
+    for (int i = 0; i < n; i++) {
+        char k[160];
+        snprintf(p, sizeof(p), "clients.%d.", i);
+        printf("%-6llu", (unsigned long long)u64(st, (snprintf(k, sizeof(k), "%sid", p), k)));
+        printf(" %8llu", (unsigned long long)u64(st, (snprintf(k, sizeof(k), "%spid", p), k)));
+        printf(" %6llu", (unsigned long long)u64(st, (snprintf(k, sizeof(k), "%suid", p), k)));
+        printf(" %-16.16s", str(st, (snprintf(k, sizeof(k), "%sname", p), k)));
+        printf(" %7llu", (unsigned long long)u64(st, (snprintf(k, sizeof(k), "%sleases", p), k)));
+        printf(" %12s\n", size_at(st, (snprintf(k, sizeof(k), "%sbytes", p), k), a));
+    }
+    static const char *const counters[] = {
+        "connections", "leases", "publishes", "acquires", "releases", "reclaimed_leases",
+        "reclaimed_clients", "refused_quota", "refused_space", "refused_limit", "refused_other",
+        "protocol_errors", "slow_clients", "buffers_created", "buffers_recycled", "buffers_retired",
+        "buffers_evicted", "buffers_create_failed", "retentions_expired",
+    };
+    printf("\ncounters\n");
+    for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
+        char k[64];
+        snprintf(k, sizeof(k), "counters.%s", counters[i]);
+        printf("  %-22s %llu\n", counters[i], (unsigned long long)u64(st, k));
+    }
+}
+
+static int cmd_status(int argc, char **argv)
+{
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            json = 1;
+        else {
+            fprintf(stderr, "shmrefctl status: unknown argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    shmref_conn *conn;
+    shmref_status *st;
+    if (connect_or_fail(&conn))
+        return 1;
+    int r = shmref_status_get(conn, &st);
+    if (r < 0) {
+        r = fail(conn, "status", r);
+        shmref_close(conn);
+        return r;
+    }
+    if (json) {
+        const char *j = shmref_status_json(st);
+        if (!j)
+            r = fail(NULL, "status", -ENOMEM);
+        else
+            printf("%s\n", j);
+    } else {
+        print_table(st);
+    }
+    shmref_status_free(st);
+    shmref_close(conn);
+    return r;
+}
+
+/* read_all: the whole of fd into a malloc'd buffer (for pipes, whose size is unknown). */
+static int read_all(int fd, char **ret, size_t *ret_len)
+{
+    size_t len = 0, cap = 1 << 20;
+    char *buf = malloc(cap);
+    if (!buf)
+        return -ENOMEM;
+    for (;;) {
+        if (len == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) {
+                free(buf);
+                return -ENOMEM;
+            }
+            buf = nb;
+        }
+        ssize_t n = read(fd, buf + len, cap - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int e = -errno;
+            free(buf);
+            return e;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    *ret = buf;
+    *ret_len = len;
+    return 0;
+}
+
+/* read_into: exactly len bytes of fd into dst (the lease's mapping: one copy). */
+static int read_into(int fd, char *dst, size_t len)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = read(fd, dst + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            return -EIO; /* the file shrank under us */
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+static int put_bytes(shmref_conn *conn, int fd, const char *src, size_t len, uint32_t keep_ms)
+{
+    shmref_buf *buf;
+    shmref_desc desc;
+    char text[SHMREF_DESC_TEXT_MAX], a[UNITS_TEXT_MAX], what[96];
+    snprintf(what, sizeof(what), "lease of %s", units_format(len, a));
+    int r = shmref_lease(conn, len ? len : 1, &buf);
+    if (r < 0)
+        return fail(conn, what, r);
+    if (src)
+        memcpy(shmref_buf_data(buf), src, len);
+    else if ((r = read_into(fd, shmref_buf_data(buf), len)) < 0)
+        return fail(NULL, "read", r);
+    r = shmref_publish(buf, len, keep_ms, NULL, 0, &desc);
+    if (r < 0)
+        return fail(conn, "publish", r);
+    shmref_desc_to_text(&desc, text, sizeof(text));
+    printf("%s\n", text);
+    return fflush(stdout) == 0 ? 0 : fail(NULL, "stdout", -errno);
+}
+
+static int cmd_put(int argc, char **argv)
+{
+    static const struct option longopts[] = { { "keep-ms", required_argument, NULL, 'k' }, { 0 } };
+    uint32_t keep_ms = PUT_DEFAULT_KEEP_MS;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "+k:", longopts, NULL)) != -1) {
+        if (c != 'k')
+            return 2;
+        char *end;
+        unsigned long v = strtoul(optarg, &end, 10);
+        if (!*optarg || *end || v > UINT32_MAX || optarg[0] == '-') {
+            fprintf(stderr, "shmrefctl put: --keep-ms: '%s' is not a number of milliseconds\n", optarg);
+            return 2;
+        }
+        keep_ms = (uint32_t)v;
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "shmrefctl put: expects one FILE (or - for stdin)\n");
+        return 2;
+    }
+    const char *path = argv[optind];
+    int fd = strcmp(path, "-") == 0 ? STDIN_FILENO : open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "shmrefctl put: %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) < 0) {
+        fprintf(stderr, "shmrefctl put: %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    shmref_conn *conn;
+    if (connect_or_fail(&conn))
+        return 1;
+    int r;
+    if (S_ISREG(sb.st_mode)) {
+        r = put_bytes(conn, fd, NULL, (size_t)sb.st_size, keep_ms);
+    } else {
+        char *data = NULL;
+        size_t len = 0;
+        r = read_all(fd, &data, &len);
+        r = r < 0 ? fail(NULL, "read", r) : put_bytes(conn, fd, data, len, keep_ms);
+        free(data);
+    }
+    if (fd != STDIN_FILENO)
+        close(fd);
+    shmref_close(conn);
+    return r;
+}
+
+static int write_all(int fd, const char *p, size_t len)
+{
+    while (len) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int cmd_get(int argc, char **argv)
+{
+    const char *out = NULL;
+    const char *text = NULL;
+    for (int i = 1; i < argc; i++) {
+        if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc)
+            out = argv[++i];
+        else if (!text)
+            text = argv[i];
+        else {
+            fprintf(stderr, "shmrefctl get: unexpected argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    shmref_desc desc;
+    if (!text || shmref_desc_from_text(text, &desc) < 0) {
+        fprintf(stderr, "shmrefctl get: expects a descriptor like shmref1:<32 hex digits>:<size>\n");
+        return 2;
+    }
+    shmref_conn *conn;
+    shmref_buf *buf;
+    if (connect_or_fail(&conn))
+        return 1;
+    int r = shmref_acquire(conn, &desc, &buf);
+    if (r < 0) {
+        r = fail(conn, "acquire", r);
+        shmref_close(conn);
+        return r;
+    }
+    int fd = out ? open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : STDOUT_FILENO;
+    if (fd < 0) {
+        r = -errno;
+        fprintf(stderr, "shmrefctl get: %s: %s\n", out, strerror(errno));
+    } else {
+        r = write_all(fd, shmref_buf_data(buf), shmref_buf_size(buf));
+        if (r < 0)
+            fprintf(stderr, "shmrefctl get: write: %s\n", strerror(-r));
+        if (out && close(fd) < 0 && r == 0) {
+            r = -errno;
+            fprintf(stderr, "shmrefctl get: %s: %s\n", out, strerror(errno));
+        }
+    }
+    int rr = shmref_release(buf);
+    if (rr < 0 && r == 0)
+        r = fail(conn, "release", rr) ? -EIO : 0;
+    shmref_close(conn);
+    return r < 0 ? 1 : 0;
+}
+
+static int cmd_ping(void)
+{
+    shmref_conn *conn;
+    struct timespec t0, t1;
+    if (connect_or_fail(&conn))
+        return 1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int r = shmref_ping(conn);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (r < 0)
+        r = fail(conn, "ping", r);
+    else
+        printf("pong from shmrefd pid %d in %.1f us\n", shmref_daemon_pid(conn),
+               (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3);
+    shmref_close(conn);
+    return r;
+}
+
+/* take_global: removes --socket/-s PATH, --help and --version wherever they stand. */
+static int take_global(int *argc, char **argv)
+{
+    int n = 0;
+    for (int i = 0; i < *argc; i++) {
+        const char *a = argv[i];
+        if ((strcmp(a, "--socket") == 0 || strcmp(a, "-s") == 0) && i + 1 < *argc) {
+            socket_path = argv[++i];
+        } else if (strncmp(a, "--socket=", 9) == 0) {
+            socket_path = a + 9;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage, stdout);
+            return 0;
+        } else if (strcmp(a, "--version") == 0 || strcmp(a, "-V") == 0) {
+            printf("shmrefctl %d.%d.%d\n", SHMREF_VERSION_MAJOR, SHMREF_VERSION_MINOR, SHMREF_VERSION_PATCH);
+            return 0;
+        } else {
+            argv[n++] = argv[i];
+        }
+    }
+    *argc = n;
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    argc--;
+    argv++;
+    if (!take_global(&argc, argv))
+        return 0;
+    if (argc == 0) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    const char *cmd = argv[0];
+    if (strcmp(cmd, "status") == 0)
+        return cmd_status(argc, argv);
+    if (strcmp(cmd, "put") == 0)
+        return cmd_put(argc, argv);
+    if (strcmp(cmd, "get") == 0)
+        return cmd_get(argc, argv);
+    if (strcmp(cmd, "ping") == 0 && argc == 1)
+        return cmd_ping();
+    fprintf(stderr, "shmrefctl: unknown command '%s'\nTry 'shmrefctl --help'.\n", cmd);
+    return 2;
+}
