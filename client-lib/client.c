@@ -33,6 +33,8 @@ static int send_req(shmref_conn *conn, const struct proto_msg *req)
     do
         n = send(conn->fd, conn->wbuf, (size_t)len, MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
+        return client_fail(conn, -ECONNRESET, "shmrefd closed the connection");
     if (n < 0)
         return client_fail(conn, -errno, "send to shmrefd failed: %s", strerror(errno));
     return 0;

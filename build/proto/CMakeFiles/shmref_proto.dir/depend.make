@@ -1,2 +1,0 @@
-# Empty dependencies file for shmref_proto.
-# This may be replaced when dependencies are built.

@@ -1,0 +1,20 @@
+# deps.sh: sourced by the other scripts. ensure_packages installs the Debian packages
+# this project builds and tests with, if any are missing (apt-get needs root).
+SHMREF_BUILD_PACKAGES="build-essential cmake pkg-config libuv1-dev libmsgpack-dev libcriterion-dev"
+SHMREF_TEST_PACKAGES="python3"
+
+ensure_packages() {
+    local missing=() p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "installing missing packages: ${missing[*]}" >&2
+    local sudo=
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null || { echo "need root (or sudo) to install: ${missing[*]}" >&2; return 1; }
+        sudo=sudo
+    fi
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# test-cli.sh: shmrefd and shmrefctl as a new user runs them: put an 80 MB file, get it
+# back from another process byte-identical, read status --json, and check the exit
+# codes of refusals. Usage: test-cli.sh SHMREFD SHMREFCTL
+set -euo pipefail
+SHMREFD=$1 SHMREFCTL=$2
+dir=$(mktemp -d /tmp/shmref-cli-XXXXXX)
+sock=$dir/shmrefd.sock
+pass=0 fail=0
+cleanup() {
+    [ -n "${dpid:-}" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+check() { # check NAME COMMAND...
+    local name=$1; shift
+    if "$@"; then pass=$((pass + 1)); echo "PASS $name"; else fail=$((fail + 1)); echo "FAIL $name"; fi
+}
+json() { # json EXPR: evaluate a Python expression on status --json as s
+    "$SHMREFCTL" --socket "$sock" status --json |
+        /usr/bin/python3 -c "import json,sys; s=json.load(sys.stdin); print($1)"
+}
+
+"$SHMREFD" --socket "$sock" 2>"$dir/log" &
+dpid=$!
+for _ in $(seq 200); do "$SHMREFCTL" --socket "$sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+
+check "ping answers" "$SHMREFCTL" --socket "$sock" ping
+check "the start line names socket and pool size" grep -q "serving on $sock.*pool size" "$dir/log"
+
+head -c 80000000 /dev/urandom >"$dir/in.bin"
+desc=$("$SHMREFCTL" --socket "$sock" put "$dir/in.bin")
+check "put prints a descriptor" bash -c "[[ '$desc' =~ ^shmref1:[0-9a-f]{32}:80000000$ ]]"
+check "status shows the retained 80 MB" test "$(json 's["buffers"]["retained"]')" = 1
+"$SHMREFCTL" --socket "$sock" get "$desc" -o "$dir/out.bin"
+check "get gives identical bytes" cmp -s "$dir/in.bin" "$dir/out.bin"
+check "leased bytes back at zero" test "$(json 's["pool"]["bytes_leased"]')" = 0
+check "status json has the documented keys" test "$(json '",".join(sorted(s["pool"]))')" = \
+    "bytes_allocated,bytes_free,bytes_leased,bytes_total,bytes_warm,classes,dir,fs_available,kind"
+
+desc2=$(printf 'hello through stdin' | "$SHMREFCTL" --socket "$sock" put --keep-ms 5000 -)
+check "put from stdin and get to stdout" test "$("$SHMREFCTL" --socket "$sock" get "$desc2")" = "hello through stdin"
+
+set +e
+"$SHMREFCTL" --socket "$sock" get "$desc" >/dev/null 2>"$dir/err"; rc=$?
+set -e
+check "a consumed descriptor is refused with exit 1" test "$rc" = 1
+check "and the message says why" grep -q "no published buffer" "$dir/err"
+set +e
+"$SHMREFCTL" --socket "$sock" get not-a-descriptor >/dev/null 2>&1; rc=$?
+"$SHMREFCTL" --socket "$dir/nothing.sock" ping >/dev/null 2>&1; rc2=$?
+set -e
+check "a malformed descriptor is a usage error (2)" test "$rc" = 2
+check "no daemon is exit 1" test "$rc2" = 1
+check "status table prints" bash -c "'$SHMREFCTL' --socket '$sock' status | grep -q '^pool /dev/shm'"
+
+kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
+check "SIGTERM exits 0" test "$rc" = 0
+check "the socket is removed" test ! -e "$sock"
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]

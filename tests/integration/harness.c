@@ -1,0 +1,257 @@
+/* harness.c: see harness.h. */
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto.h"
+
+#ifndef SHMREFD_BIN
+#error "SHMREFD_BIN must name the daemon binary under test"
+#endif
+
+static long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
+}
+
+void daemon_start(struct daemon *d, ...)
+{
+    const char *argv[64];
+    int argc = 0;
+    va_list ap;
+
+    memset(d, 0, sizeof(*d));
+    strcpy(d->dir, "/tmp/shmref-test-XXXXXX");
+    cr_assert_not_null(mkdtemp(d->dir), "mkdtemp: %s", strerror(errno));
+    chmod(d->dir, 0755); /* tests run clients as other uids too */
+    snprintf(d->socket, sizeof(d->socket), "%s/shmrefd.sock", d->dir);
+    snprintf(d->log, sizeof(d->log), "%s/shmrefd.log", d->dir);
+    argv[argc++] = SHMREFD_BIN;
+    argv[argc++] = "--socket";
+    argv[argc++] = d->socket;
+    argv[argc++] = "--verbose";
+    va_start(ap, d);
+    const char *a;
+    while ((a = va_arg(ap, const char *)) && argc < 62)
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+
+    d->pid = fork();
+    cr_assert_geq(d->pid, 0, "fork: %s", strerror(errno));
+    if (d->pid == 0) {
+        int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            dup2(fd, STDOUT_FILENO);
+            dup2(fd, STDERR_FILENO);
+        }
+        execv(SHMREFD_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    long deadline = now_ms() + 10000;
+    for (;;) {
+        shmref_conn *c;
+        if (shmref_connect(d->socket, &c) == 0) {
+            shmref_close(c);
+            return;
+        }
+        int st;
+        if (waitpid(d->pid, &st, WNOHANG) == d->pid)
+            cr_assert_fail("shmrefd exited during start (status %d); see %s", st, d->log);
+        cr_assert_lt(now_ms(), deadline, "shmrefd did not answer within 10 s; see %s", d->log);
+        usleep(5000);
+    }
+}
+
+void daemon_stop(struct daemon *d)
+{
+    int st;
+    cr_assert_eq(kill(d->pid, SIGTERM), 0);
+    cr_assert_eq(waitpid(d->pid, &st, 0), d->pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "shmrefd did not exit 0 on SIGTERM (status %#x); see %s",
+              st, d->log);
+    cr_assert(!daemon_log_contains(d, "handles still open"), "shmrefd leaked a libuv handle");
+    unlink(d->log);
+    unlink(d->socket);
+    rmdir(d->dir);
+}
+
+int daemon_fds(const struct daemon *d)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)d->pid);
+    DIR *dir = opendir(path);
+    cr_assert_not_null(dir, "%s: %s", path, strerror(errno));
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)))
+        n += e->d_name[0] != '.';
+    closedir(dir);
+    return n;
+}
+
+int daemon_log_contains(const struct daemon *d, const char *text)
+{
+    FILE *f = fopen(d->log, "r");
+    if (!f)
+        return 0;
+    char line[2048];
+    int found = 0;
+    while (!found && fgets(line, sizeof(line), f))
+        found = strstr(line, text) != NULL;
+    fclose(f);
+    return found;
+}
+
+shmref_conn *connect_ok(const struct daemon *d)
+{
+    shmref_conn *c = NULL;
+    int r = shmref_connect(d->socket, &c);
+    cr_assert_eq(r, 0, "shmref_connect(%s): %s", d->socket, strerror(-r));
+    return c;
+}
+
+uint64_t status_u64(const struct daemon *d, const char *path)
+{
+    shmref_conn *c = connect_ok(d);
+    shmref_status *st;
+    uint64_t v = 0;
+    cr_assert_eq(shmref_status_get(c, &st), 0, "status: %s", shmref_errmsg(c));
+    int r = shmref_status_u64(st, path, &v);
+    cr_assert_eq(r, 0, "status has no number at %s (%d)", path, r);
+    shmref_status_free(st);
+    shmref_close(c);
+    return v;
+}
+
+uint64_t wait_status(const struct daemon *d, const char *path, uint64_t want, int ms)
+{
+    long deadline = now_ms() + ms;
+    uint64_t v;
+    while ((v = status_u64(d, path)) != want && now_ms() < deadline)
+        usleep(2000);
+    return v;
+}
+
+int raw_connect(const struct daemon *d)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    strcpy(sa.sun_path, d->socket);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "connect: %s", strerror(errno));
+    return fd;
+}
+
+ssize_t raw_roundtrip(int fd, const void *msg, size_t len, void *reply, size_t cap, int ms)
+{
+    if (send(fd, msg, len, MSG_NOSIGNAL) < 0)
+        return errno == EPIPE || errno == ECONNRESET ? 0 : -errno;
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    int r = poll(&p, 1, ms);
+    if (r == 0)
+        return -ETIMEDOUT;
+    ssize_t n = recv(fd, reply, cap, 0);
+    return n < 0 ? (errno == ECONNRESET ? 0 : -errno) : n;
+}
+
+void raw_hello(int fd)
+{
+    uint8_t buf[256], rep[4096];
+    struct proto_msg m = { .op = PROTO_OP_HELLO, .id = 1 };
+    m.u.hello.version = PROTO_VERSION;
+    m.u.hello.name = "raw";
+    m.u.hello.name_len = 3;
+    int n = proto_encode(&m, buf, sizeof(buf));
+    cr_assert_gt(n, 0);
+    ssize_t r = raw_roundtrip(fd, buf, (size_t)n, rep, sizeof(rep), 5000);
+    cr_assert_gt(r, 0, "no hello reply (%zd)", r);
+    struct proto_msg got;
+    const char *why;
+    cr_assert_eq(proto_decode(rep, (size_t)r, sizeof(rep), &got, &why), 0);
+    cr_assert_eq(got.op, PROTO_OP_HELLO + PROTO_OP_REPLY);
+}
+
+int raw_closed(int fd, int ms)
+{
+    long deadline = now_ms() + ms;
+    char buf[PROTO_MAX_REPLY];
+    for (;;) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        long left = deadline - now_ms();
+        if (left <= 0 || poll(&p, 1, (int)left) <= 0)
+            return 0;
+        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno == ECONNRESET))
+            return 1;
+    }
+}
+
+static uint32_t xorshift(uint32_t *s)
+{
+    uint32_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    return *s = x;
+}
+
+void fill_pattern(void *p, size_t len, uint32_t seed)
+{
+    uint32_t s = seed | 1, *w = p;
+    size_t n = len / 4;
+    for (size_t i = 0; i < n; i++)
+        w[i] = xorshift(&s);
+    for (size_t i = n * 4; i < len; i++)
+        ((uint8_t *)p)[i] = (uint8_t)xorshift(&s);
+}
+
+ssize_t check_pattern(const void *p, size_t len, uint32_t seed)
+{
+    uint32_t s = seed | 1;
+    const uint32_t *w = p;
+    size_t n = len / 4;
+    for (size_t i = 0; i < n; i++)
+        if (w[i] != xorshift(&s))
+            return (ssize_t)(i * 4);
+    for (size_t i = n * 4; i < len; i++)
+        if (((const uint8_t *)p)[i] != (uint8_t)xorshift(&s))
+            return (ssize_t)i;
+    return -1;
+}
+
+pid_t child_run(int (*fn)(void *), void *arg)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0)
+        _exit(fn(arg));
+    return pid;
+}
+
+int child_wait(pid_t pid)
+{
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st))
+        return 128 + WTERMSIG(st);
+    return WEXITSTATUS(st);
+}

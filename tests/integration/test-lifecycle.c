@@ -1,0 +1,471 @@
+/* test-lifecycle.c: the lease lifecycle end to end, against a real shmrefd and real
+ * client processes: bytes across processes, reference counting, reclaim on SIGKILL,
+ * retention, quotas, tenants, recycling and the mapping cache, and no leaks over time. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define MB80 (80u * 1000 * 1000)
+#define CLASS80 83886080u
+
+/* A pipe pair to talk to a child: the child writes to up, reads from down. */
+struct link {
+    int up[2], down[2];
+};
+
+static void link_open(struct link *l)
+{
+    cr_assert_eq(pipe(l->up), 0);
+    cr_assert_eq(pipe(l->down), 0);
+}
+
+static void say(int fd, const char *msg)
+{
+    size_t n = strlen(msg) + 1;
+    cr_assert_eq(write(fd, msg, n), (ssize_t)n);
+}
+
+/* hear: one NUL-terminated message, or "" at EOF. */
+static void hear(int fd, char *buf, size_t cap)
+{
+    size_t n = 0;
+    while (n + 1 < cap) {
+        ssize_t r = read(fd, buf + n, 1);
+        if (r <= 0 || buf[n] == '\0')
+            break;
+        n++;
+    }
+    buf[n] = '\0';
+}
+
+static long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
+}
+
+static struct daemon d;
+
+/* ---- an 80 MB buffer written by one process is read byte-identical by another ---- */
+
+struct producer_arg {
+    struct link *l;
+    size_t size;
+    uint32_t seed, keep_ms;
+};
+
+/* producer: lease, fill, publish, send the descriptor text up; then wait for "done". */
+static int producer(void *p)
+{
+    struct producer_arg *a = p;
+    shmref_conn *c;
+    shmref_buf *b;
+    shmref_desc desc;
+    char text[SHMREF_DESC_TEXT_MAX], cmd[16];
+    if (shmref_connect(d.socket, &c) < 0 || shmref_lease(c, a->size, &b) < 0)
+        return 10;
+    fill_pattern(shmref_buf_data(b), a->size, a->seed);
+    if (shmref_publish(b, a->size, a->keep_ms, "f8[10000000]", 12, &desc) < 0)
+        return 11;
+    shmref_desc_to_text(&desc, text, sizeof(text));
+    if (write(a->l->up[1], text, strlen(text) + 1) < 0)
+        return 12;
+    hear(a->l->down[0], cmd, sizeof(cmd));
+    shmref_close(c);
+    return strcmp(cmd, "done") == 0 || a->keep_ms ? 0 : 13;
+}
+
+Test(lifecycle, eighty_megabytes_cross_process_identical)
+{
+    daemon_start(&d, NULL);
+    struct link l;
+    link_open(&l);
+    struct producer_arg a = { &l, MB80, 42, 0 };
+    pid_t pid = child_run(producer, &a);
+    char text[SHMREF_DESC_TEXT_MAX];
+    hear(l.up[0], text, sizeof(text));
+    cr_assert_eq(strncmp(text, "shmref1:", 8), 0, "descriptor text: '%s'", text);
+
+    shmref_conn *c = connect_ok(&d);
+    shmref_desc desc;
+    shmref_buf *b;
+    cr_assert_eq(shmref_desc_from_text(text, &desc), 0);
+    cr_assert_eq(desc.size, MB80);
+    cr_assert_eq(shmref_acquire(c, &desc, &b), 0, "acquire: %s", shmref_errmsg(c));
+    cr_assert_eq(shmref_buf_size(b), MB80);
+    cr_assert_eq(shmref_buf_capacity(b), CLASS80);
+    cr_assert_eq(shmref_buf_writable(b), 0);
+    size_t mlen;
+    const char *meta = shmref_buf_meta(b, &mlen);
+    cr_assert_eq(mlen, 12);
+    cr_assert_eq(memcmp(meta, "f8[10000000]", 12), 0);
+    cr_assert_eq(check_pattern(shmref_buf_data(b), MB80, 42), -1, "bytes differ");
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), CLASS80);
+    cr_assert_eq(shmref_release(b), 0);
+    say(l.down[1], "done");
+    cr_assert_eq(child_wait(pid), 0);
+    cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, 1000), 0);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+/* ---- three consumers: back to the pool only after all three release ---- */
+
+struct consumer_arg {
+    struct link *l;
+    const char *text;
+};
+
+static int consumer(void *p)
+{
+    struct consumer_arg *a = p;
+    shmref_conn *c;
+    shmref_buf *b;
+    shmref_desc desc;
+    char cmd[16];
+    if (shmref_connect(d.socket, &c) < 0 || shmref_desc_from_text(a->text, &desc) < 0 ||
+        shmref_acquire(c, &desc, &b) < 0)
+        return 20;
+    if (check_pattern(shmref_buf_data(b), shmref_buf_size(b), 7) != -1)
+        return 21;
+    say(a->l->up[1], "acquired");
+    hear(a->l->down[0], cmd, sizeof(cmd));
+    if (shmref_release(b) < 0)
+        return 22;
+    say(a->l->up[1], "released");
+    hear(a->l->down[0], cmd, sizeof(cmd));
+    shmref_close(c);
+    return 0;
+}
+
+Test(lifecycle, three_consumers_all_release_before_reuse)
+{
+    daemon_start(&d, NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b;
+    shmref_desc desc;
+    char text[SHMREF_DESC_TEXT_MAX], msg[16];
+    const size_t size = 1 << 20;
+    cr_assert_eq(shmref_lease(c, size, &b), 0);
+    fill_pattern(shmref_buf_data(b), size, 7);
+    cr_assert_eq(shmref_publish(b, size, 0, NULL, 0, &desc), 0);
+    shmref_desc_to_text(&desc, text, sizeof(text));
+
+    struct link l[3];
+    struct consumer_arg a[3];
+    pid_t pid[3];
+    for (int i = 0; i < 3; i++) {
+        link_open(&l[i]);
+        a[i] = (struct consumer_arg){ &l[i], text };
+        pid[i] = child_run(consumer, &a[i]);
+        hear(l[i].up[0], msg, sizeof(msg));
+        cr_assert_str_eq(msg, "acquired");
+    }
+    cr_assert_eq(shmref_release(b), 0); /* the producer lets go first */
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(status_u64(&d, "pool.bytes_leased"), size, "released too early (after %d)", i);
+        cr_assert_eq(status_u64(&d, "buffers.live"), 1);
+        cr_assert_eq(status_u64(&d, "pool.bytes_warm"), 0);
+        say(l[i].down[1], "release");
+        hear(l[i].up[0], msg, sizeof(msg));
+        cr_assert_str_eq(msg, "released");
+    }
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    cr_assert_eq(status_u64(&d, "buffers.live"), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_warm"), size, "the buffer should be back, warm");
+    for (int i = 0; i < 3; i++) {
+        say(l[i].down[1], "exit");
+        cr_assert_eq(child_wait(pid[i]), 0);
+    }
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+/* ---- a holder killed with SIGKILL is reclaimed within a second ---- */
+
+static int holder(void *p)
+{
+    struct link *l = p;
+    shmref_conn *c;
+    shmref_buf *b;
+    shmref_desc desc;
+    if (shmref_connect(d.socket, &c) < 0)
+        return 30;
+    for (int i = 0; i < 3; i++)
+        if (shmref_lease(c, 4u << 20, &b) < 0)
+            return 31;
+    if (shmref_publish(b, 4u << 20, 0, NULL, 0, &desc) < 0)
+        return 32;
+    say(l->up[1], "holding");
+    pause();
+    return 0;
+}
+
+Test(lifecycle, sigkill_of_holder_is_reclaimed_within_one_second)
+{
+    daemon_start(&d, NULL);
+    struct link l;
+    char msg[16];
+    link_open(&l);
+    pid_t pid = child_run(holder, &l);
+    hear(l.up[0], msg, sizeof(msg));
+    cr_assert_str_eq(msg, "holding");
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 12u << 20);
+    long t0 = now_ms();
+    kill(pid, SIGKILL);
+    cr_assert_eq(child_wait(pid), 128 + SIGKILL);
+    cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, 1000), 0, "not reclaimed within 1 s");
+    cr_assert_lt(now_ms() - t0, 1000);
+    cr_assert_eq(status_u64(&d, "counters.reclaimed_leases"), 3);
+    cr_assert_eq(status_u64(&d, "tenants_total"), 0, "the tenant's charge should be gone");
+    daemon_stop(&d);
+}
+
+/* ---- retention: the producer exits, a consumer acquires later; expiry is ENOENT ---- */
+
+Test(lifecycle, retention_outlives_producer_then_expires)
+{
+    daemon_start(&d, NULL);
+    struct link l;
+    char text[SHMREF_DESC_TEXT_MAX];
+    link_open(&l);
+    struct producer_arg a = { &l, 100000, 9, 2000 };
+    pid_t pid = child_run(producer, &a);
+    hear(l.up[0], text, sizeof(text));
+    say(l.down[1], "done");
+    cr_assert_eq(child_wait(pid), 0); /* the producer is gone */
+    cr_assert_eq(status_u64(&d, "buffers.retained"), 1);
+
+    shmref_conn *c = connect_ok(&d);
+    shmref_desc desc;
+    shmref_buf *b;
+    cr_assert_eq(shmref_desc_from_text(text, &desc), 0);
+    cr_assert_eq(shmref_acquire(c, &desc, &b), 0, "acquire after the producer left: %s", shmref_errmsg(c));
+    cr_assert_eq(check_pattern(shmref_buf_data(b), 100000, 9), -1);
+    cr_assert_eq(status_u64(&d, "buffers.retained"), 0, "the first acquire ends the retention");
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_acquire(c, &desc, &b), -ENOENT, "released by all: gone");
+
+    /* Nobody acquires: after keep_ms the descriptor is dead. */
+    struct link l2;
+    link_open(&l2);
+    struct producer_arg a2 = { &l2, 100000, 9, 150 };
+    pid = child_run(producer, &a2);
+    hear(l2.up[0], text, sizeof(text));
+    say(l2.down[1], "done");
+    cr_assert_eq(child_wait(pid), 0);
+    usleep(400 * 1000);
+    cr_assert_eq(shmref_desc_from_text(text, &desc), 0);
+    cr_assert_eq(shmref_acquire(c, &desc, &b), -ENOENT);
+    cr_assert(strstr(shmref_errmsg(c), "retention") != NULL, "message: %s", shmref_errmsg(c));
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    cr_assert_eq(status_u64(&d, "counters.retentions_expired"), 1);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+/* ---- quotas: EDQUOT with the numbers, and everyone else is still served ---- */
+
+static int other_uid_leases(void *p)
+{
+    (void)p;
+    shmref_conn *c;
+    shmref_buf *b;
+    if (setgid(65534) < 0 || setuid(65534) < 0)
+        return 40;
+    if (shmref_connect(d.socket, &c) < 0)
+        return 41;
+    if (shmref_lease(c, 1 << 20, &b) < 0)
+        return 42;
+    shmref_close(c);
+    return 0;
+}
+
+Test(lifecycle, over_quota_is_edquot_and_others_are_served)
+{
+    daemon_start(&d, "--tenant-quota", "2M", "--pool-size", "64M", "--socket-mode", "0666", NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b1, *b2;
+    cr_assert_eq(shmref_lease(c, 2 << 20, &b1), 0);
+    cr_assert_eq(shmref_lease(c, 4096, &b2), -EDQUOT);
+    const char *m = shmref_errmsg(c);
+    cr_assert(strstr(m, "quota exceeded for uid 0") && strstr(m, "2097152") && strstr(m, "4096"),
+              "message should name the numbers: %s", m);
+    cr_assert_eq(status_u64(&d, "counters.refused_quota"), 1);
+    cr_assert_eq(shmref_ping(c), 0, "the refused client is still connected");
+
+    /* Another tenant is not affected by uid 0's quota. */
+    cr_assert_eq(child_wait(child_run(other_uid_leases, NULL)), 0);
+
+    /* Once the holder lets go, the same tenant can lease again. */
+    cr_assert_eq(shmref_release(b1), 0);
+    shmref_conn *c2 = connect_ok(&d);
+    cr_assert_eq(shmref_lease(c2, 2 << 20, &b2), 0, "%s", shmref_errmsg(c2));
+    shmref_close(c2);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+Test(lifecycle, full_pool_is_enospc_with_numbers)
+{
+    daemon_start(&d, "--pool-size", "4M", "--tenant-quota", "64M", "--max-lease-size", "4M", NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b1, *b2;
+    cr_assert_eq(shmref_lease(c, 3 << 20, &b1), 0);
+    cr_assert_eq(shmref_lease(c, 2 << 20, &b2), -ENOSPC);
+    cr_assert(strstr(shmref_errmsg(c), "pool full") && strstr(shmref_errmsg(c), "4194304"),
+              "message: %s", shmref_errmsg(c));
+    cr_assert_eq(shmref_release(b1), 0);
+    /* The warm 3 MiB buffer is evicted to make room for another class. */
+    cr_assert_eq(shmref_lease(c, 2 << 20, &b2), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(status_u64(&d, "counters.buffers_evicted"), 1);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+/* ---- recycling: within a tenant, warm and mapped once; across tenants, retired ---- */
+
+Test(lifecycle, recycles_within_tenant_and_keeps_the_mapping)
+{
+    daemon_start(&d, NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b;
+    cr_assert_eq(shmref_lease(c, 1 << 20, &b), 0);
+    void *first = shmref_buf_data(b);
+    memset(first, 0xab, 1 << 20);
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_lease(c, 1000000, &b), 0); /* same class */
+    cr_assert_eq(shmref_buf_data(b), first, "the cached mapping should be reused");
+    cr_assert_eq(((unsigned char *)shmref_buf_data(b))[12345], 0xab, "same pages, still warm");
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 1);
+    cr_assert_eq(status_u64(&d, "counters.buffers_recycled"), 1);
+    cr_assert_eq(shmref_release(b), 0);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+static int other_uid_acquires(void *p)
+{
+    const char *text = p;
+    shmref_conn *c;
+    shmref_buf *b;
+    shmref_desc desc;
+    if (setgid(65534) < 0 || setuid(65534) < 0)
+        return 50;
+    if (shmref_connect(d.socket, &c) < 0 || shmref_desc_from_text(text, &desc) < 0)
+        return 51;
+    if (shmref_acquire(c, &desc, &b) < 0)
+        return 52;
+    if (check_pattern(shmref_buf_data(b), shmref_buf_size(b), 5) != -1)
+        return 53;
+    shmref_close(c);
+    return 0;
+}
+
+Test(lifecycle, buffer_seen_by_another_tenant_is_retired_not_recycled)
+{
+    daemon_start(&d, "--socket-mode", "0666", NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b;
+    shmref_desc desc;
+    char text[SHMREF_DESC_TEXT_MAX];
+    cr_assert_eq(shmref_lease(c, 1 << 20, &b), 0);
+    fill_pattern(shmref_buf_data(b), 1 << 20, 5);
+    cr_assert_eq(shmref_publish(b, 1 << 20, 0, NULL, 0, &desc), 0);
+    shmref_desc_to_text(&desc, text, sizeof(text));
+    cr_assert_eq(child_wait(child_run(other_uid_acquires, text)), 0);
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(status_u64(&d, "counters.buffers_retired"), 1);
+    cr_assert_eq(status_u64(&d, "pool.bytes_warm"), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_allocated"), 0);
+    cr_assert_eq(shmref_lease(c, 1 << 20, &b), 0);
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 2, "a fresh buffer, not the seen one");
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+/* ---- 1,000 cycles leave the daemon's fds and leased bytes where they started ---- */
+
+Test(lifecycle, thousand_cycles_leak_nothing, .timeout = 120)
+{
+    daemon_start(&d, NULL);
+    shmref_conn *prod = connect_ok(&d), *cons = connect_ok(&d);
+    shmref_buf *b, *r;
+    shmref_desc desc;
+    /* One warm-up cycle creates the buffer and its read-only fd. */
+    for (int i = 0; i <= 1000; i++) {
+        if (i == 1) {
+            cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+        }
+        cr_assert_eq(shmref_lease(prod, 65536, &b), 0, "cycle %d: %s", i, shmref_errmsg(prod));
+        ((uint32_t *)shmref_buf_data(b))[0] = (uint32_t)i;
+        cr_assert_eq(shmref_publish(b, 65536, 0, NULL, 0, &desc), 0);
+        cr_assert_eq(shmref_acquire(cons, &desc, &r), 0, "cycle %d: %s", i, shmref_errmsg(cons));
+        cr_assert_eq(((const uint32_t *)shmref_buf_data(r))[0], (uint32_t)i);
+        cr_assert_eq(shmref_release(r), 0);
+        cr_assert_eq(shmref_release(b), 0);
+    }
+    int fds_after_warmup = daemon_fds(&d);
+    for (int i = 0; i < 1000; i++) {
+        cr_assert_eq(shmref_lease(prod, 65536, &b), 0);
+        cr_assert_eq(shmref_publish(b, 65536, 0, NULL, 0, &desc), 0);
+        cr_assert_eq(shmref_acquire(cons, &desc, &r), 0);
+        cr_assert_eq(shmref_release(r), 0);
+        cr_assert_eq(shmref_release(b), 0);
+    }
+    cr_assert_eq(daemon_fds(&d), fds_after_warmup, "the daemon's fd count moved");
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 1, "every cycle should recycle");
+    shmref_close(prod);
+    shmref_close(cons);
+    daemon_stop(&d);
+}
+
+/* ---- start-up refusals name the numbers; SIGTERM with holders exits 0 ---- */
+
+Test(lifecycle, refuses_to_start_when_pool_does_not_fit)
+{
+    char dir[] = "/tmp/shmref-test-XXXXXX", sock[128], log[128], line[1024] = "";
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+    snprintf(log, sizeof(log), "%s/log", dir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = freopen(log, "w", stderr);
+        (void)f;
+        execl(SHMREFD_BIN, SHMREFD_BIN, "--socket", sock, "--pool-size", "1000T", (char *)NULL);
+        _exit(127);
+    }
+    cr_assert_eq(child_wait(pid), 1);
+    FILE *f = fopen(log, "r");
+    cr_assert_not_null(f);
+    cr_assert_not_null(fgets(line, sizeof(line), f));
+    fclose(f);
+    cr_assert(strstr(line, "1099511627776000 bytes") && strstr(line, "available"), "log: %s", line);
+    cr_assert_eq(access(sock, F_OK), -1, "no socket is left behind");
+    unlink(log);
+    rmdir(dir);
+}
+
+Test(lifecycle, sigterm_with_holders_and_retention_exits_cleanly)
+{
+    daemon_start(&d, NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b;
+    shmref_desc desc;
+    cr_assert_eq(shmref_lease(c, 1 << 20, &b), 0);
+    cr_assert_eq(shmref_publish(b, 1 << 20, 60000, NULL, 0, &desc), 0);
+    cr_assert_eq(shmref_lease(c, 3 << 20, &b), 0);
+    daemon_stop(&d); /* asserts exit status 0 and no libuv handle left open */
+    cr_assert_eq(shmref_ping(c), -ECONNRESET);
+    shmref_close(c);
+}
