@@ -29,6 +29,7 @@ struct pool {
     uint64_t bytes_alloc, bytes_warm;
     uint64_t next_id;
     unsigned creating;
+    bool closing;               /* pool_free: the loop no longer runs */
     struct pool_buf *lru_head, *lru_tail;
     struct pool_counters counters;
     struct pool_class classes[POOL_MAX_CLASSES];
@@ -146,11 +147,44 @@ static void lru_unlink(struct pool *p, struct pool_buf *b)
     p->bytes_warm -= b->size;
 }
 
+/* Closing the last fd of a large tmpfs file frees its pages inside close(): for
+ * hundreds of MiB that is milliseconds, so large buffers are closed off the loop. */
+#define CLOSE_OFF_LOOP_BYTES (1u << 20)
+
+struct pool_close {
+    uv_work_t work;
+    int fd, ro_fd;
+};
+
+static void close_work(uv_work_t *w)
+{
+    struct pool_close *c = w->data;
+    close(c->fd);
+    if (c->ro_fd >= 0)
+        close(c->ro_fd);
+}
+
+static void close_done(uv_work_t *w, int status)
+{
+    (void)status;
+    free(w->data);
+}
+
 static void retire(struct pool *p, struct pool_buf *b)
 {
     p->classes[b->cls].st.total--;
     p->bytes_alloc -= b->size;
     p->counters.retired++;
+    struct pool_close *c = b->size >= CLOSE_OFF_LOOP_BYTES && !p->closing ? malloc(sizeof(*c)) : NULL;
+    if (c) {
+        *c = (struct pool_close){ .fd = b->fd, .ro_fd = b->ro_fd };
+        c->work.data = c;
+        if (uv_queue_work(p->loop, &c->work, close_work, close_done) == 0) {
+            free(b);
+            return;
+        }
+        free(c);
+    }
     close(b->fd);
     if (b->ro_fd >= 0)
         close(b->ro_fd);
@@ -314,6 +348,7 @@ void pool_free(struct pool *p)
 {
     if (!p)
         return;
+    p->closing = true;
     while (p->lru_head) {
         struct pool_buf *b = p->lru_head;
         lru_unlink(p, b);
