@@ -93,9 +93,9 @@ int proto_check(const uint8_t *buf, size_t len, unsigned max_depth, const char *
             /* Every element takes at least one byte: a count larger than what is left
              * is a lie, whatever msgpack-c would have allocated for it. */
             if (n > len - pos) { why = "element count exceeds message"; goto fail; }
+            if (depth + 1 > max_depth) { why = "nesting too deep"; goto fail; }
             if (n == 0)
                 continue;
-            if (depth + 1 > max_depth) { why = "nesting too deep"; goto fail; }
             left[++depth] = n;
             continue;
         }
@@ -429,7 +429,8 @@ int proto_encode_error(uint32_t id, int code, uint8_t *buf, size_t cap, const ch
     if (n > PROTO_MAX_ERRMSG)
         n = PROTO_MAX_ERRMSG;
     struct proto_msg m = { .op = PROTO_OP_ERROR, .id = id };
-    m.u.error.code = code > 0 ? code : -code;
+    /* Codes travel as positive errno values; anything unrepresentable becomes EIO. */
+    m.u.error.code = code > 0 ? code : code < 0 && code != INT32_MIN ? -code : EIO;
     m.u.error.msg = text;
     m.u.error.msg_len = (uint32_t)n;
     return proto_encode(&m, buf, cap);

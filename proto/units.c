@@ -47,7 +47,7 @@ const char *units_format(uint64_t bytes, char buf[UNITS_TEXT_MAX])
     }
     double v = (double)bytes / 1024.0;
     unsigned i = 0;
-    while (v >= 1024.0 && i < 5) {
+    while (v >= 1023.95 && i < 5) /* what would print as 1024.0 goes up a unit */ {
         v /= 1024.0;
         i++;
     }
