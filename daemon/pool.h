@@ -45,12 +45,13 @@ struct pool;
  * callback always runs (on the loop thread), even during shutdown. */
 typedef void (*pool_get_cb)(struct pool *pool, struct pool_buf *buf, int err, void *data);
 
-/* pool_new: opens the pool in dir, capped at cap bytes (0 means no cap is checked).
+/* pool_new: opens the pool in dir, capped at cap bytes.
  * Refuses, with the numbers in *ret_why (a static buffer), when cap exceeds the space
  * statvfs reports for dir. use_memfd forces memfd_create instead of O_TMPFILE. */
 int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
              struct pool **ret, const char **ret_why);
-/* pool_free: closes every buffer; in-flight creations must have completed. Accepts NULL. */
+/* pool_free: closes every free buffer. Every buffer handed out must have been put back
+ * and every creation must have completed (the loop has run dry). Accepts NULL. */
 void pool_free(struct pool *pool);
 
 /* pool_class_size: the size class that holds size bytes (page-rounded, then rounded up

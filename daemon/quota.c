@@ -90,6 +90,19 @@ int quota_set(struct quota *q, uint32_t uid, uint64_t bytes)
     return 0;
 }
 
+void quota_clear_limits(struct quota *q)
+{
+    for (unsigned i = 0; i < q->n;) {
+        struct entry *e = &q->v[i];
+        e->own_limit = false;
+        e->t.quota = q->default_quota;
+        if (!e->t.bytes && !e->t.buffers)
+            *e = q->v[--q->n]; /* the moved entry is examined next */
+        else
+            i++;
+    }
+}
+
 uint64_t quota_limit(const struct quota *q, uint32_t uid)
 {
     const struct entry *e = find(q, uid);

@@ -24,6 +24,8 @@ void quota_free(struct quota *q);
 void quota_set_default(struct quota *q, uint64_t bytes);
 int quota_set(struct quota *q, uint32_t uid, uint64_t bytes);
 uint64_t quota_limit(const struct quota *q, uint32_t uid);
+/* quota_clear_limits: every uid back to the default limit (before a reload sets them). */
+void quota_clear_limits(struct quota *q);
 
 /* quota_charge: charge bytes to uid. Returns 0, or -EDQUOT with a message naming the
  * numbers in why (why_len bytes), or -ENOMEM. */

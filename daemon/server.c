@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "access.h"
 #include "conn.h"
 #include "log.h"
 #include "units.h"
@@ -31,10 +33,21 @@ int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
         return r;
     }
     if ((r = quota_new(opt->tenant_quota, &s->quota)) < 0 ||
-        (r = registry_new(loop, s->pool, s->quota, &s->reg)) < 0) {
+        (r = registry_new(loop, s->pool, s->quota, &s->reg)) < 0 || (r = server_apply_limits(s)) < 0) {
         log_error("cannot start: %s", strerror(-r));
         return r;
     }
+    return 0;
+}
+
+int server_apply_limits(struct server *s)
+{
+    quota_set_default(s->quota, s->opt->tenant_quota);
+    quota_clear_limits(s->quota);
+    for (unsigned i = 0; i < s->opt->n_quotas; i++)
+        if (quota_set(s->quota, s->opt->quotas[i].uid, s->opt->quotas[i].bytes) < 0)
+            return -ENOMEM;
+    log_max_level = s->opt->verbose ? LOG_DEBUG : LOG_INFO;
     return 0;
 }
 
@@ -47,6 +60,25 @@ static void accept_resume(uv_timer_t *t)
         uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
 }
 
+/* refuse: tell a peer why it is not served (best effort), then close it. */
+static void refuse(int fd, const struct ucred *cred, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void refuse(int fd, const struct ucred *cred, int code, const char *fmt, ...)
+{
+    char msg[PROTO_MAX_ERRMSG];
+    uint8_t buf[PROTO_MAX_ERRMSG + 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    int n = proto_encode_error(0, code, buf, sizeof(buf), "%s", msg);
+    if (n > 0 && send(fd, buf, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+        log_debug("could not tell pid %d it was refused: %s", (int)cred->pid, strerror(errno));
+    log_notice("refused client pid=%d uid=%u gid=%u: %s", (int)cred->pid, (unsigned)cred->uid,
+               (unsigned)cred->gid, msg);
+    close(fd);
+}
+
 static void accept_one(struct server *s, int fd)
 {
     struct ucred cred;
@@ -56,17 +88,15 @@ static void accept_one(struct server *s, int fd)
         close(fd);
         return;
     }
+    if (!access_allowed(s->opt, &cred, fd)) {
+        s->counters.refused_access++;
+        refuse(fd, &cred, EACCES, "access denied: uid %u (pid %d) is not in allow-users or allow-groups",
+               (unsigned)cred.uid, (int)cred.pid);
+        return;
+    }
     if (s->nconns >= s->opt->max_clients) {
-        uint8_t buf[PROTO_MAX_ERRMSG + 64];
-        int n = proto_encode_error(0, EUSERS, buf, sizeof(buf),
-                                   "too many clients: %u connected, limit %u", s->nconns,
-                                   s->opt->max_clients);
-        if (n > 0 && send(fd, buf, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
-            log_debug("could not tell pid %d it was refused: %s", (int)cred.pid, strerror(errno));
-        log_warning("refused client pid=%d uid=%u: %u clients connected (limit %u)", (int)cred.pid,
-                    (unsigned)cred.uid, s->nconns, s->opt->max_clients);
         s->counters.refused_limit++;
-        close(fd);
+        refuse(fd, &cred, EUSERS, "too many clients: %u connected, limit %u", s->nconns, s->opt->max_clients);
         return;
     }
     /* Room for the largest reply (status) in one datagram. */
@@ -161,7 +191,9 @@ int server_listen_path(struct server *s)
     char *dir = strdup(path), *slash = dir ? strrchr(dir, '/') : NULL;
     if (slash && slash != dir) {
         *slash = '\0';
-        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+        if (mkdir(dir, 0755) == 0)
+            s->created_dir = true;
+        else if (errno != EEXIST)
             log_warning("cannot create %s: %s", dir, strerror(errno));
     }
     free(dir);

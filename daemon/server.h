@@ -19,7 +19,7 @@ struct conn;
 struct server_counters {
     uint64_t connections, leases, publishes, acquires, releases;
     uint64_t reclaimed_leases, reclaimed_clients;
-    uint64_t refused_quota, refused_space, refused_limit, refused_other;
+    uint64_t refused_quota, refused_space, refused_limit, refused_other, refused_access;
     uint64_t protocol_errors, slow_clients;
 };
 
@@ -28,6 +28,7 @@ struct server {
     struct options *opt;
     int listen_fd;
     bool listening, stopping;
+    bool created_dir;          /* server_listen_path made the socket's directory */
     uv_poll_t listen_poll;
     uv_timer_t accept_retry;   /* re-arms accepting after EMFILE */
     struct pool *pool;
@@ -50,6 +51,8 @@ int server_init(struct server *s, uv_loop_t *loop, struct options *opt);
 int server_listen_path(struct server *s);
 /* server_listen_fd: serves on an already-listening socket (socket activation). */
 int server_listen_fd(struct server *s, int fd);
+/* server_apply_limits: (re)applies quotas, per-uid quotas and limits from s->opt. */
+int server_apply_limits(struct server *s);
 /* server_stop: stops accepting, closes every connection, ends retentions. The loop then
  * runs dry; call server_free after uv_run returns. */
 void server_stop(struct server *s);

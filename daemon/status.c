@@ -133,7 +133,7 @@ static void pack_counters(msgpack_packer *pk, struct server *s)
     const struct server_counters *k = &s->counters;
     struct pool_counters pc = pool_counters(s->pool);
     key(pk, "counters");
-    msgpack_pack_map(pk, 19);
+    msgpack_pack_map(pk, 20);
     kv_u64(pk, "connections", k->connections);
     kv_u64(pk, "leases", k->leases);
     kv_u64(pk, "publishes", k->publishes);
@@ -145,6 +145,7 @@ static void pack_counters(msgpack_packer *pk, struct server *s)
     kv_u64(pk, "refused_space", k->refused_space);
     kv_u64(pk, "refused_limit", k->refused_limit);
     kv_u64(pk, "refused_other", k->refused_other);
+    kv_u64(pk, "refused_access", k->refused_access);
     kv_u64(pk, "protocol_errors", k->protocol_errors);
     kv_u64(pk, "slow_clients", k->slow_clients);
     kv_u64(pk, "buffers_created", pc.created);

@@ -1,7 +1,8 @@
 # deps.sh: sourced by the other scripts. ensure_packages installs the Debian packages
 # this project builds and tests with, if any are missing (apt-get needs root).
-SHMREF_BUILD_PACKAGES="build-essential cmake pkg-config libuv1-dev libmsgpack-dev libcriterion-dev"
-SHMREF_TEST_PACKAGES="python3"
+SHMREF_BUILD_PACKAGES="build-essential cmake pkg-config libuv1-dev libmsgpack-dev libcriterion-dev
+    libsystemd-dev libcap-dev libinih-dev"
+SHMREF_TEST_PACKAGES="python3 python3-prometheus-client systemd"
 
 ensure_packages() {
     local missing=() p

@@ -1,0 +1,80 @@
+/* privs.c: see privs.h. Uses libcap rather than raw capset(2). */
+#include "privs.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <grp.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <sys/capability.h>
+
+int privs_lookup(const char *user, uid_t *ret_uid, gid_t *ret_gid)
+{
+    struct passwd *pw = getpwnam(user);
+    if (!pw)
+        return -ENOENT;
+    *ret_uid = pw->pw_uid;
+    *ret_gid = pw->pw_gid;
+    return 0;
+}
+
+unsigned long privs_raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return 0;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    return (unsigned long)rl.rlim_cur;
+}
+
+static int fail(char *why, size_t len, const char *what)
+{
+    int e = errno;
+    snprintf(why, len, "%s: %s", what, strerror(e));
+    return -e;
+}
+
+int privs_drop(const char *user, char *why, size_t why_len)
+{
+    bool root = geteuid() == 0;
+    /* The bounding set can only shrink while we still hold CAP_SETPCAP. */
+    if (CAP_IS_SUPPORTED(CAP_SETPCAP)) {
+        for (cap_value_t c = 0; c <= CAP_LAST_CAP; c++)
+            if (CAP_IS_SUPPORTED(c) && cap_drop_bound(c) < 0 && errno != EPERM && errno != EINVAL)
+                return fail(why, why_len, "dropping the capability bounding set");
+    }
+    if (user && root) {
+        uid_t uid;
+        gid_t gid;
+        if (privs_lookup(user, &uid, &gid) < 0) {
+            snprintf(why, why_len, "unknown user '%s'", user);
+            return -ENOENT;
+        }
+        if (setgroups(1, &gid) < 0)
+            return fail(why, why_len, "setgroups");
+        if (setresgid(gid, gid, gid) < 0)
+            return fail(why, why_len, "setresgid");
+        if (setresuid(uid, uid, uid) < 0)
+            return fail(why, why_len, "setresuid");
+    }
+    cap_t none = cap_init();
+    if (!none)
+        return fail(why, why_len, "cap_init");
+    int r = cap_set_proc(none);
+    cap_free(none);
+    if (r < 0)
+        return fail(why, why_len, "clearing capabilities");
+    if (CAP_AMBIENT_SUPPORTED() && cap_reset_ambient() < 0)
+        return fail(why, why_len, "clearing ambient capabilities");
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        return fail(why, why_len, "PR_SET_NO_NEW_PRIVS");
+    return 0;
+}
