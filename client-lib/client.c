@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +89,10 @@ int client_call(shmref_conn *conn, struct proto_msg *req, struct proto_msg *rep,
     conn->errmsg[0] = '\0';
     req->id = ++conn->next_id;
     int r = send_req(conn, req);
-    if (r < 0)
+    /* A daemon that refuses a connection (access policy, too many clients) says why
+     * and closes it; our send then fails, but its reason is still there to read. */
+    bool sent = r == 0;
+    if (r < 0 && r != -ECONNRESET)
         return r;
     for (;;) {
         size_t len;
@@ -101,12 +105,15 @@ int client_call(shmref_conn *conn, struct proto_msg *req, struct proto_msg *rep,
                 close(fd);
             return client_fail(conn, -EPROTO, "bad reply from shmrefd: %s", why);
         }
-        if (rep->id != req->id || (rep->op != PROTO_OP_ERROR && rep->op != req->op + PROTO_OP_REPLY)) {
+        if (rep->op == PROTO_OP_ERROR && rep->id == 0) /* about the connection, not a request */
+            return client_fail(conn, -rep->u.error.code, "%.*s", (int)rep->u.error.msg_len, rep->u.error.msg);
+        if (!sent || rep->id != req->id ||
+            (rep->op != PROTO_OP_ERROR && rep->op != req->op + PROTO_OP_REPLY)) {
             /* A late reply to an earlier request (e.g. an error for a no-reply release):
              * not ours to wait for. */
             if (fd >= 0)
                 close(fd);
-            if (rep->id == req->id)
+            if (sent && rep->id == req->id)
                 return client_fail(conn, -EPROTO, "shmrefd answered %s with %s",
                                    proto_op_name(req->op), proto_op_name(rep->op));
             continue;

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "metrics.h"
 #include "shmref/shmref.h"
 #include "units.h"
 
@@ -25,6 +26,8 @@ static const char usage[] =
     "                                  print its descriptor; the daemon keeps it N ms\n"
     "                                  (default 300000) or until the first get\n"
     "  get DESCRIPTOR [-o FILE]        write a published buffer to FILE (default stdout)\n"
+    "  metrics                         the status in Prometheus text format (for\n"
+    "                                  node_exporter's textfile collector)\n"
     "  ping                            one round trip to the daemon\n"
     "\n"
     "Options (before or after the command):\n"
@@ -122,7 +125,7 @@ static void print_table(const shmref_status *st)
     }
     static const char *const counters[] = {
         "connections", "leases", "publishes", "acquires", "releases", "reclaimed_leases",
-        "reclaimed_clients", "refused_quota", "refused_space", "refused_limit", "refused_other",
+        "reclaimed_clients", "refused_quota", "refused_space", "refused_limit", "refused_access", "refused_other",
         "protocol_errors", "slow_clients", "buffers_created", "buffers_recycled", "buffers_retired",
         "buffers_evicted", "buffers_create_failed", "retentions_expired",
     };
@@ -354,6 +357,28 @@ static int cmd_get(int argc, char **argv)
     return r < 0 ? 1 : 0;
 }
 
+static int cmd_metrics(void)
+{
+    shmref_conn *conn;
+    shmref_status *st;
+    int r = shmref_connect(socket_path, &conn);
+    if (r < 0) {
+        metrics_print_down(stdout);
+        fprintf(stderr, "shmrefctl: cannot reach shmrefd: %s\n", strerror(-r));
+        return 1;
+    }
+    r = shmref_status_get(conn, &st);
+    if (r < 0) {
+        metrics_print_down(stdout);
+        r = fail(conn, "status", r);
+    } else {
+        metrics_print(st, stdout);
+        shmref_status_free(st);
+    }
+    shmref_close(conn);
+    return fflush(stdout) == 0 ? r : 1;
+}
+
 static int cmd_ping(void)
 {
     shmref_conn *conn;
@@ -413,6 +438,8 @@ int main(int argc, char **argv)
         return cmd_put(argc, argv);
     if (strcmp(cmd, "get") == 0)
         return cmd_get(argc, argv);
+    if (strcmp(cmd, "metrics") == 0 && argc == 1)
+        return cmd_metrics();
     if (strcmp(cmd, "ping") == 0 && argc == 1)
         return cmd_ping();
     fprintf(stderr, "shmrefctl: unknown command '%s'\nTry 'shmrefctl --help'.\n", cmd);

@@ -121,7 +121,6 @@ static void unref(struct registry *r, struct registry_buf *b)
 int registry_hold(struct registry *r, struct registry_holder *h, struct registry_buf *b,
                   bool writable, uint64_t *ret_handle)
 {
-    (void)r;
     if (h->slots == NULL || h->free_head == NO_SLOT) {
         if (h->slots == NULL)
             h->free_head = NO_SLOT;
@@ -145,6 +144,7 @@ int registry_hold(struct registry *r, struct registry_holder *h, struct registry
         l->gen = 1;
     l->writable = writable;
     b->refs++;
+    r->st.handles++;
     h->leases++;
     h->bytes += b->pb->size;
     *ret_handle = (uint64_t)l->gen << 32 | i;
@@ -164,6 +164,7 @@ static void drop_slot(struct registry *r, struct registry_holder *h, uint32_t i)
     struct registry_lease *l = &h->slots[i];
     struct registry_buf *b = l->buf;
     l->buf = NULL;
+    r->st.handles--;
     l->next_free = h->free_head;
     h->free_head = i;
     h->leases--;

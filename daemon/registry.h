@@ -81,6 +81,7 @@ void registry_end_retention(struct registry *reg, struct registry_buf *b);
 
 struct registry_stats {
     uint64_t buffers, bytes, published, retained, retained_bytes, expired;
+    uint64_t handles;       /* lease handles held by all connections */
 };
 struct registry_stats registry_stats(const struct registry *reg);
 

@@ -75,8 +75,9 @@ static void pack_buffers(msgpack_packer *pk, struct server *s)
 {
     struct registry_stats rs = registry_stats(s->reg);
     key(pk, "buffers");
-    msgpack_pack_map(pk, 5);
+    msgpack_pack_map(pk, 6);
     kv_u64(pk, "live", rs.buffers);
+    kv_u64(pk, "leases", rs.handles);
     kv_u64(pk, "published", rs.published);
     kv_u64(pk, "retained", rs.retained);
     kv_u64(pk, "retained_bytes", rs.retained_bytes);
