@@ -55,6 +55,16 @@ static int recv_reply(shmref_conn *conn, size_t *ret_len, int *ret_fd)
     do
         n = recvmsg(conn->fd, &mh, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
+    /* When the daemon closes a connection it had not read to the end, the kernel reports
+     * ECONNRESET once, ahead of replies still queued (its reason among them). */
+    if (n < 0 && errno == ECONNRESET) {
+        mh.msg_controllen = sizeof(ctl.buf);
+        n = recvmsg(conn->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        if (n < 0)
+            errno = ECONNRESET;
+    }
+    if (n < 0 && errno == ECONNRESET)
+        return client_fail(conn, -ECONNRESET, "shmrefd closed the connection");
     if (n < 0)
         return client_fail(conn, -errno, "receive from shmrefd failed: %s", strerror(errno));
     int fd = -1;
@@ -95,8 +105,8 @@ int client_call(shmref_conn *conn, struct proto_msg *req, struct proto_msg *rep,
     if (r < 0 && r != -ECONNRESET)
         return r;
     for (;;) {
-        size_t len;
-        int fd;
+        size_t len = 0;
+        int fd = -1;
         if ((r = recv_reply(conn, &len, &fd)) < 0)
             return r;
         r = proto_decode(conn->rbuf, len, sizeof(conn->rbuf), rep, &why);

@@ -300,6 +300,10 @@ static int read_one(struct conn *c)
     struct proto_msg m;
     const char *why = NULL;
     int r = proto_decode(s->rbuf, (size_t)n, PROTO_MAX_REQUEST, &m, &why);
+    if (!c->hello && (r == -EOPNOTSUPP || (r == 0 && m.op != PROTO_OP_HELLO))) {
+        protocol_error(c, m.id, "the first message must be hello");
+        return 0;
+    }
     if (r == -EOPNOTSUPP || (r == 0 && (m.op >= PROTO_OP_REPLY))) {
         /* Well-formed but not a request we know: refuse it, keep the client. */
         conn_fail(c, m.id, EOPNOTSUPP, "unknown op %u", (unsigned)m.op);

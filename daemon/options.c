@@ -17,7 +17,7 @@
 #include "paths.h"
 #include "units.h"
 
-enum type { T_STR, T_MODE, T_SIZE, T_COUNT, T_BOOL, T_UIDS, T_GIDS };
+enum type { T_STR, T_MODE, T_SIZE, T_COUNT, T_BOOL, T_TRI, T_UIDS, T_GIDS };
 
 struct key {
     const char *name;
@@ -38,6 +38,7 @@ static const struct key keys[] = {
     { "max-lease-size", 0, T_SIZE, OFF(max_lease_size), "largest single lease (the pool size)" },
     { "max-leases", 0, T_COUNT, OFF(max_leases), "lease handles per connection (4096)" },
     { "max-clients", 0, T_COUNT, OFF(max_clients), "concurrent connections (1024)" },
+    { "pool-hugepages", 0, T_TRI, OFF(pool_hugepages), "auto, yes or no: a private huge-page tmpfs (auto)" },
     { "memfd", 0, T_BOOL, OFF(memfd), "memfd_create instead of O_TMPFILE (no)" },
     { "verbose", 'v', T_BOOL, OFF(verbose), "log debug lines (no)" },
     { "user", 'u', T_STR, OFF(user), "run as this user after setup, when started as root" },
@@ -150,6 +151,16 @@ static int set_key(struct options *o, unsigned i, const char *value, char *err, 
         if (parse_bool(value, FIELD(o, k, bool)) < 0)
             return errf(err, len, "%s: '%s' is not yes or no", k->name, value);
         break;
+    case T_TRI: {
+        bool b;
+        if (strcasecmp(value, "auto") == 0)
+            *FIELD(o, k, int) = OPTIONS_HUGE_AUTO;
+        else if (parse_bool(value, &b) == 0)
+            *FIELD(o, k, int) = b ? OPTIONS_HUGE_YES : OPTIONS_HUGE_NO;
+        else
+            return errf(err, len, "%s: '%s' is not auto, yes or no", k->name, value);
+        break;
+    }
     case T_UIDS:
     case T_GIDS:
         r = parse_ids(value, k->type == T_GIDS, FIELD(o, k, struct options_list), err, len);
@@ -340,6 +351,7 @@ static int copy_key(struct options *dst, const struct options *src, unsigned i)
     case T_COUNT: *FIELD(dst, k, uint32_t) = *FIELD(src, k, const uint32_t); break;
     case T_SIZE: *FIELD(dst, k, uint64_t) = *FIELD(src, k, const uint64_t); break;
     case T_BOOL: *FIELD(dst, k, bool) = *FIELD(src, k, const bool); break;
+    case T_TRI: *FIELD(dst, k, int) = *FIELD(src, k, const int); break;
     case T_UIDS:
     case T_GIDS: {
         const struct options_list *s = FIELD(src, k, const struct options_list);
@@ -424,6 +436,11 @@ void options_print(const struct options *o, FILE *f)
         case T_COUNT: fprintf(f, "%u", *FIELD(o, k, const uint32_t)); break;
         case T_SIZE: fprintf(f, "%llu", (unsigned long long)*FIELD(o, k, const uint64_t)); break;
         case T_BOOL: fprintf(f, "%s", *FIELD(o, k, const bool) ? "yes" : "no"); break;
+        case T_TRI: {
+            static const char *const v[] = { "auto", "yes", "no" };
+            fprintf(f, "%s", v[*FIELD(o, k, const int)]);
+            break;
+        }
         case T_UIDS:
         case T_GIDS: {
             const struct options_list *l = FIELD(o, k, const struct options_list);

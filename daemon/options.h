@@ -17,6 +17,8 @@
 #define OPTIONS_DEFAULT_MAX_LEASES 4096
 #define OPTIONS_DEFAULT_MAX_CLIENTS 1024
 
+enum { OPTIONS_HUGE_AUTO = 0, OPTIONS_HUGE_YES = 1, OPTIONS_HUGE_NO = 2 };
+
 struct options_list {
     uint32_t *v;
     unsigned n;
@@ -39,6 +41,7 @@ struct options {
     uint32_t max_leases;      /* per connection */
     uint32_t max_clients;
     bool memfd;
+    int pool_hugepages;       /* OPTIONS_HUGE_*: auto (default), yes, no */
     bool verbose;
     char *user;               /* switch to this user after setup (when root) */
     struct options_list allow_uids, allow_gids; /* both empty: anyone who can open the socket */

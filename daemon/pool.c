@@ -10,9 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "hugepool.h"
 #include "units.h"
 
 struct pool_class {
@@ -24,6 +26,7 @@ struct pool {
     uv_loop_t *loop;
     char *dir;
     bool use_memfd;
+    bool huge;                  /* the dir allocates 2 MiB pages: classes follow */
     uint64_t cap, unit;
     unsigned unit_bits;
     uint64_t bytes_alloc, bytes_warm;
@@ -97,15 +100,30 @@ int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
     p->loop = loop;
     p->use_memfd = use_memfd;
     p->cap = cap;
+    p->huge = !use_memfd && hugepool_detect(dir);
     p->unit = (uint64_t)sysconf(_SC_PAGESIZE);
     p->unit_bits = (unsigned)__builtin_ctzll(p->unit);
     *ret = p;
     return 0;
 }
 
+static int class_of(const struct pool *p, uint64_t size, uint64_t *ret_size);
+
+/* huge_round: on a huge-page pool, buffers above 1 MiB are whole 2 MiB pages, so no
+ * page is split between a buffer and the rest of the file; smaller ones keep 4 KiB
+ * pages. Every 2 MiB multiple up to 16 MiB is itself a class size (4 steps per power
+ * of two), and above that the classes are multiples of 2 MiB anyway. */
+static uint64_t huge_round(const struct pool *p, uint64_t size)
+{
+    if (!p->huge || size <= (1u << 20))
+        return size;
+    return (size + HUGEPOOL_PAGE - 1) / HUGEPOOL_PAGE * HUGEPOOL_PAGE;
+}
+
 /* class_of: the class index and size for size bytes, or -1 if beyond every class. */
 static int class_of(const struct pool *p, uint64_t size, uint64_t *ret_size)
 {
+    size = huge_round(p, size);
     uint64_t u = p->unit;
     if (size == 0)
         size = 1;
@@ -119,6 +137,7 @@ static int class_of(const struct pool *p, uint64_t size, uint64_t *ret_size)
     unsigned k = 63 - (unsigned)__builtin_clzll(n);
     uint64_t step = 1ULL << (k - 2);
     n = (n + step - 1) & ~(step - 1);
+    n = huge_round(p, n);
     k = 63 - (unsigned)__builtin_clzll(n);
     unsigned m = (unsigned)(n >> (k - 2)); /* 4..7 */
     int idx = 3 + (int)(k - p->unit_bits - 2) * 4 + (int)(m - 4);
@@ -309,8 +328,24 @@ int pool_get(struct pool *p, uint64_t size, uint32_t tenant, struct pool_buf **r
     return 1;
 }
 
+/* intact: whether the file is still exactly what was reserved. A producer holds an
+ * O_RDWR fd: it can ftruncate the file (the next holder would SIGBUS), grow it or punch
+ * holes with fallocate (storage the pool does not account for, or pages no longer
+ * reserved). Such a buffer is never handed out again. */
+static bool intact(const struct pool_buf *b)
+{
+    struct stat st;
+    if (fstat(b->fd, &st) < 0)
+        return false;
+    return (uint64_t)st.st_size == b->size && (uint64_t)st.st_blocks * 512 == b->size;
+}
+
 void pool_put(struct pool *p, struct pool_buf *b)
 {
+    if (!b->foreign && !intact(b)) {
+        p->counters.tampered++;
+        b->foreign = true;
+    }
     if (b->foreign) {
         retire(p, b);
         return;
@@ -362,7 +397,10 @@ uint64_t pool_cap(const struct pool *p) { return p->cap; }
 uint64_t pool_bytes_alloc(const struct pool *p) { return p->bytes_alloc; }
 uint64_t pool_bytes_warm(const struct pool *p) { return p->bytes_warm; }
 const char *pool_dir(const struct pool *p) { return p->dir; }
-const char *pool_kind(const struct pool *p) { return p->use_memfd ? "memfd" : "tmpfile"; }
+const char *pool_kind(const struct pool *p)
+{
+    return p->use_memfd ? "memfd" : p->huge ? "tmpfile-hugepages" : "tmpfile";
+}
 struct pool_counters pool_counters(const struct pool *p) { return p->counters; }
 
 uint64_t pool_fs_available(const struct pool *p)

@@ -37,6 +37,7 @@ struct pool_class_stat {
 
 struct pool_counters {
     uint64_t created, recycled, retired, evicted, create_failed;
+    uint64_t tampered;      /* came back resized or with holes: retired */
 };
 
 struct pool;
@@ -55,7 +56,8 @@ int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
 void pool_free(struct pool *pool);
 
 /* pool_class_size: the size class that holds size bytes (page-rounded, then rounded up
- * to one of four steps per power of two, so at most 25% is wasted); 0 if too large. */
+ * to one of four steps per power of two, so at most 25% is wasted; on a huge-page pool,
+ * sizes above 1 MiB first round up to whole 2 MiB pages); 0 if too large. */
 uint64_t pool_class_size(const struct pool *pool, uint64_t size);
 
 /* pool_get: a buffer of size's class for tenant. Returns 0 with *ret for a warm buffer;
@@ -66,7 +68,7 @@ int pool_get(struct pool *pool, uint64_t size, uint32_t tenant, struct pool_buf 
              pool_get_cb cb, void *data);
 
 /* pool_put: a buffer no one holds any more. It goes back warm to its tenant's free list,
- * or is retired (closed) if another tenant mapped it. */
+ * or is retired (closed) if another tenant mapped it or its file was resized. */
 void pool_put(struct pool *pool, struct pool_buf *buf);
 
 /* pool_ro_fd: the read-only fd of buf (made on first use). Returns it or -errno. */
@@ -78,7 +80,7 @@ uint64_t pool_bytes_alloc(const struct pool *pool);   /* every backing file */
 uint64_t pool_bytes_warm(const struct pool *pool);    /* free buffers, ready */
 uint64_t pool_fs_available(const struct pool *pool);  /* statvfs of the dir, now */
 const char *pool_dir(const struct pool *pool);
-const char *pool_kind(const struct pool *pool);       /* "tmpfile" or "memfd" */
+const char *pool_kind(const struct pool *pool);       /* "tmpfile", "tmpfile-hugepages" or "memfd" */
 unsigned pool_classes(const struct pool *pool, struct pool_class_stat *ret, unsigned max);
 struct pool_counters pool_counters(const struct pool *pool);
 

@@ -17,6 +17,7 @@
 #include <systemd/sd-daemon.h>
 #include <uv.h>
 
+#include "hugepool.h"
 #include "log.h"
 #include "notify.h"
 #include "options.h"
@@ -85,6 +86,7 @@ static void keep_restart_only(const struct options *old, struct options *new)
     KEEP_NUM(socket_mode, "socket-mode")
     KEEP_NUM(pool_size, "pool-size")
     KEEP_NUM(memfd, "memfd")
+    KEEP_NUM(pool_hugepages, "pool-hugepages")
 #undef KEEP_STR
 #undef KEEP_NUM
 }
@@ -199,10 +201,47 @@ static void log_started(struct daemon *d)
                units_format(o->tenant_quota, b), units_format(o->max_lease_size, c), o->max_leases);
 }
 
+/* setup_hugepages: unless the pool dir already has huge pages (or they are off), mount
+ * a private huge-page tmpfs over it, while we still may. The tmpfs is a ceiling, not a
+ * reservation: it is sized at twice the pool so that pages of a buffer being closed off
+ * the loop never make a new buffer's reservation fail; the pool's own cap still rules. */
+static int setup_hugepages(struct daemon *d)
+{
+    struct options *o = &d->opt;
+    char why[512], a[UNITS_TEXT_MAX];
+    if (o->memfd || o->pool_hugepages == OPTIONS_HUGE_NO || hugepool_detect(o->pool_dir))
+        return 0;
+    /* The private mount must not hide a pool that the real directory could not hold:
+     * the size check against it (and its message) stays with pool_new. */
+    struct statvfs sv;
+    if (statvfs(o->pool_dir, &sv) < 0 || o->pool_size > (uint64_t)sv.f_bavail * sv.f_frsize)
+        return 0;
+    uid_t uid = geteuid();
+    gid_t gid = getegid();
+    if (o->user && geteuid() == 0 && privs_lookup(o->user, &uid, &gid) < 0)
+        return -ENOENT;
+    uint64_t bytes = o->pool_size * 2 < (64u << 20) ? (64u << 20) : o->pool_size * 2;
+    int r = hugepool_mount(o->pool_dir, bytes, uid, gid, why, sizeof(why));
+    if (r == 0) {
+        log_info("mounted a private huge-page tmpfs (huge=within_size, at most %s) over %s",
+                 units_format(bytes, a), o->pool_dir);
+        return 0;
+    }
+    if (o->pool_hugepages == OPTIONS_HUGE_YES) {
+        log_error("cannot set up the huge-page pool: %s", why);
+        return r;
+    }
+    log_notice("no huge-page pool (%s): buffers use 4 KiB pages in %s", why, o->pool_dir);
+    return 0;
+}
+
 static int setup(struct daemon *d, uv_loop_t *loop)
 {
     char why[256];
-    int r = server_init(d->server, loop, &d->opt);
+    int r = setup_hugepages(d);
+    if (r < 0)
+        return r;
+    r = server_init(d->server, loop, &d->opt);
     if (r < 0)
         return r;
     r = listen_activated(d);

@@ -134,7 +134,7 @@ static void pack_counters(msgpack_packer *pk, struct server *s)
     const struct server_counters *k = &s->counters;
     struct pool_counters pc = pool_counters(s->pool);
     key(pk, "counters");
-    msgpack_pack_map(pk, 20);
+    msgpack_pack_map(pk, 21);
     kv_u64(pk, "connections", k->connections);
     kv_u64(pk, "leases", k->leases);
     kv_u64(pk, "publishes", k->publishes);
@@ -154,6 +154,7 @@ static void pack_counters(msgpack_packer *pk, struct server *s)
     kv_u64(pk, "buffers_retired", pc.retired);
     kv_u64(pk, "buffers_evicted", pc.evicted);
     kv_u64(pk, "buffers_create_failed", pc.create_failed);
+    kv_u64(pk, "buffers_tampered", pc.tampered);
     kv_u64(pk, "retentions_expired", registry_stats(s->reg).expired);
 }
 

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -412,6 +414,39 @@ static int mentions_number(const char *text, unsigned long v)
     }
     return 0;
 }
+
+/* reap_daemons: after a failed assertion, daemon_stop never ran: kill and reap this test
+ * process's own children (the daemon) so a failure leaves nothing running. Their
+ * directories and logs stay, for the post-mortem. */
+static void reap_daemons(void)
+{
+    DIR *dir = opendir("/proc");
+    if (!dir)
+        return;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        char path[300], buf[512];
+        if (!isdigit((unsigned char)e->d_name[0]))
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        const char *rp = strrchr(buf, ')');
+        int ppid;
+        if (rp && sscanf(rp + 1, " %*c %d", &ppid) == 1 && ppid == getpid()) {
+            pid_t pid = (pid_t)atoi(e->d_name);
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+        }
+    }
+    closedir(dir);
+}
+
+TestSuite(hostile, .fini = reap_daemons);
 
 /* ---- 1. junk before anything ------------------------------------------------------- */
 
@@ -1019,9 +1054,8 @@ Test(hostile, client_limit, .timeout = 60)
     shmref_conn *c1 = connect_ok(&d), *c2 = connect_ok(&d);
 
     int r = shmref_connect(d.socket, &third);
-    cr_assert_lt(r, 0, "a third client was let in under --max-clients 2");
+    cr_assert_eq(r, -EUSERS, "a refused connect says why: got %d (%s)", r, strerror(-r));
     cr_assert_null(third);
-    cr_log_info("shmref_connect refused by --max-clients returns %d (%s)", r, strerror(-r));
 
     int fd = raw_connect(&d);
     expect_error("third raw connection", rep, recv_one(fd, rep, sizeof(rep), WAIT_MS), 0, EUSERS, text);
@@ -1123,8 +1157,7 @@ Test(hostile, pipelined_pings_never_read, .timeout = 60)
         ssize_t n = recv_one(fd, rep, sizeof(rep), WAIT_MS);
         if (n == 0)
             break;
-        struct proto_msg m = expect_reply("pipelined ping", rep, n, PROTO_OP_PING, 3 + got);
-        (void)m;
+        expect_reply("pipelined ping", rep, n, PROTO_OP_PING, 3 + got);
         got++;
     }
     uint64_t slow = status_u64(&d, "counters.slow_clients");
@@ -1154,8 +1187,10 @@ Test(hostile, pipelined_leases_never_read, .timeout = 60)
     cr_assert_gt(sent, 0);
     usleep(200000);
     responsive(&d);
-    uint64_t leases = status_u64(&d, "counters.leases");
-    cr_assert_gt(leases, 0, "no lease of the flooder was served");
+    uint64_t leases = status_u64(&d, "counters.leases"), held = status_u64(&d, "pool.bytes_leased");
+    cr_log_info("the flooder was granted %llu leases (%llu bytes) so far", (unsigned long long)leases,
+                (unsigned long long)held);
+    cr_assert_gt(held, 0, "no lease of the flooder was served");
     close(fd); /* with replies, and their fds, unread in its queue */
 
     responsive(&d);
@@ -1195,12 +1230,10 @@ Test(hostile, stop_with_hostile_clients_connected, .timeout = 60)
 
 /* ---- 17. a producer resizing its buffer through its own fd --------------------------------- */
 
-/* DISABLED: shmrefd bug (reported). A lease hands the producer an O_RDWR fd; through it
- * the producer can fallocate any size. The daemon neither charges that nor checks the file
- * when the buffer comes back, so a 4 KiB lease pins 128 MiB of tmpfs past --pool-size 64M
- * and the tenant quota, and the bloated buffer stays warm in the pool after its producer
- * released it and left. */
-Test(hostile, grown_buffer_not_kept_after_release, .timeout = 60, .disabled = true)
+/* A lease hands the producer an O_RDWR fd; through it the producer can fallocate any
+ * size. Regression: such a buffer used to stay warm in the pool, pinning storage past
+ * --pool-size; now the pool checks the file on return and retires it. */
+Test(hostile, grown_buffer_not_kept_after_release, .timeout = 60)
 {
     struct daemon d;
     int bfd;
@@ -1225,11 +1258,10 @@ Test(hostile, grown_buffer_not_kept_after_release, .timeout = 60, .disabled = tr
     daemon_stop(&d);
 }
 
-/* DISABLED: shmrefd bug (reported). The producer truncates its buffer through its O_RDWR
- * fd and releases it; the pool recycles it as is to the tenant's next lease, whose mapping
- * of the capacity then faults (SIGBUS) past the end of the file, against DESIGN.md ("a full
- * tmpfs is an error reply at lease time, never a SIGBUS in a client"). */
-Test(hostile, shrunk_buffer_not_recycled, .timeout = 60, .disabled = true)
+/* The producer truncates its buffer through its O_RDWR fd and releases it. Regression:
+ * the pool used to recycle it as is, so the next lease's mapping faulted (SIGBUS) past
+ * the end of the file, against DESIGN.md ("never a SIGBUS in a client"). */
+Test(hostile, shrunk_buffer_not_recycled, .timeout = 60)
 {
     struct daemon d;
     int bfd;
@@ -1264,8 +1296,9 @@ Test(hostile, shrunk_buffer_not_recycled, .timeout = 60, .disabled = true)
 #define FUZZ_WINDOW 8
 #define FUZZ_SENTINEL 0x7ffffff0u
 
-/* fuzz_base: one valid request: handles are those a fresh connection's first leases get,
- * the acquire token is a real publication. */
+/* fuzz_base: one valid request. Handles are those a fresh connection's first leases get;
+ * the acquire token is a real publication's, the one input the seed does not fix (the
+ * daemon draws tokens at random), so how many connections survive varies a little. */
 static size_t fuzz_base(uint32_t *s, uint8_t *buf, size_t cap, const shmref_desc *desc)
 {
     uint32_t id = xorshift(s) & 0xffff;
@@ -1295,7 +1328,7 @@ static size_t fuzz_mutate(uint32_t *s, uint8_t *buf, size_t len, size_t cap)
 }
 
 struct fuzz_tally {
-    unsigned alive, dropped, errors, eproto;
+    unsigned alive, dropped, errors;
 };
 
 /* fuzz_collect: read fd's replies until the sentinel ping's reply (the daemon kept the
@@ -1321,7 +1354,6 @@ static void fuzz_collect(int fd, struct fuzz_tally *t)
         }
         if (m.op == PROTO_OP_PING + PROTO_OP_REPLY && m.id == FUZZ_SENTINEL) {
             t->alive++;
-            t->eproto += eproto;
             return;
         }
     }

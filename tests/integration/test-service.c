@@ -73,8 +73,11 @@ static pid_t notify_wait(struct notify_listener *n, const char *want, int ms, ch
                 pid = uc.pid;
             }
         if (strstr(buf, want)) {
-            if (text)
-                snprintf(text, cap, "%s", buf);
+            if (text && cap) {
+                size_t k = strlen(buf) < cap - 1 ? strlen(buf) : cap - 1;
+                memcpy(text, buf, k);
+                text[k] = '\0';
+            }
             return pid;
         }
     }
