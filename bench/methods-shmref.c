@@ -1,0 +1,169 @@
+/* methods-shmref.c: the array through shmrefd, with the public libshmref API only; the
+ * binary descriptor travels over the control socket. One-copy: the client copies its
+ * heap array into a lease; the server copies the input into its heap (as a server that
+ * computes would), leases its output, writes it, publishes it with a retention and
+ * releases it, so the client's acquire is the only holder left. Zero-copy: the client
+ * writes in place (the page stamps) into its lease; the server reads it in place (one
+ * word per page) and forwards the same descriptor; nobody copies the array. The
+ * -nocache variants turn libshmref's mapping cache off (SHMREF_MAP_CACHE=0, in the
+ * client and the server), so every lease and acquire maps the buffer anew: the lever
+ * of DESIGN section 6 that the cache pulls, measured by its absence. */
+#include "bench.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#define RETAIN_MS 60000               /* the server's output outlives its lease */
+
+static int conn_fail(struct rt_ctx *ctx, int r, const char *what)
+{
+    return rt_fail(ctx, r, "%s: %s: %s", what, strerror(-r), shmref_errmsg(ctx->conn));
+}
+
+static int sh_open(struct rt_ctx *ctx)
+{
+    int r = shmref_connect(ctx->socket, &ctx->conn);
+    return r < 0 ? rt_fail(ctx, r, "connect %s: %s", ctx->socket, strerror(-r)) : 0;
+}
+
+static void sh_close(struct rt_ctx *ctx)
+{
+    shmref_close(ctx->conn);
+    ctx->conn = NULL;
+}
+
+/* send_desc / recv_desc: the binary descriptor in one frame. */
+static int send_desc(int fd, const shmref_desc *d)
+{
+    unsigned char bin[SHMREF_DESC_BINARY_MAX];
+    int n = shmref_desc_to_binary(d, bin, sizeof(bin));
+    return n < 0 ? n : wire_send_frame(fd, bin, (size_t)n, NULL, 0);
+}
+
+static int recv_desc(int fd, shmref_desc *ret)
+{
+    unsigned char bin[SHMREF_DESC_BINARY_MAX];
+    size_t len;
+    int r = wire_recv_frame(fd, bin, sizeof(bin), &len);
+    return r < 0 ? r : shmref_desc_from_binary(bin, len, ret);
+}
+
+/* finish: hand the input over, acquire the server's answer, read it, release both. */
+static int finish(struct rt_ctx *ctx, shmref_buf *in, uint64_t iter)
+{
+    shmref_desc d, back;
+    shmref_buf *out;
+    int r = shmref_publish(in, ctx->size, 0, NULL, 0, &d);
+    if (r < 0)
+        return conn_fail(ctx, r, "publish");
+    if ((r = send_desc(ctx->ctl, &d)) < 0 || (r = recv_desc(ctx->ctl, &back)) < 0)
+        return rt_fail(ctx, r, "control socket: %s", strerror(-r));
+    if ((r = shmref_acquire(ctx->conn, &back, &out)) < 0)
+        return conn_fail(ctx, r, "acquire");
+    rt_check_output(ctx, shmref_buf_data(out), iter);
+    if ((r = shmref_release(out)) < 0)
+        return conn_fail(ctx, r, "release");
+    return 0;
+}
+
+static int onecopy_call(struct rt_ctx *ctx, uint64_t iter)
+{
+    shmref_buf *in;
+    int r = shmref_lease(ctx->conn, ctx->size, &in);
+    if (r < 0)
+        return conn_fail(ctx, r, "lease");
+    memcpy(shmref_buf_data(in), ctx->in, ctx->size);
+    r = finish(ctx, in, iter);
+    int r2 = shmref_release(in);
+    return r < 0 ? r : r2 < 0 ? conn_fail(ctx, r2, "release") : 0;
+}
+
+static int zerocopy_call(struct rt_ctx *ctx, uint64_t iter)
+{
+    shmref_buf *in;
+    int r = shmref_lease(ctx->conn, ctx->size, &in);
+    if (r < 0)
+        return conn_fail(ctx, r, "lease");
+    if (ctx->full)
+        payload_fill(shmref_buf_data(in), ctx->size, iter);
+    else
+        payload_stamp_pages(shmref_buf_data(in), ctx->size, iter);
+    r = finish(ctx, in, iter);
+    int r2 = shmref_release(in);
+    return r < 0 ? r : r2 < 0 ? conn_fail(ctx, r2, "release") : 0;
+}
+
+/* ---- server ---- */
+
+/* srv_copy: the one-copy server: input into the heap, heap into a new output lease. */
+static int srv_copy(shmref_conn *c, shmref_buf *in, shmref_desc *ret)
+{
+    size_t size = shmref_buf_size(in);
+    void *heap = srv_heap(0, size);
+    shmref_buf *out;
+    if (!heap)
+        return -ENOMEM;
+    memcpy(heap, shmref_buf_data(in), size);
+    int r = shmref_release(in);
+    if (r < 0 || (r = shmref_lease(c, size, &out)) < 0)
+        return r;
+    memcpy(shmref_buf_data(out), heap, size);
+    r = shmref_publish(out, size, RETAIN_MS, NULL, 0, ret);
+    int r2 = shmref_release(out);
+    return r < 0 ? r : r2;
+}
+
+static volatile uint64_t sink;
+
+static int srv_serve_one(shmref_conn *c, int fd, bool zero_copy)
+{
+    shmref_desc d, out;
+    shmref_buf *in;
+    int r = recv_desc(fd, &d);
+    if (r < 0)
+        return 1; /* the client is done */
+    if ((r = shmref_acquire(c, &d, &in)) < 0)
+        return r;
+    if (zero_copy) {
+        sink ^= payload_touch(shmref_buf_data(in), shmref_buf_size(in));
+        out = d;
+        r = shmref_release(in);
+    } else {
+        r = srv_copy(c, in, &out);
+    }
+    return r < 0 ? r : send_desc(fd, &out);
+}
+
+int srv_shmref(int fd, const char *socket, bool zero_copy)
+{
+    shmref_conn *c;
+    int r = shmref_connect(socket, &c);
+    if (r < 0) {
+        fprintf(stderr, "shmref-bench server: connect %s: %s\n", socket, strerror(-r));
+        return r;
+    }
+    while ((r = srv_serve_one(c, fd, zero_copy)) == 0)
+        ;
+    if (r < 0)
+        fprintf(stderr, "shmref-bench server: %s: %s\n", strerror(-r), shmref_errmsg(c));
+    shmref_close(c);
+    return r < 0 ? r : 0;
+}
+
+const struct rt_method rt_shmref_1copy = {
+    .name = "shmref-1copy", .role = "shmref-1copy", .shmref = true, .open = sh_open,
+    .prepare = rt_prepare_heap, .call = onecopy_call, .close = sh_close,
+};
+const struct rt_method rt_shmref_0copy = {
+    .name = "shmref-0copy", .role = "shmref-0copy", .shmref = true, .open = sh_open,
+    .call = zerocopy_call, .close = sh_close,
+};
+const struct rt_method rt_shmref_1copy_nocache = {
+    .name = "shmref-1copy-nocache", .role = "shmref-1copy", .shmref = true, .nocache = true,
+    .open = sh_open, .prepare = rt_prepare_heap, .call = onecopy_call, .close = sh_close,
+};
+const struct rt_method rt_shmref_0copy_nocache = {
+    .name = "shmref-0copy-nocache", .role = "shmref-0copy", .shmref = true, .nocache = true,
+    .open = sh_open, .call = zerocopy_call, .close = sh_close,
+};

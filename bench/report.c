@@ -1,0 +1,333 @@
+/* report.c: the records of one run, and their three renderings: the table on stdout
+ * (with the issue's targets checked against the numbers), the JSON list of records, and
+ * the gnuplot data file of the round trips. Records live in a static array for the
+ * run's lifetime. */
+#include "bench.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static struct result results[BENCH_MAX_RESULTS];
+static size_t nresults;
+static struct result overflow; /* written to when the array is full: never reported */
+
+struct result *report_add(const char *scenario, const char *method, const char *pool,
+                          uint64_t size_bytes, const char *label)
+{
+    struct result *r = nresults < BENCH_MAX_RESULTS ? &results[nresults++] : &overflow;
+    memset(r, 0, sizeof(*r));
+    snprintf(r->scenario, sizeof(r->scenario), "%s", scenario);
+    snprintf(r->method, sizeof(r->method), "%s", method);
+    snprintf(r->pool, sizeof(r->pool), "%s", pool);
+    snprintf(r->label, sizeof(r->label), "%s", label);
+    r->size_bytes = size_bytes;
+    return r;
+}
+
+void report_fill(struct result *r, const struct samples *s)
+{
+    r->iterations = s->n;
+    r->median_ms = samples_quantile(s, 0.5);
+    r->p90_ms = samples_quantile(s, 0.9);
+}
+
+struct result *report_find(const char *scenario, const char *method, const char *pool,
+                           uint64_t size_bytes)
+{
+    for (size_t i = 0; i < nresults; i++) {
+        struct result *r = &results[i];
+        if (!strcmp(r->scenario, scenario) && !strcmp(r->method, method) &&
+            !strcmp(r->pool, pool) && r->size_bytes == size_bytes)
+            return r;
+    }
+    return NULL;
+}
+
+static bool measured(const struct result *r)
+{
+    return r && !r->skipped[0] && !r->error[0] && r->iterations > 0;
+}
+
+void report_ratio(struct result *r, const struct result *base)
+{
+    if (!measured(r) || !measured(base) || base->median_ms <= 0)
+        return;
+    /* Within one method (throughput, scale) the baseline is named by its case. */
+    if (!strcmp(r->method, base->method) && !strcmp(r->pool, base->pool))
+        snprintf(r->ratio_vs, sizeof(r->ratio_vs), "%s", base->label);
+    else
+        snprintf(r->ratio_vs, sizeof(r->ratio_vs), "%s%s%s", base->method, base->pool[0] ? "/" : "",
+                 base->pool);
+    r->ratio = r->median_ms / base->median_ms;
+}
+
+size_t report_count(void) { return nresults; }
+struct result *report_at(size_t i) { return i < nresults ? &results[i] : NULL; }
+
+int report_errors(void)
+{
+    int n = 0;
+    for (size_t i = 0; i < nresults; i++)
+        n += results[i].error[0] != '\0';
+    return n;
+}
+
+/* fmt_ms: a time with about three significant digits. */
+static const char *fmt_ms(double ms, char *buf, size_t cap)
+{
+    snprintf(buf, cap, ms >= 100 ? "%.0f" : ms >= 10 ? "%.1f" : ms >= 1 ? "%.2f" : ms >= 0.01 ? "%.3f" : "%.4f", ms);
+    return buf;
+}
+
+static void print_row(const struct result *r)
+{
+    char med[32], p90[32], ratio[32] = "";
+    printf("%-10s %-20s %-8s %-13s ", r->scenario, r->method, r->pool[0] ? r->pool : "-", r->label);
+    if (r->skipped[0]) {
+        printf("%7s %10s %10s  skipped: %s\n", "-", "-", "-", r->skipped);
+        return;
+    }
+    if (r->error[0]) {
+        printf("%7s %10s %10s  FAILED: %s\n", "-", "-", "-", r->error);
+        return;
+    }
+    if (r->ratio_vs[0])
+        snprintf(ratio, sizeof(ratio), "%.3gx", r->ratio);
+    printf("%7llu %10s %10s %8s %-22s %s\n", (unsigned long long)r->iterations,
+           fmt_ms(r->median_ms, med, sizeof(med)), fmt_ms(r->p90_ms, p90, sizeof(p90)), ratio,
+           r->ratio_vs[0] ? r->ratio_vs : "", r->note);
+}
+
+void report_print_table(void)
+{
+    printf("%-10s %-20s %-8s %-13s %7s %10s %10s %8s %-22s %s\n", "scenario", "method", "pool", "size/case",
+           "iters", "median ms", "p90 ms", "ratio", "vs (median/median)", "note");
+    const char *last = "";
+    for (size_t i = 0; i < nresults; i++) {
+        if (strcmp(last, results[i].scenario) || (i && results[i].size_bytes != results[i - 1].size_bytes &&
+                                                  !strcmp(last, "roundtrip")))
+            putchar('\n');
+        last = results[i].scenario;
+        print_row(&results[i]);
+    }
+}
+
+/* ---- targets ---- */
+
+static void verdict(const char *what, bool known, bool met, const char *fmt, double a, double b)
+{
+    char got[160];
+    snprintf(got, sizeof(got), fmt, a, b);
+    printf("  %-8s %-64s %s\n", !known ? "n/a" : met ? "MET" : "MISSED", what, known ? got : "not measured");
+}
+
+static void targets_roundtrip(void)
+{
+    const char *pools[] = { "dev-shm", "huge", "auto" };
+    const struct result *pool4 = report_find("roundtrip", "binref-pool4", "", 80000000);
+    const struct result *floor2 = report_find("roundtrip", "memcpy-x2", "", 80000000);
+    for (int i = 0; i < 3; i++) {
+        const struct result *one = report_find("roundtrip", "shmref-1copy", pools[i], 80000000);
+        char what[96];
+        bool k = measured(one) && measured(pool4);
+        snprintf(what, sizeof(what), "80 MB 1copy (%s) >= 5x faster than binref-pool4", pools[i]);
+        verdict(what, k, k && pool4->median_ms / one->median_ms >= 5, "%.1fx faster (%.1f ms)",
+                k ? pool4->median_ms / one->median_ms : 0, k ? one->median_ms : 0);
+        k = measured(one) && measured(floor2);
+        snprintf(what, sizeof(what), "80 MB 1copy (%s) within 1.5x of memcpy-x2", pools[i]);
+        verdict(what, k, k && one->median_ms / floor2->median_ms <= 1.5, "%.2fx memcpy-x2 (%.1f ms)",
+                k ? one->median_ms / floor2->median_ms : 0, k ? floor2->median_ms : 0);
+    }
+    double worst = 0, at = 0;
+    bool k = false, all = true;
+    for (size_t i = 0; i < nresults; i++) {
+        const struct result *r = &results[i];
+        if (strcmp(r->scenario, "roundtrip") || strcmp(r->method, "shmref-0copy") || strcmp(r->pool, "huge"))
+            continue;
+        all = all && measured(r);
+        if (measured(r) && r->median_ms >= worst) {
+            worst = r->median_ms;
+            at = (double)r->size_bytes / 1e6;
+            k = true;
+        }
+    }
+    verdict("0copy (huge) under 0.5 ms at every size", k && all, worst < 0.5,
+            "worst %.3f ms (at %g MB)", worst, at);
+}
+
+static void targets_lease(void)
+{
+    bool any = false;
+    for (size_t i = 0; i < nresults; i++) {
+        const struct result *l = &results[i];
+        if (strcmp(l->scenario, "lease") || strcmp(l->method, "lease"))
+            continue;
+        char what[96];
+        bool k = measured(l) && l->ratio_vs[0];
+        snprintf(what, sizeof(what), "lease latency <= 1.5x a bare SOCK_SEQPACKET RT (%s)", l->label);
+        verdict(what, k, k && l->ratio <= 1.5, "%.2fx (%.1f us)", k ? l->ratio : 0, k ? l->median_ms * 1000 : 0);
+        any = true;
+    }
+    if (!any)
+        verdict("lease latency <= 1.5x a bare SOCK_SEQPACKET round trip", false, false, "", 0, 0);
+    const struct result *t = NULL;
+    for (size_t i = 0; i < nresults; i++)
+        if (!strcmp(results[i].scenario, "throughput") && results[i].clients == 4)
+            t = &results[i];
+    bool k = t && !t->error[0] && !t->skipped[0];
+    verdict(">= 50,000 lease+release pairs/s with 4 clients", k, k && t->ops_per_s >= 50000,
+            "%.0f pairs/s with %.0f clients", k ? t->ops_per_s : 0, 4);
+}
+
+/* targets_scale: per series (leased buffers, acquired handles), at its largest level. */
+static void targets_scale(void)
+{
+    const char *kinds[] = { "leased", "acquired" };
+    for (int j = 0; j < 2; j++) {
+        const struct result *top = NULL;
+        for (size_t i = 0; i < nresults; i++) {
+            const struct result *r = &results[i];
+            if (!strcmp(r->scenario, "scale") && strstr(r->label, kinds[j]) && measured(r) &&
+                r->live_leases > 0 && (!top || r->live_leases > top->live_leases))
+                top = r;
+        }
+        char what[96];
+        bool k = top != NULL;
+        snprintf(what, sizeof(what), "daemon memory per live lease < 512 B (%s)", k ? top->label : kinds[j]);
+        verdict(what, k, k && top->bytes_per_lease < 512, "%.0f bytes/lease (RSS %.1f MiB)",
+                k ? top->bytes_per_lease : 0, k ? (double)top->rss_bytes / 1048576 : 0);
+        k = k && top->ratio_vs[0];
+        snprintf(what, sizeof(what), "lease latency at 100k live within 1.2x of 1k (%s)", kinds[j]);
+        if (k && top->live_leases < 100000)
+            printf("  %-8s %-64s %.2fx at %s (100k not measured)\n", "n/a", what, top->ratio, top->label);
+        else
+            verdict(what, k, k && top->ratio <= 1.2, "%.2fx (%.1f us)", k ? top->ratio : 0,
+                    k ? top->median_ms * 1000 : 0);
+    }
+}
+
+void report_print_targets(void)
+{
+    printf("\nTargets (issue 4), from this run:\n");
+    targets_roundtrip();
+    targets_lease();
+    targets_scale();
+}
+
+/* ---- JSON ---- */
+
+static void json_str(FILE *f, const char *key, const char *s)
+{
+    fprintf(f, ", \"%s\": \"", key);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", (unsigned char)*s);
+        else
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static void json_num(FILE *f, const char *key, double v, bool have)
+{
+    if (have && isfinite(v))
+        fprintf(f, ", \"%s\": %.6g", key, v);
+    else
+        fprintf(f, ", \"%s\": null", key);
+}
+
+static void json_record(FILE *f, const struct result *r)
+{
+    bool m = measured(r);
+    fprintf(f, "  {\"scenario\": \"%s\"", r->scenario);
+    json_str(f, "method", r->method);
+    json_str(f, "pool", r->pool);
+    fprintf(f, ", \"size_bytes\": %llu", (unsigned long long)r->size_bytes);
+    json_str(f, "size_label", r->label);
+    fprintf(f, ", \"iterations\": %llu", (unsigned long long)r->iterations);
+    json_num(f, "median_ms", r->median_ms, m);
+    json_num(f, "p90_ms", r->p90_ms, m);
+    if (r->ratio_vs[0]) {
+        json_str(f, "ratio_vs", r->ratio_vs);
+        json_num(f, "ratio", r->ratio, true);
+    }
+    if (!strcmp(r->scenario, "throughput")) {
+        fprintf(f, ", \"clients\": %u", (unsigned)r->clients);
+        json_num(f, "ops_per_s", r->ops_per_s, r->ops_per_s > 0);
+    }
+    if (!strcmp(r->scenario, "scale")) {
+        fprintf(f, ", \"live_leases\": %llu", (unsigned long long)r->live_leases);
+        json_num(f, "rss_bytes", (double)r->rss_bytes, m);
+        json_num(f, "bytes_per_lease", r->bytes_per_lease, m && r->live_leases > 0);
+    }
+    if (r->note[0])
+        json_str(f, "note", r->note);
+    if (r->skipped[0])
+        json_str(f, "skipped", r->skipped);
+    if (r->error[0])
+        json_str(f, "error", r->error);
+    fputc('}', f);
+}
+
+int report_write_json(const char *path)
+{
+    FILE *f = fopen(path, "we");
+    if (!f)
+        return -errno;
+    fputs("[\n", f);
+    for (size_t i = 0; i < nresults; i++) {
+        json_record(f, &results[i]);
+        fputs(i + 1 < nresults ? ",\n" : "\n", f);
+    }
+    fputs("]\n", f);
+    return fclose(f) == 0 ? 0 : -errno;
+}
+
+/* ---- gnuplot data: one row per size, one column per transport ---- */
+
+static const struct {
+    const char *method, *pool, *title;
+} plot_cols[] = {
+    { "unix-base64", "", "base64 over a Unix socket" },
+    { "unix-bytes", "", "bytes over a Unix socket" },
+    { "binref-fresh", "", "fresh /dev/shm file per call" },
+    { "binref-pool4", "", "pool of 4 mapped files" },
+    { "shmref-1copy", "dev-shm", "shmrefd one-copy, /dev/shm" },
+    { "shmref-1copy", "huge", "shmrefd one-copy, huge pages" },
+    { "shmref-0copy", "dev-shm", "shmrefd zero-copy, /dev/shm" },
+    { "shmref-0copy", "huge", "shmrefd zero-copy, huge pages" },
+    { "memcpy-x2", "", "floor: two memcpy" },
+};
+
+int report_write_plot(const char *path)
+{
+    FILE *f = fopen(path, "we");
+    if (!f)
+        return -errno;
+    size_t ncols = sizeof(plot_cols) / sizeof(plot_cols[0]);
+    fputs("\"size\"", f);
+    for (size_t c = 0; c < ncols; c++)
+        fprintf(f, "\t\"%s\"", plot_cols[c].title);
+    fputc('\n', f);
+    uint64_t last = 0;
+    for (size_t i = 0; i < nresults; i++) {
+        const struct result *r = &results[i];
+        if (strcmp(r->scenario, "roundtrip") || r->size_bytes == last)
+            continue;
+        last = r->size_bytes;
+        fprintf(f, "\"%s\"", r->label);
+        for (size_t c = 0; c < ncols; c++) {
+            const struct result *x = report_find("roundtrip", plot_cols[c].method, plot_cols[c].pool, last);
+            if (measured(x))
+                fprintf(f, "\t%.6g", x->median_ms);
+            else
+                fputs("\t?", f);
+        }
+        fputc('\n', f);
+    }
+    return fclose(f) == 0 ? 0 : -errno;
+}
