@@ -93,37 +93,62 @@ static int recv_reply(shmref_conn *conn, size_t *ret_len, int *ret_fd)
     return 0;
 }
 
-int client_call(shmref_conn *conn, struct proto_msg *req, struct proto_msg *rep, int *ret_fd)
+int client_send(shmref_conn *conn, struct proto_msg *req)
+{
+    req->id = ++conn->next_id;
+    if (req->id == 0) /* id 0 is the daemon's word about the whole connection */
+        req->id = ++conn->next_id;
+    return send_req(conn, req);
+}
+
+int client_recv(shmref_conn *conn, struct proto_msg *rep, int *ret_fd)
 {
     const char *why;
+    size_t len = 0;
+    int fd = -1;
+    int r = recv_reply(conn, &len, &fd);
+    if (r < 0)
+        return r;
+    r = proto_decode(conn->rbuf, len, sizeof(conn->rbuf), rep, &why);
+    if (r < 0) {
+        if (fd >= 0)
+            close(fd);
+        return client_fail(conn, -EPROTO, "bad reply from shmrefd: %s", why);
+    }
+    if (rep->op == PROTO_OP_ERROR && rep->id == 0) { /* about the connection, not a request */
+        if (fd >= 0)
+            close(fd);
+        return client_fail(conn, -rep->u.error.code, "%.*s", (int)rep->u.error.msg_len, rep->u.error.msg);
+    }
+    *ret_fd = fd;
+    return 0;
+}
+
+int client_reply_error(shmref_conn *conn, const struct proto_msg *rep)
+{
+    return client_fail(conn, -rep->u.error.code, "%.*s", (int)rep->u.error.msg_len, rep->u.error.msg);
+}
+
+int client_call(shmref_conn *conn, struct proto_msg *req, struct proto_msg *rep, int *ret_fd)
+{
     conn->errmsg[0] = '\0';
-    req->id = ++conn->next_id;
-    int r = send_req(conn, req);
+    int r = client_send(conn, req);
     /* A daemon that refuses a connection (access policy, too many clients) says why
      * and closes it; our send then fails, but its reason is still there to read. */
     bool sent = r == 0;
     if (r < 0 && r != -ECONNRESET)
         return r;
     for (;;) {
-        size_t len = 0;
-        int fd = -1;
-        if ((r = recv_reply(conn, &len, &fd)) < 0)
+        int fd;
+        if ((r = client_recv(conn, rep, &fd)) < 0)
             return r;
-        r = proto_decode(conn->rbuf, len, sizeof(conn->rbuf), rep, &why);
-        if (r < 0) {
-            if (fd >= 0)
-                close(fd);
-            return client_fail(conn, -EPROTO, "bad reply from shmrefd: %s", why);
-        }
-        if (rep->op == PROTO_OP_ERROR && rep->id == 0) /* about the connection, not a request */
-            return client_fail(conn, -rep->u.error.code, "%.*s", (int)rep->u.error.msg_len, rep->u.error.msg);
-        if (!sent || rep->id != req->id ||
-            (rep->op != PROTO_OP_ERROR && rep->op != req->op + PROTO_OP_REPLY)) {
+        bool ours = sent && rep->id == req->id;
+        if (!ours || (rep->op != PROTO_OP_ERROR && rep->op != req->op + PROTO_OP_REPLY)) {
             /* A late reply to an earlier request (e.g. an error for a no-reply release):
              * not ours to wait for. */
             if (fd >= 0)
                 close(fd);
-            if (sent && rep->id == req->id)
+            if (ours)
                 return client_fail(conn, -EPROTO, "shmrefd answered %s with %s",
                                    proto_op_name(req->op), proto_op_name(rep->op));
             continue;
@@ -131,8 +156,7 @@ int client_call(shmref_conn *conn, struct proto_msg *req, struct proto_msg *rep,
         if (rep->op == PROTO_OP_ERROR) {
             if (fd >= 0)
                 close(fd);
-            return client_fail(conn, -rep->u.error.code, "%.*s", (int)rep->u.error.msg_len,
-                               rep->u.error.msg);
+            return client_reply_error(conn, rep);
         }
         if (ret_fd)
             *ret_fd = fd;
@@ -189,6 +213,7 @@ static int hello(shmref_conn *conn)
     conn->daemon_pid = (pid_t)rep.u.hello_reply.pid;
     conn->features = rep.u.hello_reply.features;
     conn->max_lease = rep.u.hello_reply.max_lease;
+    mapcache_fit(&conn->cache, conn->max_lease);
     return 0;
 }
 

@@ -29,6 +29,7 @@ struct mapcache {
     uint64_t tick;
     uint64_t idle_bytes, max_idle_bytes;
     unsigned max_idle;
+    bool fixed;             /* set by $SHMREF_MAP_CACHE: not adjusted */
 };
 
 struct shmref_buf {
@@ -61,6 +62,14 @@ struct shmref_conn {
  * into conn->rbuf until the next call. */
 int client_call(shmref_conn *conn, struct proto_msg *req, struct proto_msg *rep, int *ret_fd);
 
+/* client_send / client_recv: the two halves of a call, for pipelining. send assigns
+ * req->id. recv returns the next message (its fd, or -1, in *ret_fd), or -errno; a
+ * daemon's error about the whole connection (id 0) is returned as -code. */
+int client_send(shmref_conn *conn, struct proto_msg *req);
+int client_recv(shmref_conn *conn, struct proto_msg *rep, int *ret_fd);
+/* client_reply_error: an error reply as -code, with its message in conn->errmsg. */
+int client_reply_error(shmref_conn *conn, const struct proto_msg *rep);
+
 /* client_fail: set conn->errmsg and return err (negative). */
 int client_fail(shmref_conn *conn, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -70,10 +79,14 @@ void mapcache_init(struct mapcache *mc);
  * *ret_addr, or -errno from mmap. fd stays the caller's. */
 int mapcache_get(struct mapcache *mc, uint64_t buf_id, int fd, size_t len, bool writable,
                  void **ret_addr);
+/* mapcache_fit: raise the idle bound to twice the daemon's largest lease (unless the
+ * environment fixed it). */
+void mapcache_fit(struct mapcache *mc, uint64_t max_lease);
 /* mapcache_find: the live mapping for buf_id usable as asked, without an fd, or NULL. */
 void *mapcache_find(struct mapcache *mc, uint64_t buf_id, size_t len, bool writable);
 /* mapcache_put: a handle stopped using addr. Idle mappings stay mapped, up to a byte
- * and count bound ($SHMREF_MAP_CACHE bytes, default 1 GiB), least recently used first out. */
+ * and count bound ($SHMREF_MAP_CACHE bytes; default the larger of 1 GiB and twice the
+ * daemon's largest lease), least recently used first out. */
 void mapcache_put(struct mapcache *mc, void *addr);
 /* mapcache_clear: unmap everything (the connection closes). */
 void mapcache_clear(struct mapcache *mc);

@@ -24,14 +24,26 @@ static void unlink_buf(shmref_buf *b)
     if (b->next) b->next->prev = b->prev;
 }
 
-/* release_handle: tell the daemon to drop a handle we could not hand to the caller. */
-static void release_handle(shmref_conn *conn, uint64_t handle)
+/* send_release: drop a handle without waiting: the daemon processes a connection's
+ * requests in order, so whatever this connection asks next sees the release done; an
+ * error (impossible for a handle the library holds) would arrive as a stray reply, which
+ * client_call skips. Without the feature, a plain round trip. */
+static int send_release(shmref_conn *conn, uint64_t handle)
 {
     struct proto_msg req = { .op = PROTO_OP_RELEASE }, rep;
     req.u.release.handle = handle;
+    if (!(conn->features & PROTO_FEAT_NOREPLY_RELEASE))
+        return client_call(conn, &req, &rep, NULL);
+    req.u.release.flags = PROTO_RELEASE_NOREPLY;
+    return client_send(conn, &req);
+}
+
+/* release_handle: tell the daemon to drop a handle we could not hand to the caller. */
+static void release_handle(shmref_conn *conn, uint64_t handle)
+{
     char keep[sizeof(conn->errmsg)];
     memcpy(keep, conn->errmsg, sizeof(keep));
-    client_call(conn, &req, &rep, NULL);
+    send_release(conn, handle);
     memcpy(conn->errmsg, keep, sizeof(keep));
 }
 
@@ -143,18 +155,106 @@ int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_
     return take_buffer(conn, &rep, fd, false, ret_buf);
 }
 
+/* forget: the handle's local half: list, mapping use, memory. */
+static void forget(shmref_buf *buf)
+{
+    unlink_buf(buf);
+    mapcache_put(&buf->conn->cache, buf->data);
+    free(buf->meta);
+    free(buf);
+}
+
 int shmref_release(shmref_buf *buf)
 {
     if (!buf)
         return 0;
     shmref_conn *conn = buf->conn;
-    struct proto_msg req = { .op = PROTO_OP_RELEASE }, rep;
-    req.u.release.handle = buf->handle;
-    unlink_buf(buf);
-    mapcache_put(&conn->cache, buf->data);
-    free(buf->meta);
-    free(buf);
-    return client_call(conn, &req, &rep, NULL);
+    uint64_t handle = buf->handle;
+    conn->errmsg[0] = '\0';
+    forget(buf);
+    return send_release(conn, handle);
+}
+
+int shmref_release_many(shmref_buf **bufs, size_t n)
+{
+    int first = 0;
+    if (!bufs && n)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        int r = shmref_release(bufs[i]);
+        bufs[i] = NULL;
+        if (r < 0 && first == 0)
+            first = r;
+    }
+    return first;
+}
+
+/* A window of pipelined leases: small enough that requests and replies always fit in
+ * the socket buffers, so neither side can block on the other. */
+#define LEASE_WINDOW 32
+
+/* lease_window: k leases pipelined; replies may come back in any order (a lease that
+ * needs a new buffer completes later), so they are matched by id. */
+static int lease_window(shmref_conn *conn, const size_t *sizes, size_t k, shmref_buf **ret)
+{
+    struct proto_msg req = { .op = PROTO_OP_LEASE }, rep;
+    uint32_t first = 0;
+    size_t sent = 0, got = 0;
+    int err = 0;
+    for (; sent < k; sent++) {
+        req.u.lease.size = sizes[sent];
+        if ((err = client_send(conn, &req)) < 0)
+            break;
+        if (sent == 0)
+            first = req.id;
+    }
+    for (; got < sent; got++) {
+        int fd, r = client_recv(conn, &rep, &fd);
+        if (r < 0)
+            return err ? err : r; /* the connection is gone: nothing more will come */
+        uint32_t slot = rep.id - first;
+        bool mine = slot < sent && (rep.op == PROTO_OP_ERROR || rep.op == PROTO_OP_LEASE + PROTO_OP_REPLY);
+        if (!mine || ret[slot]) {
+            if (fd >= 0)
+                close(fd);
+            got--; /* a stray reply to an earlier request: not one of ours */
+            continue;
+        }
+        if (rep.op == PROTO_OP_ERROR) {
+            if (fd >= 0)
+                close(fd);
+            if (!err)
+                err = client_reply_error(conn, &rep);
+            continue;
+        }
+        r = take_buffer(conn, &rep, fd, true, &ret[slot]);
+        if (r < 0 && !err)
+            err = r;
+    }
+    return err;
+}
+
+int shmref_lease_many(shmref_conn *conn, const size_t *sizes, size_t n, shmref_buf **ret_bufs)
+{
+    if (!conn || (n && (!sizes || !ret_bufs)))
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (sizes[i] == 0)
+            return -EINVAL;
+    conn->errmsg[0] = '\0';
+    memset(ret_bufs, 0, n * sizeof(*ret_bufs));
+    int err = 0;
+    for (size_t done = 0; done < n && !err; done += LEASE_WINDOW) {
+        size_t k = n - done < LEASE_WINDOW ? n - done : LEASE_WINDOW;
+        err = lease_window(conn, sizes + done, k, ret_bufs + done);
+    }
+    if (err) {
+        char keep[sizeof(conn->errmsg)];
+        memcpy(keep, conn->errmsg, sizeof(keep));
+        shmref_release_many(ret_bufs, n);
+        memcpy(conn->errmsg, keep, sizeof(keep));
+    }
+    return err;
 }
 
 void *shmref_buf_data(const shmref_buf *buf) { return buf ? buf->data : NULL; }

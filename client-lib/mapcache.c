@@ -17,10 +17,21 @@ void mapcache_init(struct mapcache *mc)
     *mc = (struct mapcache){ .max_idle_bytes = DEFAULT_MAX_IDLE_BYTES, .max_idle = DEFAULT_MAX_IDLE };
     const char *e = getenv("SHMREF_MAP_CACHE");
     uint64_t v;
-    if (e && units_parse(e, &v) == 0)
+    if (e && units_parse(e, &v) == 0) {
         mc->max_idle_bytes = v;
-    else if (e && e[0] == '0' && e[1] == '\0')
+        mc->fixed = true;
+    } else if (e && e[0] == '0' && e[1] == '\0') {
         mc->max_idle_bytes = 0;
+        mc->fixed = true;
+    }
+}
+
+void mapcache_fit(struct mapcache *mc, uint64_t max_lease)
+{
+    /* Two of the largest leases idle at once (a producer's last input and output) must
+     * stay mapped, or arrays near that size are re-mapped on every round trip. */
+    if (!mc->fixed && max_lease <= UINT64_MAX / 2 && 2 * max_lease > mc->max_idle_bytes)
+        mc->max_idle_bytes = 2 * max_lease;
 }
 
 static struct mapcache_entry *lookup(struct mapcache *mc, uint64_t buf_id, size_t len, bool writable)

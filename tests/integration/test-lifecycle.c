@@ -469,3 +469,60 @@ Test(lifecycle, sigterm_with_holders_and_retention_exits_cleanly)
     cr_assert_eq(shmref_ping(c), -ECONNRESET);
     shmref_close(c);
 }
+
+/* ---- batches: lease_many pipelines (replies come back out of order when some
+ * buffers are new), release_many needs no round trip ---- */
+
+Test(lifecycle, lease_many_and_release_many)
+{
+    daemon_start(&d, NULL);
+    shmref_conn *c = connect_ok(&d);
+    enum { N = 100 };
+    size_t sizes[N];
+    shmref_buf *bufs[N];
+    /* Warm a few 64 KiB buffers so that the batch mixes warm (immediate) and new
+     * (created off the loop, answered later) leases. */
+    shmref_buf *warm[10];
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(shmref_lease(c, 65536, &warm[i]), 0);
+    cr_assert_eq(shmref_release_many(warm, 10), 0);
+    for (int i = 0; i < N; i++)
+        sizes[i] = i % 2 ? 65536 : (size_t)(i + 1) * 8192;
+    cr_assert_eq(shmref_lease_many(c, sizes, N, bufs), 0, "%s", shmref_errmsg(c));
+    for (int i = 0; i < N; i++) {
+        cr_assert_not_null(bufs[i]);
+        cr_assert_eq(shmref_buf_size(bufs[i]), sizes[i], "slot %d got the wrong lease", i);
+        memset(shmref_buf_data(bufs[i]), i, sizes[i]);
+    }
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(((unsigned char *)shmref_buf_data(bufs[i]))[sizes[i] - 1], (unsigned char)i,
+                     "leases %d and another share memory", i);
+    cr_assert_eq(status_u64(&d, "buffers.leases"), N);
+    cr_assert_eq(shmref_release_many(bufs, N), 0);
+    for (int i = 0; i < N; i++)
+        cr_assert_null(bufs[i]);
+    cr_assert_eq(shmref_ping(c), 0); /* after the releases, in order */
+    cr_assert_eq(status_u64(&d, "buffers.leases"), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+Test(lifecycle, lease_many_is_all_or_nothing)
+{
+    daemon_start(&d, "--tenant-quota", "1M", "--pool-size", "64M", NULL);
+    shmref_conn *c = connect_ok(&d);
+    size_t sizes[40];
+    shmref_buf *bufs[40];
+    for (int i = 0; i < 40; i++)
+        sizes[i] = 65536; /* 16 fit in the quota, 24 do not */
+    cr_assert_eq(shmref_lease_many(c, sizes, 40, bufs), -EDQUOT);
+    cr_assert(strstr(shmref_errmsg(c), "quota exceeded"), "%s", shmref_errmsg(c));
+    for (int i = 0; i < 40; i++)
+        cr_assert_null(bufs[i]);
+    cr_assert_eq(shmref_ping(c), 0);
+    cr_assert_eq(status_u64(&d, "buffers.leases"), 0, "the leases made were given back");
+    cr_assert_eq(shmref_lease_many(c, sizes, 16, bufs), 0, "exactly the quota: %s", shmref_errmsg(c));
+    shmref_close(c);
+    daemon_stop(&d);
+}

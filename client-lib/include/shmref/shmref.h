@@ -89,10 +89,22 @@ SHMREF_EXPORT int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms,
 SHMREF_EXPORT int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_buf);
 
 /* shmref_release: drops this holder's reference and frees the handle, which must not be
- * used again, whatever the result. The library may keep the mapping cached for the
- * next lease of the same buffer; the memory may still be readable, but reading it is a
- * bug. Accepts NULL (returns 0). */
+ * used again, whatever the result. It does not wait for the daemon (no round trip): the
+ * daemon handles a connection's requests in order, so anything this connection asks
+ * next sees the release done. The library may keep the mapping cached for the next
+ * lease of the same buffer; the memory may still be readable, but reading it is a bug.
+ * Accepts NULL (returns 0). */
 SHMREF_EXPORT int shmref_release(shmref_buf *buf);
+
+/* shmref_lease_many: n leases (sizes[i] > 0 bytes each) in pipelined requests, for the
+ * cost of about one round trip per 32. On success ret_bufs[0..n) are the caller's; on
+ * failure every lease already made is released, ret_bufs is all NULL, and the first
+ * error is returned (its message in shmref_errmsg). */
+SHMREF_EXPORT int shmref_lease_many(shmref_conn *conn, const size_t *sizes, size_t n, shmref_buf **ret_bufs);
+
+/* shmref_release_many: shmref_release on each of bufs[0..n) (NULLs are skipped), which
+ * are set to NULL. Returns the first error, or 0. */
+SHMREF_EXPORT int shmref_release_many(shmref_buf **bufs, size_t n);
 
 /* Accessors of a buffer handle. data is writable for a lease, read-only for an acquire.
  * size: the usable size (the leased size, or the published size for an acquire);
