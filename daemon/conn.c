@@ -38,6 +38,7 @@ int conn_new(struct server *s, int fd, const struct ucred *cred, struct conn **r
     c->uid = cred->uid;
     c->gid = cred->gid;
     c->refs = 1;
+    c->accepted_ms = uv_now(s->loop);
     int r = uv_poll_init(s->loop, &c->poll, fd);
     if (r < 0) {
         free(c);

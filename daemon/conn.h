@@ -27,6 +27,7 @@ struct conn {
     gid_t gid;
     char name[PROTO_MAX_NAME + 1];
     bool hello, closing;
+    uint64_t accepted_ms;        /* uv_now at accept, for the hello deadline */
     unsigned refs;
     unsigned pending;            /* leases waiting for a new buffer */
     struct server *server;
@@ -38,6 +39,7 @@ struct conn {
 
 #define CONN_MAX_QUEUED 256      /* replies queued before the client counts as stuck */
 #define CONN_BATCH 64            /* requests read per wake-up, for fairness */
+#define CONN_HELLO_MS 10000      /* a connection that says no hello by then is closed */
 
 /* conn_new: takes ownership of fd (non-blocking, CLOEXEC) and starts reading. */
 int conn_new(struct server *s, int fd, const struct ucred *cred, struct conn **ret);

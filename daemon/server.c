@@ -26,7 +26,8 @@ int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
     s->opt = opt;
     s->listen_fd = -1;
     s->started_ms = uv_now(loop);
-    uv_timer_init(loop, &s->accept_retry); /* first, so server_stop can always close it */
+    uv_timer_init(loop, &s->accept_retry); /* first, so server_stop can always close them */
+    uv_timer_init(loop, &s->housekeeping);
     int r = pool_new(loop, opt->pool_dir, opt->pool_size, opt->memfd, &s->pool, &why);
     if (r < 0) {
         log_error("cannot start: %s", why);
@@ -143,6 +144,24 @@ static void on_accept(uv_poll_t *p, int status, int events)
     }
 }
 
+/* housekeeping: a connection holds a --max-clients slot from accept on; one that never
+ * says hello must not keep it forever. */
+static void housekeeping(uv_timer_t *t)
+{
+    struct server *s = t->data;
+    uint64_t now = uv_now(s->loop);
+    struct conn *c = s->conns;
+    while (c) {
+        struct conn *next = c->next;
+        if (!c->hello && now - c->accepted_ms >= CONN_HELLO_MS) {
+            s->counters.protocol_errors++;
+            conn_fail(c, 0, ETIMEDOUT, "no hello within %d ms", CONN_HELLO_MS);
+            conn_close(c, "no hello within 10 s");
+        }
+        c = next;
+    }
+}
+
 int server_listen_fd(struct server *s, int fd)
 {
     int r = uv_poll_init(s->loop, &s->listen_poll, fd);
@@ -154,6 +173,8 @@ int server_listen_fd(struct server *s, int fd)
     s->listen_poll.data = s;
     s->listening = true;
     uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
+    s->housekeeping.data = s;
+    uv_timer_start(&s->housekeeping, housekeeping, 1000, 1000);
     return 0;
 }
 
@@ -240,6 +261,7 @@ void server_stop(struct server *s)
         uv_close((uv_handle_t *)&s->listen_poll, noop_close);
     }
     uv_close((uv_handle_t *)&s->accept_retry, noop_close);
+    uv_close((uv_handle_t *)&s->housekeeping, noop_close);
     while (s->conns)
         conn_close(s->conns, NULL);
     if (s->reg)

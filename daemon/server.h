@@ -31,6 +31,7 @@ struct server {
     bool created_dir;          /* server_listen_path made the socket's directory */
     uv_poll_t listen_poll;
     uv_timer_t accept_retry;   /* re-arms accepting after EMFILE */
+    uv_timer_t housekeeping;   /* once a second: connections that never said hello */
     struct pool *pool;
     struct quota *quota;
     struct registry *reg;

@@ -1424,3 +1424,28 @@ Test(hostile, fuzzed_requests, .timeout = 120)
     expect_clean(&d, t.dropped);
     daemon_stop(&d);
 }
+
+/* ---- a connection that never says hello gives its --max-clients slot back ---- */
+
+Test(hostile, silent_connection_is_closed_after_ten_seconds, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--max-clients", "1", NULL);
+    cr_assert_eq(wait_status(&d, "daemon.clients", 1, WAIT_MS), 1);
+    int fd = raw_connect(&d); /* takes the only slot, says nothing */
+    shmref_conn *c = NULL;
+    cr_assert_eq(shmref_connect(d.socket, &c), -EUSERS, "the slot is taken");
+    uint8_t rep[1024];
+    char text[PROTO_MAX_ERRMSG + 1];
+    expect_error("silent connection", rep, recv_one(fd, rep, sizeof(rep), 12000), 0, ETIMEDOUT, text);
+    cr_assert_not_null(strstr(text, "no hello"), "%s", text);
+    cr_assert(raw_closed(fd, WAIT_MS), "the silent connection stays open");
+    close(fd);
+    long deadline = now_ms() + 2000;
+    int r;
+    while ((r = shmref_connect(d.socket, &c)) < 0 && now_ms() < deadline)
+        usleep(5000);
+    cr_assert_eq(r, 0, "the slot came back: %s", strerror(-r));
+    shmref_close(c);
+    daemon_stop(&d);
+}
