@@ -124,6 +124,21 @@ int client_recv(shmref_conn *conn, struct proto_msg *rep, int *ret_fd)
     return 0;
 }
 
+void client_forget(shmref_conn *conn, uint64_t buf_id, bool writable)
+{
+    if (!(conn->features & PROTO_FEAT_FD_ONCE))
+        return;
+    struct proto_msg req = { .op = PROTO_OP_FORGET };
+    req.u.forget.buf_id = buf_id;
+    req.u.forget.writable = writable;
+    client_send(conn, &req); /* a failure shows at the next call */
+}
+
+static void on_unmap(void *ctx, uint64_t buf_id, bool writable)
+{
+    client_forget(ctx, buf_id, writable);
+}
+
 int client_reply_error(shmref_conn *conn, const struct proto_msg *rep)
 {
     return client_fail(conn, -rep->u.error.code, "%.*s", (int)rep->u.error.msg_len, rep->u.error.msg);
@@ -202,6 +217,7 @@ static int hello(shmref_conn *conn)
     }
     struct proto_msg req = { .op = PROTO_OP_HELLO }, rep;
     req.u.hello.version = PROTO_VERSION;
+    req.u.hello.features = PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE;
     req.u.hello.name = name;
     req.u.hello.name_len = (uint32_t)strlen(name);
     int r = client_call(conn, &req, &rep, NULL);
@@ -231,6 +247,8 @@ int shmref_connect(const char *path, shmref_conn **ret_conn)
     if (!conn)
         return -ENOMEM;
     mapcache_init(&conn->cache);
+    conn->cache.on_unmap = on_unmap;
+    conn->cache.ctx = conn;
     int r = connect_path(path, &conn->fd);
     if (r < 0) {
         free(conn);
@@ -255,6 +273,7 @@ void shmref_close(shmref_conn *conn)
         free(b->meta);
         free(b);
     }
+    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     mapcache_clear(&conn->cache);
     close(conn->fd);
     free(conn->cache.v);

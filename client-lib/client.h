@@ -24,6 +24,9 @@ struct mapcache_entry {
 };
 
 struct mapcache {
+    /* called for every mapping the cache unmaps while the connection lives */
+    void (*on_unmap)(void *ctx, uint64_t buf_id, bool writable);
+    void *ctx;
     struct mapcache_entry *v;
     unsigned n, cap;
     uint64_t tick;
@@ -67,6 +70,11 @@ int client_call(shmref_conn *conn, struct proto_msg *req, struct proto_msg *rep,
  * daemon's error about the whole connection (id 0) is returned as -code. */
 int client_send(shmref_conn *conn, struct proto_msg *req);
 int client_recv(shmref_conn *conn, struct proto_msg *rep, int *ret_fd);
+/* client_forget: tell the daemon (with PROTO_FEAT_FD_ONCE) that this process no longer
+ * has buffer buf_id mapped (writable or not), so the next lease or acquire of it comes
+ * with an fd. No reply. */
+void client_forget(shmref_conn *conn, uint64_t buf_id, bool writable);
+
 /* client_reply_error: an error reply as -code, with its message in conn->errmsg. */
 int client_reply_error(shmref_conn *conn, const struct proto_msg *rep);
 

@@ -78,6 +78,7 @@ static int take_buffer(shmref_conn *conn, const struct proto_msg *rep, int fd, b
         r = mapcache_get(&conn->cache, b->buf_id, fd, b->capacity, writable, &b->data);
         if (r < 0) {
             client_fail(conn, r, "mmap of %zu bytes failed: %s", b->capacity, strerror(-r));
+            client_forget(conn, b->buf_id, writable); /* the daemon counts it as sent */
             goto fail;
         }
     }

@@ -107,6 +107,8 @@ static void trim(struct mapcache *mc)
             return;
         munmap(oldest->addr, oldest->len);
         mc->idle_bytes -= oldest->len;
+        if (mc->on_unmap)
+            mc->on_unmap(mc->ctx, oldest->buf_id, oldest->writable);
         *oldest = mc->v[--mc->n];
     }
 }

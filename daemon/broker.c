@@ -13,7 +13,7 @@
 #include "status.h"
 #include "units.h"
 
-#define FEATURES PROTO_FEAT_NOREPLY_RELEASE
+#define FEATURES (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE)
 
 struct pending_lease {
     struct conn *conn;
@@ -53,11 +53,12 @@ static void do_hello(struct conn *c, const struct proto_msg *m)
         if ((unsigned char)*p < 0x20 || *p == 0x7f)
             *p = '?'; /* keep log lines one line */
     c->hello = true;
+    c->fd_once = (m->u.hello.features & PROTO_FEAT_FD_ONCE) != 0;
     log_debug("client %llu pid=%d uid=%u said hello as '%s'", (unsigned long long)c->id, (int)c->pid,
               (unsigned)c->uid, c->name);
     struct proto_msg r = { .op = PROTO_OP_HELLO + PROTO_OP_REPLY, .id = m->id };
     r.u.hello_reply.version = PROTO_VERSION;
-    r.u.hello_reply.features = FEATURES;
+    r.u.hello_reply.features = FEATURES & (m->u.hello.features | PROTO_FEAT_NOREPLY_RELEASE);
     r.u.hello_reply.max_request = PROTO_MAX_REQUEST;
     r.u.hello_reply.max_lease = s->opt->max_lease_size;
     r.u.hello_reply.max_leases = s->opt->max_leases;
@@ -66,8 +67,22 @@ static void do_hello(struct conn *c, const struct proto_msg *m)
     conn_send(c, &r, -1);
 }
 
+/* fd_to_send: the fd to attach, or -1 when this client already has the buffer mapped
+ * as needed (a writable mapping also serves reading). */
+static int fd_to_send(struct conn *c, const struct registry_buf *b, bool writable, int fd)
+{
+    if (!c->fd_once)
+        return fd;
+    uint64_t rw = b->pb->id << 1 | 1, ro = b->pb->id << 1;
+    if (idset_has(&c->known, rw) || (!writable && idset_has(&c->known, ro)))
+        return -1;
+    idset_add(&c->known, writable ? rw : ro, CONN_MAX_KNOWN); /* if full: sent again next time */
+    return fd;
+}
+
 static void send_buffer(struct conn *c, uint32_t id, uint64_t handle, struct registry_buf *b, int fd)
 {
+    fd = fd_to_send(c, b, !b->published, fd);
     struct proto_msg r = { .op = PROTO_OP_LEASE + PROTO_OP_REPLY, .id = id };
     r.u.lease_reply.handle = handle;
     r.u.lease_reply.buf_id = b->pb->id;
@@ -324,6 +339,9 @@ void broker_handle(struct conn *c, const struct proto_msg *m)
     case PROTO_OP_ACQUIRE: do_acquire(c, m); return;
     case PROTO_OP_RELEASE: do_release(c, m); return;
     case PROTO_OP_STATUS: do_status(c, m); return;
+    case PROTO_OP_FORGET:
+        idset_del(&c->known, m->u.forget.buf_id << 1 | (m->u.forget.writable ? 1 : 0));
+        return;
     case PROTO_OP_PING: {
         struct proto_msg r = { .op = PROTO_OP_PING + PROTO_OP_REPLY, .id = m->id };
         conn_send(c, &r, -1);

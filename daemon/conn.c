@@ -71,6 +71,7 @@ void conn_unref(struct conn *c)
             close(o->fd);
         free(o);
     }
+    idset_free(&c->known);
     free(c);
 }
 

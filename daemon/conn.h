@@ -12,6 +12,7 @@
 
 #include <uv.h>
 
+#include "idset.h"
 #include "proto.h"
 #include "registry.h"
 
@@ -27,6 +28,8 @@ struct conn {
     gid_t gid;
     char name[PROTO_MAX_NAME + 1];
     bool hello, closing;
+    bool fd_once;                /* PROTO_FEAT_FD_ONCE agreed in hello */
+    struct idset known;          /* buf_id << 1 | writable: fds this client was sent */
     uint64_t accepted_ms;        /* uv_now at accept, for the hello deadline */
     unsigned refs;
     unsigned pending;            /* leases waiting for a new buffer */
@@ -40,6 +43,7 @@ struct conn {
 #define CONN_MAX_QUEUED 256      /* replies queued before the client counts as stuck */
 #define CONN_BATCH 64            /* requests read per wake-up, for fairness */
 #define CONN_HELLO_MS 10000      /* a connection that says no hello by then is closed */
+#define CONN_MAX_KNOWN 65536     /* beyond this many, fds are simply sent again */
 
 /* conn_new: takes ownership of fd (non-blocking, CLOEXEC) and starts reading. */
 int conn_new(struct server *s, int fd, const struct ucred *cred, struct conn **ret);

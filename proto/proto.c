@@ -226,6 +226,9 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
     case PROTO_OP_RELEASE:
         return get_u64(f, 2, UINT64_MAX, &m->u.release.handle) &&
                get_u32(f, 3, UINT32_MAX, &m->u.release.flags);
+    case PROTO_OP_FORGET:
+        return get_u64(f, 2, UINT64_MAX, &m->u.forget.buf_id) &&
+               get_u32(f, 3, 1, &m->u.forget.writable);
     case PROTO_OP_STATUS + PROTO_OP_REPLY:
         if (!get_raw(f, 2, MSGPACK_OBJECT_BIN, PROTO_MAX_REPLY, &p, &m->u.status_reply.body_len))
             return false;
@@ -250,8 +253,9 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
 
 static bool op_known(uint32_t op)
 {
-    uint32_t req = op > PROTO_OP_REPLY && op != PROTO_OP_ERROR ? op - PROTO_OP_REPLY : op;
-    return op == PROTO_OP_ERROR || (req >= PROTO_OP_HELLO && req <= PROTO_OP_PING);
+    if (op == PROTO_OP_ERROR || (op >= PROTO_OP_HELLO && op <= PROTO_OP_FORGET))
+        return true;
+    return op > PROTO_OP_REPLY && op - PROTO_OP_REPLY >= PROTO_OP_HELLO && op - PROTO_OP_REPLY <= PROTO_OP_PING;
 }
 
 int proto_decode(const uint8_t *buf, size_t len, size_t max_len, struct proto_msg *ret,
@@ -341,6 +345,7 @@ static unsigned field_count(uint32_t op)
     case PROTO_OP_PUBLISH + PROTO_OP_REPLY: return 2;
     case PROTO_OP_ACQUIRE: return 2;
     case PROTO_OP_RELEASE: return 2;
+    case PROTO_OP_FORGET: return 2;
     case PROTO_OP_STATUS + PROTO_OP_REPLY: return 1;
     case PROTO_OP_ERROR: return 2;
     default: return 0;
@@ -402,6 +407,10 @@ int proto_encode(const struct proto_msg *m, uint8_t *buf, size_t cap)
         msgpack_pack_uint64(&pk, m->u.release.handle);
         msgpack_pack_uint32(&pk, m->u.release.flags);
         break;
+    case PROTO_OP_FORGET:
+        msgpack_pack_uint64(&pk, m->u.forget.buf_id);
+        msgpack_pack_uint32(&pk, m->u.forget.writable);
+        break;
     case PROTO_OP_STATUS + PROTO_OP_REPLY:
         pack_raw(&pk, false, m->u.status_reply.body, m->u.status_reply.body_len);
         break;
@@ -441,13 +450,15 @@ const char *proto_op_name(uint32_t op)
     static const char *const names[] = {
         [PROTO_OP_HELLO] = "hello", [PROTO_OP_LEASE] = "lease", [PROTO_OP_PUBLISH] = "publish",
         [PROTO_OP_ACQUIRE] = "acquire", [PROTO_OP_RELEASE] = "release",
-        [PROTO_OP_STATUS] = "status", [PROTO_OP_PING] = "ping",
+        [PROTO_OP_STATUS] = "status", [PROTO_OP_PING] = "ping", [PROTO_OP_FORGET] = "forget",
     };
     if (op == PROTO_OP_ERROR)
         return "error";
-    if (op > PROTO_OP_REPLY)
-        op -= PROTO_OP_REPLY;
-    if (op < sizeof(names) / sizeof(names[0]) && names[op])
+    if (op > PROTO_OP_REPLY && op - PROTO_OP_REPLY <= PROTO_OP_PING)
+        op -= PROTO_OP_REPLY; /* forget has no reply */
+    else if (op > PROTO_OP_FORGET)
+        return "unknown";
+    if (names[op])
         return names[op];
     return "unknown";
 }

@@ -26,6 +26,9 @@
 
 /* Feature bits announced in hello. */
 #define PROTO_FEAT_NOREPLY_RELEASE (1u << 0) /* release with PROTO_RELEASE_NOREPLY */
+/* The client keeps its mappings and says when it drops one (forget): the daemon then
+ * sends a buffer's fd once per connection, not with every lease and acquire of it. */
+#define PROTO_FEAT_FD_ONCE (1u << 1)
 
 /* Flags of a release request. */
 #define PROTO_RELEASE_NOREPLY (1u << 0) /* no reply on success; an error still replies */
@@ -38,6 +41,7 @@ enum proto_op {
     PROTO_OP_RELEASE = 5,
     PROTO_OP_STATUS = 6,
     PROTO_OP_PING = 7,
+    PROTO_OP_FORGET = 8,          /* no reply, ever */
     PROTO_OP_REPLY = 64,          /* added to a request op in its reply */
     PROTO_OP_ERROR = 127,
 };
@@ -56,8 +60,10 @@ struct proto_msg {
         } hello_reply;
         struct { uint64_t size; uint32_t flags; } lease;
         /* The reply to lease and acquire carries one fd: the buffer (O_RDWR for a lease,
-         * O_RDONLY for an acquire). buf_id is unique per backing file for the daemon's
-         * lifetime, so clients key their mapping caches by it (never by fd number). */
+         * O_RDONLY for an acquire), unless PROTO_FEAT_FD_ONCE is on and this connection
+         * was sent it before and has not forgotten it. buf_id is unique per backing file
+         * for the daemon's lifetime, so clients key their mapping caches by it (never by
+         * fd number). */
         struct {
             uint64_t handle; uint64_t buf_id; uint32_t gen;
             uint64_t size; uint64_t capacity;
@@ -70,6 +76,8 @@ struct proto_msg {
         struct { uint8_t token[PROTO_TOKEN_LEN]; uint64_t size; } publish_reply;
         struct { uint8_t token[PROTO_TOKEN_LEN]; uint32_t flags; } acquire;
         struct { uint64_t handle; uint32_t flags; } release;
+        /* forget: the client unmapped buffer buf_id (its writable or read-only mapping). */
+        struct { uint64_t buf_id; uint32_t writable; } forget;
         /* The status body is itself a msgpack map, carried as bin so the envelope stays
          * flat; decode it with proto_check() before unpacking. */
         struct { const uint8_t *body; uint32_t body_len; } status_reply;

@@ -1449,3 +1449,79 @@ Test(hostile, silent_connection_is_closed_after_ten_seconds, .timeout = 60)
     shmref_close(c);
     daemon_stop(&d);
 }
+
+/* ---- PROTO_FEAT_FD_ONCE: an fd crosses once per connection until forgotten ---- */
+
+/* lease_reply_fd: a lease on sock; its fd (or -1 when none came) and buffer id. */
+static uint64_t lease_reply_fd(int sock, uint32_t id, uint64_t size, int *ret_fd, uint64_t *ret_buf_id)
+{
+    uint8_t msg[64], rep[1024];
+    size_t len = enc_lease(msg, sizeof(msg), id, size);
+    send_all(sock, msg, len);
+    struct pollfd p = { .fd = sock, .events = POLLIN };
+    cr_assert_gt(poll(&p, 1, WAIT_MS), 0, "no lease reply");
+    struct proto_msg m = expect_reply("lease", rep, recv_nb(sock, rep, sizeof(rep), ret_fd), PROTO_OP_LEASE, id);
+    *ret_buf_id = m.u.lease_reply.buf_id;
+    return m.u.lease_reply.handle;
+}
+
+Test(hostile, fd_once_sends_each_buffer_once)
+{
+    struct daemon d;
+    uint8_t msg[256], rep[1024];
+    int fd;
+    uint64_t b1, b2, b3;
+    daemon_start(&d, NULL);
+    int sock = raw_connect(&d);
+    struct proto_msg h = { .op = PROTO_OP_HELLO, .id = 1 };
+    h.u.hello.version = PROTO_VERSION;
+    h.u.hello.features = PROTO_FEAT_FD_ONCE;
+    struct proto_msg hr = expect_reply("hello", rep, call(sock, msg, enc(&h, msg, sizeof(msg)), rep, sizeof(rep)),
+                                       PROTO_OP_HELLO, 1);
+    cr_assert(hr.u.hello_reply.features & PROTO_FEAT_FD_ONCE, "the daemon agrees to send fds once");
+
+    uint64_t h1 = lease_reply_fd(sock, 2, 65536, &fd, &b1);
+    cr_assert_geq(fd, 0, "the first lease of a buffer brings its fd");
+    close(fd);
+    raw_release_ok(sock, 3, h1);
+    uint64_t h2 = lease_reply_fd(sock, 4, 65536, &fd, &b2);
+    cr_assert_eq(b2, b1, "the warm buffer is recycled");
+    cr_assert_eq(fd, -1, "a buffer this connection holds mapped comes without its fd");
+
+    /* Acquiring it read-only: the writable mapping serves, so no fd either. */
+    size_t len = enc_publish(msg, sizeof(msg), 5, h2, 100, NULL, 0);
+    struct proto_msg pr = expect_reply("publish", rep, call(sock, msg, len, rep, sizeof(rep)), PROTO_OP_PUBLISH, 5);
+    len = enc_acquire(msg, sizeof(msg), 6, pr.u.publish_reply.token);
+    send_all(sock, msg, len);
+    struct pollfd p = { .fd = sock, .events = POLLIN };
+    cr_assert_gt(poll(&p, 1, WAIT_MS), 0);
+    struct proto_msg ar = expect_reply("acquire", rep, recv_nb(sock, rep, sizeof(rep), &fd), PROTO_OP_ACQUIRE, 6);
+    cr_assert_eq(fd, -1, "no read-only fd for a buffer mapped writable");
+    raw_release_ok(sock, 7, ar.u.acquire_reply.handle);
+    raw_release_ok(sock, 8, h2);
+
+    /* After forget, the fd comes again. */
+    struct proto_msg f = { .op = PROTO_OP_FORGET, .id = 9 };
+    f.u.forget.buf_id = b1;
+    f.u.forget.writable = 1;
+    send_all(sock, msg, enc(&f, msg, sizeof(msg)));
+    raw_ping_ok(sock, 10); /* forget has no reply: the ping's reply is the next message */
+    uint64_t h3 = lease_reply_fd(sock, 11, 65536, &fd, &b3);
+    cr_assert_eq(b3, b1);
+    cr_assert_geq(fd, 0, "a forgotten buffer comes with its fd again");
+    close(fd);
+    raw_release_ok(sock, 12, h3);
+
+    /* A client that did not ask for the feature gets the fd every time. */
+    int plain = connect_hello(&d);
+    for (uint32_t i = 0; i < 2; i++) {
+        uint64_t hp = lease_reply_fd(plain, 20 + 2 * i, 65536, &fd, &b3);
+        cr_assert_geq(fd, 0, "lease %u without the feature", i);
+        close(fd);
+        raw_release_ok(plain, 21 + 2 * i, hp);
+    }
+    close(plain);
+    close(sock);
+    expect_clean(&d, 0);
+    daemon_stop(&d);
+}

@@ -17,7 +17,7 @@
 
 static const uint32_t known_ops[] = {
     PROTO_OP_HELLO, PROTO_OP_LEASE, PROTO_OP_PUBLISH, PROTO_OP_ACQUIRE, PROTO_OP_RELEASE,
-    PROTO_OP_STATUS, PROTO_OP_PING,
+    PROTO_OP_STATUS, PROTO_OP_PING, PROTO_OP_FORGET,
     REPLY(PROTO_OP_HELLO), REPLY(PROTO_OP_LEASE), REPLY(PROTO_OP_PUBLISH),
     REPLY(PROTO_OP_ACQUIRE), REPLY(PROTO_OP_RELEASE), REPLY(PROTO_OP_STATUS),
     REPLY(PROTO_OP_PING), PROTO_OP_ERROR,
@@ -89,6 +89,10 @@ static void make_msg(uint32_t op, uint32_t id, struct proto_msg *m)
     case PROTO_OP_RELEASE:
         m->u.release.handle = 11;
         m->u.release.flags = PROTO_RELEASE_NOREPLY;
+        break;
+    case PROTO_OP_FORGET:
+        m->u.forget.buf_id = (UINT64_C(1) << 40) | 5;
+        m->u.forget.writable = 1;
         break;
     case REPLY(PROTO_OP_STATUS):
         m->u.status_reply.body = sample_body;
@@ -188,6 +192,10 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
     case PROTO_OP_RELEASE:
         cr_assert_eq(b->u.release.handle, a->u.release.handle);
         cr_assert_eq(b->u.release.flags, a->u.release.flags);
+        break;
+    case PROTO_OP_FORGET:
+        cr_assert_eq(b->u.forget.buf_id, a->u.forget.buf_id);
+        cr_assert_eq(b->u.forget.writable, a->u.forget.writable);
         break;
     case REPLY(PROTO_OP_STATUS):
         raw_eq(a->u.status_reply.body, a->u.status_reply.body_len,
@@ -1165,7 +1173,7 @@ Test(proto, unknown_op_is_eopnotsupp)
     expect_unsupported(op50, sizeof(op50), 50, 1234);
     static const uint8_t op99[] = { 0x94, 99, 0x07, 0xa1, 'x', 0x92, 0x01, 0x02 };
     expect_unsupported(op99, sizeof(op99), 99, 7);
-    static const uint32_t ops[] = { 0, 8, 63, 64, 72, 126 };
+    static const uint32_t ops[] = { 0, 9, 63, 64, 72, 126 };
     for (unsigned i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
         uint8_t b[] = { 0x92, (uint8_t)ops[i], 0xce, 0xff, 0xff, 0xff, 0xff };
         expect_unsupported(b, sizeof(b), ops[i], UINT32_MAX);
@@ -1528,7 +1536,7 @@ Test(proto, op_names)
         { REPLY(PROTO_OP_PUBLISH), "publish" }, { REPLY(PROTO_OP_ACQUIRE), "acquire" },
         { REPLY(PROTO_OP_RELEASE), "release" }, { REPLY(PROTO_OP_STATUS), "status" },
         { REPLY(PROTO_OP_PING), "ping" }, { PROTO_OP_ERROR, "error" },
-        { 0, "unknown" }, { 8, "unknown" }, { 50, "unknown" }, { 63, "unknown" },
+        { PROTO_OP_FORGET, "forget" }, { 0, "unknown" }, { 9, "unknown" }, { 50, "unknown" }, { 63, "unknown" },
         { PROTO_OP_REPLY, "unknown" }, { 72, "unknown" }, { 99, "unknown" }, { 126, "unknown" },
         { 128, "unknown" }, { 128 + PROTO_OP_HELLO, "unknown" }, { 191, "unknown" },
         { UINT32_MAX, "unknown" },
