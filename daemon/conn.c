@@ -260,63 +260,76 @@ static void protocol_error(struct conn *c, uint32_t id, const char *why)
     conn_close(c, why);
 }
 
-/* read_one: receive and handle one message. Returns 1 to go on, 0 when the socket has
- * nothing more (or the connection closed). */
-static int read_one(struct conn *c)
+/* handle: one received message (n bytes in buf, control data in mh). */
+static void handle(struct conn *c, struct msghdr *mh, const uint8_t *buf, size_t n)
 {
-    struct server *s = c->server;
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(4 * sizeof(int))];
-    } ctl;
-    struct iovec iov = { .iov_base = s->rbuf, .iov_len = sizeof(s->rbuf) };
-    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
-                         .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf) };
-    ssize_t n;
-    do
-        n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
-    if (n < 0) {
-        if (errno == EAGAIN)
-            return 0;
-        conn_close(c, errno == ECONNRESET ? NULL : "receive failed");
-        return 0;
-    }
-    if (n == 0 && !(mh.msg_flags & MSG_CTRUNC) && mh.msg_controllen == 0) {
+    unsigned nfds = close_fds(mh);
+    if (c->closing)
+        return; /* an earlier message of the batch closed it: only the fds mattered */
+    if (n == 0 && !(mh->msg_flags & MSG_CTRUNC) && nfds == 0) {
         conn_close(c, NULL); /* EOF: the peer closed or died */
-        return 0;
+        return;
     }
-    unsigned nfds = close_fds(&mh);
-    if (mh.msg_flags & MSG_CTRUNC) {
+    if (mh->msg_flags & MSG_CTRUNC) {
         protocol_error(c, 0, "truncated control data (too many fds sent)");
-        return 0;
+        return;
     }
     if (nfds) {
         protocol_error(c, 0, "unexpected file descriptors from client");
-        return 0;
+        return;
     }
-    if ((mh.msg_flags & MSG_TRUNC) || (size_t)n > PROTO_MAX_REQUEST) {
+    if ((mh->msg_flags & MSG_TRUNC) || n > PROTO_MAX_REQUEST) {
         protocol_error(c, 0, "message larger than the 65536-byte limit");
-        return 0;
+        return;
     }
     struct proto_msg m;
     const char *why = NULL;
-    int r = proto_decode(s->rbuf, (size_t)n, PROTO_MAX_REQUEST, &m, &why);
+    int r = proto_decode(buf, n, PROTO_MAX_REQUEST, &m, &why);
     if (!c->hello && (r == -EOPNOTSUPP || (r == 0 && m.op != PROTO_OP_HELLO))) {
         protocol_error(c, m.id, "the first message must be hello");
-        return 0;
+        return;
     }
     if (r == -EOPNOTSUPP || (r == 0 && (m.op >= PROTO_OP_REPLY))) {
         /* Well-formed but not a request we know: refuse it, keep the client. */
         conn_fail(c, m.id, EOPNOTSUPP, "unknown op %u", (unsigned)m.op);
-        return !c->closing;
+        return;
     }
     if (r < 0) {
         protocol_error(c, m.id, why ? why : "malformed message");
-        return 0;
+        return;
     }
     broker_handle(c, &m);
-    return !c->closing && !c->out_head;
+}
+
+/* read_batch: receive up to CONN_BATCH messages with one recvmmsg and handle them all
+ * (they are off the socket). Returns 1 if there may be more to read now. */
+static int read_batch(struct conn *c)
+{
+    struct server *s = c->server;
+    struct mmsghdr mm[CONN_BATCH];
+    struct iovec iov[CONN_BATCH];
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+    } ctl[CONN_BATCH];
+    for (int i = 0; i < CONN_BATCH; i++) {
+        iov[i] = (struct iovec){ .iov_base = s->rbuf[i], .iov_len = sizeof(s->rbuf[i]) };
+        mm[i].msg_hdr = (struct msghdr){ .msg_iov = &iov[i], .msg_iovlen = 1,
+                                         .msg_control = ctl[i].buf, .msg_controllen = sizeof(ctl[i].buf) };
+        mm[i].msg_len = 0;
+    }
+    int n;
+    do
+        n = recvmmsg(c->fd, mm, CONN_BATCH, MSG_DONTWAIT | MSG_CMSG_CLOEXEC, NULL);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        if (errno != EAGAIN)
+            conn_close(c, errno == ECONNRESET ? NULL : "receive failed");
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        handle(c, &mm[i].msg_hdr, s->rbuf[i], mm[i].msg_len);
+    return n == CONN_BATCH && !c->closing && !c->out_head;
 }
 
 static void on_poll(uv_poll_t *p, int status, int events)
@@ -331,8 +344,9 @@ static void on_poll(uv_poll_t *p, int status, int events)
     conn_ref(c);
     if (events & UV_WRITABLE)
         flush(c);
+    /* A few batches per wake-up at most: other clients get their turn. */
     if (!c->closing && !c->out_head && (events & (UV_READABLE | UV_DISCONNECT))) {
-        for (int i = 0; i < CONN_BATCH && read_one(c); i++)
+        for (int i = 0; i < 4 && read_batch(c); i++)
             ;
     }
     conn_unref(c);

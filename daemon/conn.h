@@ -41,7 +41,7 @@ struct conn {
 };
 
 #define CONN_MAX_QUEUED 256      /* replies queued before the client counts as stuck */
-#define CONN_BATCH 64            /* requests read per wake-up, for fairness */
+#define CONN_BATCH 16            /* requests read by one recvmmsg */
 #define CONN_HELLO_MS 10000      /* a connection that says no hello by then is closed */
 #define CONN_MAX_KNOWN 65536     /* beyond this many, fds are simply sent again */
 

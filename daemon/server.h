@@ -8,6 +8,7 @@
 
 #include <uv.h>
 
+#include "conn.h"
 #include "options.h"
 #include "pool.h"
 #include "proto.h"
@@ -40,7 +41,7 @@ struct server {
     uint64_t next_conn_id;
     uint64_t started_ms;
     struct server_counters counters;
-    uint8_t rbuf[PROTO_MAX_REQUEST + 1]; /* one received message (+1 to see truncation) */
+    uint8_t rbuf[CONN_BATCH][PROTO_MAX_REQUEST + 1]; /* one batch (+1 to see truncation) */
     uint8_t wbuf[PROTO_MAX_REPLY];       /* one encoded reply */
 };
 
