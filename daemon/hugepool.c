@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/capability.h>
 #include <sys/mount.h>
 
 bool hugepool_detect(const char *dir)
@@ -38,6 +39,16 @@ bool hugepool_detect(const char *dir)
     fclose(f);
     return strcmp(best_type, "tmpfs") == 0 &&
            (strstr(best_opts, "huge=always") || strstr(best_opts, "huge=within_size"));
+}
+
+bool hugepool_can_mount(void)
+{
+    cap_t caps = cap_get_proc();
+    cap_flag_value_t v = CAP_CLEAR;
+    if (caps)
+        cap_get_flag(caps, CAP_SYS_ADMIN, CAP_EFFECTIVE, &v);
+    cap_free(caps);
+    return v == CAP_SET;
 }
 
 int hugepool_mount(const char *dir, uint64_t bytes, uid_t uid, gid_t gid, char *why, size_t why_len)

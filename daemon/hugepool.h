@@ -15,6 +15,9 @@
 /* hugepool_detect: whether dir is on a tmpfs that allocates huge pages. */
 bool hugepool_detect(const char *dir);
 
+/* hugepool_can_mount: whether this process holds CAP_SYS_ADMIN (effective). */
+bool hugepool_can_mount(void);
+
 /* hugepool_mount: in a mount namespace of its own (so no other process sees it and it
  * vanishes with the daemon), mounts a tmpfs with huge=within_size of `bytes` over dir,
  * owned by uid:gid. Needs CAP_SYS_ADMIN and a single-threaded process. Returns 0, or

@@ -216,6 +216,15 @@ static int setup_hugepages(struct daemon *d)
     struct statvfs sv;
     if (statvfs(o->pool_dir, &sv) < 0 || o->pool_size > (uint64_t)sv.f_bavail * sv.f_frsize)
         return 0;
+    if (!hugepool_can_mount()) {
+        if (o->pool_hugepages == OPTIONS_HUGE_YES) {
+            log_error("cannot set up the huge-page pool: mounting needs CAP_SYS_ADMIN");
+            return -EPERM;
+        }
+        log_notice("no huge-page pool (mounting needs CAP_SYS_ADMIN): buffers use 4 KiB pages in %s; "
+                   "a tmpfs mounted with huge=within_size as pool-dir gives huge pages", o->pool_dir);
+        return 0;
+    }
     uid_t uid = geteuid();
     gid_t gid = getegid();
     if (o->user && geteuid() == 0 && privs_lookup(o->user, &uid, &gid) < 0)

@@ -1,0 +1,102 @@
+/* test-hugepages.c: the huge-page pool. As root, shmrefd mounts a private
+ * huge=within_size tmpfs over its pool dir, and a client's mapping of a buffer of 2 MiB
+ * or more is made of 2 MiB pages (PMD-mapped in /proc/self/smaps); off, 4 KiB pages. */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* pmd_mapped_kb: ShmemPmdMapped + FilePmdMapped of the mapping that holds addr. */
+static long pmd_mapped_kb(const void *addr)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    cr_assert_not_null(f);
+    char line[512];
+    int inside = 0;
+    long kb = 0;
+    uintptr_t a = (uintptr_t)addr;
+    while (fgets(line, sizeof(line), f)) {
+        uintptr_t lo, hi;
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            inside = a >= lo && a < hi;
+            continue;
+        }
+        long v;
+        if (inside && (sscanf(line, "ShmemPmdMapped: %ld kB", &v) == 1 || sscanf(line, "FilePmdMapped: %ld kB", &v) == 1))
+            kb += v;
+    }
+    fclose(f);
+    return kb;
+}
+
+static const char *pool_kind(const struct daemon *d, char *buf, size_t cap)
+{
+    shmref_conn *c = connect_ok(d);
+    shmref_status *st;
+    const char *kind = "";
+    cr_assert_eq(shmref_status_get(c, &st), 0);
+    cr_assert_eq(shmref_status_str(st, "pool.kind", &kind), 0);
+    snprintf(buf, cap, "%s", kind);
+    shmref_status_free(st);
+    shmref_close(c);
+    return buf;
+}
+
+Test(hugepages, buffers_are_huge_page_backed_by_default)
+{
+    struct daemon d;
+    char kind[64];
+    cr_assert_eq(geteuid(), 0, "mounting the pool needs root, as in CI");
+    daemon_start(&d, NULL);
+    cr_assert_str_eq(pool_kind(&d, kind, sizeof(kind)), "tmpfile-hugepages");
+    cr_assert(daemon_log_contains(&d, "mounted a private huge-page tmpfs"), "a log line says which pool");
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b, *small;
+    cr_assert_eq(shmref_lease(c, 8u << 20, &b), 0, "%s", shmref_errmsg(c));
+    memset(shmref_buf_data(b), 1, 8u << 20);
+    long kb = pmd_mapped_kb(shmref_buf_data(b));
+    cr_assert_geq(kb, 8 * 1024, "an 8 MiB buffer should be all 2 MiB pages, %ld kB PMD-mapped", kb);
+    /* Sizes above 1 MiB are whole huge pages; smaller ones keep 4 KiB classes. */
+    cr_assert_eq(shmref_lease(c, 3u << 20, &small), 0);
+    cr_assert_eq(shmref_buf_capacity(small), 4u << 20);
+    cr_assert_eq(shmref_release(small), 0);
+    cr_assert_eq(shmref_lease(c, 100000, &small), 0);
+    cr_assert_eq(shmref_buf_capacity(small), 114688, "the 4 KiB-page class of 100000 bytes");
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+Test(hugepages, off_means_small_pages)
+{
+    struct daemon d;
+    char kind[64];
+    daemon_start(&d, "--pool-hugepages", "no", NULL);
+    cr_assert_str_eq(pool_kind(&d, kind, sizeof(kind)), "tmpfile");
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b;
+    cr_assert_eq(shmref_lease(c, 8u << 20, &b), 0);
+    memset(shmref_buf_data(b), 1, 8u << 20);
+    cr_assert_eq(pmd_mapped_kb(shmref_buf_data(b)), 0);
+    cr_assert_eq(shmref_lease(c, 3u << 20, &b), 0);
+    cr_assert_eq(shmref_buf_capacity(b), 3u << 20, "4 KiB classes: 3 MiB is a class of its own");
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+Test(hugepages, the_private_mount_is_invisible_to_others)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    FILE *f = fopen("/proc/self/mountinfo", "r");
+    cr_assert_not_null(f);
+    char line[1024];
+    int seen = 0;
+    while (fgets(line, sizeof(line), f))
+        seen |= strstr(line, "shmrefd-pool") != NULL;
+    fclose(f);
+    cr_assert_not(seen, "the daemon's pool mount leaked into the host's mount namespace");
+    daemon_stop(&d);
+}
