@@ -174,7 +174,7 @@ int daemon_huge_mount(const char *size, char *dir, size_t dir_cap, char *why, si
         huge_dir[0] = '\0';
         return -e;
     }
-    snprintf(opts, sizeof(opts), "huge=always,size=%s,mode=1777", size);
+    snprintf(opts, sizeof(opts), "huge=within_size,size=%s,mode=1777", size);
     if (mount("shmref-bench-huge", huge_dir, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) {
         int e = errno;
         snprintf(why, why_cap, "mount -t tmpfs -o %s: %s", opts, strerror(e));

@@ -12,15 +12,15 @@
 #include <sys/capability.h>
 #include <sys/mount.h>
 
-bool hugepool_detect(const char *dir)
+enum hugepool_kind hugepool_detect(const char *dir)
 {
     char real[PATH_MAX], line[4096], best_opts[1024] = "", best_type[64] = "";
     size_t best = 0;
     if (!realpath(dir, real))
-        return false;
+        return HUGEPOOL_NONE;
     FILE *f = fopen("/proc/self/mountinfo", "re");
     if (!f)
-        return false;
+        return HUGEPOOL_NONE;
     /* id parent major:minor root mountpoint options [optional...] - fstype source superopts */
     while (fgets(line, sizeof(line), f)) {
         char mnt[PATH_MAX], type[64], opts[1024];
@@ -37,8 +37,11 @@ bool hugepool_detect(const char *dir)
         }
     }
     fclose(f);
-    return strcmp(best_type, "tmpfs") == 0 &&
-           (strstr(best_opts, "huge=always") || strstr(best_opts, "huge=within_size"));
+    if (strcmp(best_type, "tmpfs") != 0)
+        return HUGEPOOL_NONE;
+    if (strstr(best_opts, "huge=always"))
+        return HUGEPOOL_ALWAYS;
+    return strstr(best_opts, "huge=within_size") ? HUGEPOOL_WITHIN_SIZE : HUGEPOOL_NONE;
 }
 
 bool hugepool_can_mount(void)

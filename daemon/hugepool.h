@@ -12,8 +12,14 @@
 
 #define HUGEPOOL_PAGE (2u << 20)
 
-/* hugepool_detect: whether dir is on a tmpfs that allocates huge pages. */
-bool hugepool_detect(const char *dir);
+enum hugepool_kind {
+    HUGEPOOL_NONE = 0,
+    HUGEPOOL_WITHIN_SIZE, /* huge pages where the file's size covers them */
+    HUGEPOOL_ALWAYS,      /* huge pages for every file, however small */
+};
+
+/* hugepool_detect: whether dir is on a tmpfs that allocates huge pages, and how. */
+enum hugepool_kind hugepool_detect(const char *dir);
 
 /* hugepool_can_mount: whether this process holds CAP_SYS_ADMIN (effective). */
 bool hugepool_can_mount(void);

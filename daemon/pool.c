@@ -26,7 +26,7 @@ struct pool {
     uv_loop_t *loop;
     char *dir;
     bool use_memfd;
-    bool huge;                  /* the dir allocates 2 MiB pages: classes follow */
+    enum hugepool_kind huge;    /* the dir allocates 2 MiB pages: classes follow */
     uint64_t cap, unit;
     unsigned unit_bits;
     uint64_t bytes_alloc, bytes_warm;
@@ -100,7 +100,7 @@ int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
     p->loop = loop;
     p->use_memfd = use_memfd;
     p->cap = cap;
-    p->huge = !use_memfd && hugepool_detect(dir);
+    p->huge = use_memfd ? HUGEPOOL_NONE : hugepool_detect(dir);
     p->unit = (uint64_t)sysconf(_SC_PAGESIZE);
     p->unit_bits = (unsigned)__builtin_ctzll(p->unit);
     *ret = p;
@@ -111,11 +111,13 @@ static int class_of(const struct pool *p, uint64_t size, uint64_t *ret_size);
 
 /* huge_round: on a huge-page pool, buffers above 1 MiB are whole 2 MiB pages, so no
  * page is split between a buffer and the rest of the file; smaller ones keep 4 KiB
- * pages. Every 2 MiB multiple up to 16 MiB is itself a class size (4 steps per power
- * of two), and above that the classes are multiples of 2 MiB anyway. */
+ * pages, except on huge=always, where even a small file takes a 2 MiB page (so it is
+ * charged one, and comes back with the blocks the integrity check expects). Every 2 MiB
+ * multiple up to 16 MiB is itself a class size (4 steps per power of two), and above
+ * that the classes are multiples of 2 MiB anyway. */
 static uint64_t huge_round(const struct pool *p, uint64_t size)
 {
-    if (!p->huge || size <= (1u << 20))
+    if (p->huge == HUGEPOOL_NONE || (p->huge == HUGEPOOL_WITHIN_SIZE && size <= (1u << 20)))
         return size;
     return (size + HUGEPOOL_PAGE - 1) / HUGEPOOL_PAGE * HUGEPOOL_PAGE;
 }

@@ -209,7 +209,7 @@ static int setup_hugepages(struct daemon *d)
 {
     struct options *o = &d->opt;
     char why[512], a[UNITS_TEXT_MAX];
-    if (o->memfd || o->pool_hugepages == OPTIONS_HUGE_NO || hugepool_detect(o->pool_dir))
+    if (o->memfd || o->pool_hugepages == OPTIONS_HUGE_NO || hugepool_detect(o->pool_dir) != HUGEPOOL_NONE)
         return 0;
     /* The private mount must not hide a pool that the real directory could not hold:
      * the size check against it (and its message) stays with pool_new. */

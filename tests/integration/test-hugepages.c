@@ -100,3 +100,33 @@ Test(hugepages, the_private_mount_is_invisible_to_others)
     cr_assert_not(seen, "the daemon's pool mount leaked into the host's mount namespace");
     daemon_stop(&d);
 }
+
+/* Regression: on a huge=always tmpfs even an 8 KiB file takes a 2 MiB page; its class is
+ * a whole huge page, so it comes back intact and is recycled (it used to be retired as
+ * tampered, and every lease created a new file). */
+Test(hugepages, huge_always_pool_dir_recycles_small_buffers)
+{
+    char dir[] = "/tmp/shmref-hugealways-XXXXXX", cmd[256];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(cmd, sizeof(cmd), "mount -t tmpfs -o huge=always,size=256M shmref-test '%s'", dir);
+    cr_assert_eq(system(cmd), 0, "mounting a huge=always tmpfs (as root)");
+    struct daemon d;
+    char kind[64];
+    daemon_start(&d, "--pool-dir", dir, "--pool-size", "64M", NULL);
+    cr_assert_str_eq(pool_kind(&d, kind, sizeof(kind)), "tmpfile-hugepages");
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b;
+    for (int i = 0; i < 200; i++) {
+        cr_assert_eq(shmref_lease(c, 8000, &b), 0, "%s", shmref_errmsg(c));
+        cr_assert_eq(shmref_buf_capacity(b), 2u << 20, "a small buffer is a whole huge page here");
+        cr_assert_eq(shmref_release(b), 0);
+    }
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 1);
+    cr_assert_eq(status_u64(&d, "counters.buffers_recycled"), 199);
+    cr_assert_eq(status_u64(&d, "counters.buffers_tampered"), 0);
+    shmref_close(c);
+    daemon_stop(&d);
+    snprintf(cmd, sizeof(cmd), "umount '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+    rmdir(dir);
+}
