@@ -47,7 +47,8 @@ static void do_hello(struct conn *c, const struct proto_msg *m)
         conn_close(c, "protocol version mismatch");
         return;
     }
-    memcpy(c->name, m->u.hello.name, m->u.hello.name_len);
+    if (m->u.hello.name_len) /* an empty name may come with no pointer at all */
+        memcpy(c->name, m->u.hello.name, m->u.hello.name_len);
     c->name[m->u.hello.name_len] = '\0';
     for (char *p = c->name; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f)
