@@ -51,7 +51,7 @@ static void release_handle(shmref_conn *conn, uint64_t handle)
 static int take_buffer(shmref_conn *conn, const struct proto_msg *rep, int fd, bool writable,
                        shmref_buf **ret_buf)
 {
-    uint64_t handle = rep->u.lease_reply.handle;
+    uint64_t handle = rep->u.lease_reply.handle, buf_id = rep->u.lease_reply.buf_id;
     shmref_buf *b = calloc(1, sizeof(*b));
     int r = -ENOMEM;
     if (!b)
@@ -78,7 +78,6 @@ static int take_buffer(shmref_conn *conn, const struct proto_msg *rep, int fd, b
         r = mapcache_get(&conn->cache, b->buf_id, fd, b->capacity, writable, &b->data);
         if (r < 0) {
             client_fail(conn, r, "mmap of %zu bytes failed: %s", b->capacity, strerror(-r));
-            client_forget(conn, b->buf_id, writable); /* the daemon counts it as sent */
             goto fail;
         }
     }
@@ -88,8 +87,10 @@ static int take_buffer(shmref_conn *conn, const struct proto_msg *rep, int fd, b
     *ret_buf = b;
     return 0;
 fail:
-    if (fd >= 0)
+    if (fd >= 0) { /* the daemon counts this fd as sent (fd-once): say it was not kept */
         close(fd);
+        client_forget(conn, buf_id, writable);
+    }
     if (b)
         free(b->meta);
     free(b);
@@ -99,8 +100,10 @@ fail:
 
 int shmref_lease(shmref_conn *conn, size_t size, shmref_buf **ret_buf)
 {
-    if (!conn || !ret_buf || size == 0)
+    if (!conn)
         return -EINVAL;
+    if (!ret_buf || size == 0)
+        return client_fail(conn, -EINVAL, "lease: size must be at least 1 and ret_buf not NULL");
     struct proto_msg req = { .op = PROTO_OP_LEASE }, rep;
     int fd = -1;
     req.u.lease.size = size;
@@ -137,8 +140,10 @@ int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms, const void *me
 
 int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_buf)
 {
-    if (!conn || !desc || !ret_buf)
+    if (!conn)
         return -EINVAL;
+    if (!desc || !ret_buf)
+        return client_fail(conn, -EINVAL, "acquire: desc and ret_buf must not be NULL");
     struct proto_msg req = { .op = PROTO_OP_ACQUIRE }, rep;
     int fd = -1;
     memcpy(req.u.acquire.token, desc->token, SHMREF_TOKEN_LEN);
@@ -146,9 +151,11 @@ int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_
     if (r < 0)
         return r;
     if (rep.u.acquire_reply.size != desc->size) {
-        if (fd >= 0)
-            close(fd);
         uint64_t have = rep.u.acquire_reply.size;
+        if (fd >= 0) {
+            close(fd);
+            client_forget(conn, rep.u.acquire_reply.buf_id, false);
+        }
         release_handle(conn, rep.u.acquire_reply.handle);
         return client_fail(conn, -EINVAL, "descriptor says %llu bytes, the buffer has %llu",
                            (unsigned long long)desc->size, (unsigned long long)have);
@@ -199,28 +206,31 @@ int shmref_release_many(shmref_buf **bufs, size_t n)
 static int lease_window(shmref_conn *conn, const size_t *sizes, size_t k, shmref_buf **ret)
 {
     struct proto_msg req = { .op = PROTO_OP_LEASE }, rep;
-    uint32_t first = 0;
+    uint32_t ids[LEASE_WINDOW];
     size_t sent = 0, got = 0;
     int err = 0;
     for (; sent < k; sent++) {
         req.u.lease.size = sizes[sent];
         if ((err = client_send(conn, &req)) < 0)
             break;
-        if (sent == 0)
-            first = req.id;
+        ids[sent] = req.id; /* ids may wrap (and skip 0) inside a window: match, don't subtract */
     }
-    for (; got < sent; got++) {
+    while (got < sent) {
         int fd, r = client_recv(conn, &rep, &fd);
         if (r < 0)
             return err ? err : r; /* the connection is gone: nothing more will come */
-        uint32_t slot = rep.id - first;
-        bool mine = slot < sent && (rep.op == PROTO_OP_ERROR || rep.op == PROTO_OP_LEASE + PROTO_OP_REPLY);
-        if (!mine || ret[slot]) {
+        size_t slot = 0;
+        while (slot < sent && ids[slot] != rep.id)
+            slot++;
+        bool mine = slot < sent && !ret[slot] &&
+                    (rep.op == PROTO_OP_ERROR || rep.op == PROTO_OP_LEASE + PROTO_OP_REPLY);
+        if (!mine) { /* a stray reply to an earlier request: not one of ours */
             if (fd >= 0)
                 close(fd);
-            got--; /* a stray reply to an earlier request: not one of ours */
             continue;
         }
+        got++;
+        ids[slot] = 0; /* answered (0 is never an id) */
         if (rep.op == PROTO_OP_ERROR) {
             if (fd >= 0)
                 close(fd);
@@ -228,21 +238,29 @@ static int lease_window(shmref_conn *conn, const size_t *sizes, size_t k, shmref
                 err = client_reply_error(conn, &rep);
             continue;
         }
+        char keep[sizeof(conn->errmsg)];
+        memcpy(keep, conn->errmsg, sizeof(keep));
         r = take_buffer(conn, &rep, fd, true, &ret[slot]);
         if (r < 0 && !err)
             err = r;
+        else if (r < 0)
+            memcpy(conn->errmsg, keep, sizeof(keep)); /* the first error's message stays */
     }
     return err;
 }
 
 int shmref_lease_many(shmref_conn *conn, const size_t *sizes, size_t n, shmref_buf **ret_bufs)
 {
-    if (!conn || (n && (!sizes || !ret_bufs)))
+    if (!conn)
         return -EINVAL;
+    if (n && (!sizes || !ret_bufs))
+        return client_fail(conn, -EINVAL, "lease_many: sizes and ret_bufs must not be NULL");
     for (size_t i = 0; i < n; i++)
         if (sizes[i] == 0)
-            return -EINVAL;
+            return client_fail(conn, -EINVAL, "lease_many: sizes[%zu] is 0", i);
     conn->errmsg[0] = '\0';
+    if (n == 0)
+        return 0;
     memset(ret_bufs, 0, n * sizeof(*ret_bufs));
     int err = 0;
     for (size_t done = 0; done < n && !err; done += LEASE_WINDOW) {

@@ -77,7 +77,11 @@ static int fd_to_send(struct conn *c, const struct registry_buf *b, bool writabl
     uint64_t rw = b->pb->id << 1 | 1, ro = b->pb->id << 1;
     if (idset_has(&c->known, rw) || (!writable && idset_has(&c->known, ro)))
         return -1;
-    idset_add(&c->known, writable ? rw : ro, CONN_MAX_KNOWN); /* if full: sent again next time */
+    /* Bounded by what a client that forgets properly can hold mapped (its handles plus its
+     * idle cache); if full, the fd is simply sent again next time. */
+    uint32_t max = c->server->opt->max_leases > (UINT32_MAX - CONN_KNOWN_SLACK) / 2
+                       ? UINT32_MAX : c->server->opt->max_leases * 2 + CONN_KNOWN_SLACK;
+    idset_add(&c->known, writable ? rw : ro, max);
     return fd;
 }
 
@@ -214,6 +218,12 @@ static void do_lease(struct conn *c, const struct proto_msg *m)
                  units_format(pool_cap(s->pool), b), (unsigned long long)pool_cap(s->pool),
                  units_format(csize, d), (unsigned long long)csize);
         refuse(c, m->id, ENOSPC, "lease", msg);
+    } else if (r == -EMFILE) {
+        snprintf(msg, sizeof(msg),
+                 "daemon at its fd limit: its buffers hold %llu fds of the %llu it allows itself "
+                 "(three quarters of RLIMIT_NOFILE); release buffers or raise LimitNOFILE",
+                 (unsigned long long)pool_fds(s->pool), (unsigned long long)pool_fd_budget(s->pool));
+        refuse(c, m->id, EMFILE, "lease", msg);
     } else {
         conn_fail(c, m->id, -r, "lease failed: %s", strerror(-r));
     }

@@ -113,8 +113,10 @@ static void set_events(struct conn *c)
     if (c->closing)
         return;
     /* While replies are queued, read nothing new: backpressure, not buffering. */
-    int ev = c->out_head ? UV_WRITABLE : UV_READABLE;
-    uv_poll_start(&c->poll, ev | UV_DISCONNECT, on_poll);
+    /* (Not UV_DISCONNECT while paused: a peer's half-close is level-triggered and would
+     * wake the loop forever; a full close still shows as an error when flushing.) */
+    int ev = c->out_head ? UV_WRITABLE : UV_READABLE | UV_DISCONNECT;
+    uv_poll_start(&c->poll, ev, on_poll);
 }
 
 static ssize_t send_one(int sock, const uint8_t *data, size_t len, int fd)

@@ -43,7 +43,7 @@ struct conn {
 #define CONN_MAX_QUEUED 256      /* replies queued before the client counts as stuck */
 #define CONN_BATCH 16            /* requests read by one recvmmsg */
 #define CONN_HELLO_MS 10000      /* a connection that says no hello by then is closed */
-#define CONN_MAX_KNOWN 65536     /* beyond this many, fds are simply sent again */
+#define CONN_KNOWN_SLACK 256     /* fd-once set: 2 x max-leases + this; beyond, fds are sent again */
 
 /* conn_new: takes ownership of fd (non-blocking, CLOEXEC) and starts reading. */
 int conn_new(struct server *s, int fd, const struct ucred *cred, struct conn **ret);

@@ -1,5 +1,5 @@
-/* pool.c: see pool.h. Backing files are unlinked from birth (O_TMPFILE in the pool
- * directory, or memfd), so nothing is left behind when the daemon dies. Creating and
+/* pool.c: see pool.h. Backing files are unlinked from birth (O_TMPFILE | O_EXCL in the
+ * pool directory, never linkable, or memfd), so nothing is left behind when the daemon dies. Creating and
  * reserving a buffer (fallocate of up to gigabytes) runs in libuv's thread pool; all
  * other state is touched only on the loop thread. */
 #include "pool.h"
@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -32,6 +33,7 @@ struct pool {
     uint64_t bytes_alloc, bytes_warm;
     uint64_t next_id;
     unsigned creating;
+    uint64_t nfds, fd_budget;   /* fds held by buffers (and being created), and the most */
     bool closing;               /* pool_free: the loop no longer runs */
     struct pool_buf *lru_head, *lru_tail;
     struct pool_counters counters;
@@ -101,6 +103,11 @@ int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
     p->use_memfd = use_memfd;
     p->cap = cap;
     p->huge = use_memfd ? HUGEPOOL_NONE : hugepool_detect(dir);
+    /* Every buffer is an fd (two while acquired): keep a quarter of RLIMIT_NOFILE, and
+     * 64 more, for connections and the daemon itself. */
+    struct rlimit rl;
+    uint64_t lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 1048576;
+    p->fd_budget = lim > 128 ? lim - lim / 4 - 64 : 32;
     p->unit = (uint64_t)sysconf(_SC_PAGESIZE);
     p->unit_bits = (unsigned)__builtin_ctzll(p->unit);
     *ret = p;
@@ -193,6 +200,7 @@ static void close_done(uv_work_t *w, int status)
 
 static void retire(struct pool *p, struct pool_buf *b)
 {
+    p->nfds -= 1 + (b->ro_fd >= 0);
     p->classes[b->cls].st.total--;
     p->bytes_alloc -= b->size;
     p->counters.retired++;
@@ -215,6 +223,9 @@ static void retire(struct pool *p, struct pool_buf *b)
 /* make_room: evict the least recently used free buffers until need more bytes fit. */
 static int make_room(struct pool *p, uint64_t need)
 {
+    /* A request that would not fit even with every warm buffer gone evicts none. */
+    if (p->bytes_alloc - p->bytes_warm + need > p->cap)
+        return -ENOSPC;
     while (p->bytes_alloc + need > p->cap && p->lru_head) {
         struct pool_buf *b = p->lru_head;
         lru_unlink(p, b);
@@ -224,12 +235,24 @@ static int make_room(struct pool *p, uint64_t need)
     return p->bytes_alloc + need > p->cap ? -ENOSPC : 0;
 }
 
+/* make_fd_room: evict warm buffers until one more fd fits in the budget. */
+static int make_fd_room(struct pool *p)
+{
+    while (p->nfds + 1 > p->fd_budget && p->lru_head) {
+        struct pool_buf *b = p->lru_head;
+        lru_unlink(p, b);
+        p->counters.evicted++;
+        retire(p, b);
+    }
+    return p->nfds + 1 > p->fd_budget ? -EMFILE : 0;
+}
+
 static void create_work(uv_work_t *w)
 {
     struct pool_create *c = w->data;
     struct pool *p = c->pool;
     int fd = p->use_memfd ? memfd_create("shmref", MFD_CLOEXEC)
-                          : open(p->dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+                          : open(p->dir, O_TMPFILE | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
         c->err = -errno;
         return;
@@ -260,6 +283,7 @@ static void create_done(uv_work_t *w, int status)
         c->err = -ENOMEM;
     }
     if (c->err < 0) {
+        p->nfds--;
         p->bytes_alloc -= c->size;
         p->counters.create_failed++;
         c->cb(p, NULL, c->err, c->data);
@@ -309,6 +333,8 @@ int pool_get(struct pool *p, uint64_t size, uint32_t tenant, struct pool_buf **r
     }
     if (make_room(p, csize) < 0)
         return -ENOSPC;
+    if (make_fd_room(p) < 0)
+        return -EMFILE;
     struct pool_create *cr = calloc(1, sizeof(*cr));
     if (!cr)
         return -ENOMEM;
@@ -326,6 +352,7 @@ int pool_get(struct pool *p, uint64_t size, uint32_t tenant, struct pool_buf **r
         return r;
     }
     p->bytes_alloc += csize;
+    p->nfds++;
     p->creating++;
     return 1;
 }
@@ -353,6 +380,11 @@ void pool_put(struct pool *p, struct pool_buf *b)
         return;
     }
     struct pool_class *c = &p->classes[b->cls];
+    if (b->ro_fd >= 0) { /* reopened when next acquired: warm buffers hold one fd */
+        close(b->ro_fd);
+        b->ro_fd = -1;
+        p->nfds--;
+    }
     b->is_free = true;
     b->lru_prev = p->lru_tail;
     b->lru_next = NULL;
@@ -370,14 +402,16 @@ void pool_put(struct pool *p, struct pool_buf *b)
 int pool_ro_fd(struct pool *p, struct pool_buf *b)
 {
     char path[64];
-    (void)p;
     if (b->ro_fd >= 0)
         return b->ro_fd;
+    if (make_fd_room(p) < 0)
+        return -EMFILE;
     snprintf(path, sizeof(path), "/proc/self/fd/%d", b->fd);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
     b->ro_fd = fd;
+    p->nfds++;
     return fd;
 }
 
@@ -396,6 +430,8 @@ void pool_free(struct pool *p)
 }
 
 uint64_t pool_cap(const struct pool *p) { return p->cap; }
+uint64_t pool_fds(const struct pool *p) { return p->nfds; }
+uint64_t pool_fd_budget(const struct pool *p) { return p->fd_budget; }
 uint64_t pool_bytes_alloc(const struct pool *p) { return p->bytes_alloc; }
 uint64_t pool_bytes_warm(const struct pool *p) { return p->bytes_warm; }
 const char *pool_dir(const struct pool *p) { return p->dir; }

@@ -62,8 +62,9 @@ uint64_t pool_class_size(const struct pool *pool, uint64_t size);
 
 /* pool_get: a buffer of size's class for tenant. Returns 0 with *ret for a warm buffer;
  * 1 when a new buffer is being created off the loop (cb will be called); -ENOSPC when
- * the cap leaves no room even after evicting every free buffer; -EFBIG when size is
- * beyond every class. */
+ * the cap leaves no room even after evicting every free buffer (a request that cannot
+ * fit evicts nothing); -EMFILE when the buffers' fds would pass three quarters of
+ * RLIMIT_NOFILE even after evicting; -EFBIG when size is beyond every class. */
 int pool_get(struct pool *pool, uint64_t size, uint32_t tenant, struct pool_buf **ret,
              pool_get_cb cb, void *data);
 
@@ -76,6 +77,8 @@ int pool_ro_fd(struct pool *pool, struct pool_buf *buf);
 
 /* Accounting, for status and refusal messages. */
 uint64_t pool_cap(const struct pool *pool);
+uint64_t pool_fds(const struct pool *pool);           /* fds held by buffers */
+uint64_t pool_fd_budget(const struct pool *pool);     /* most it may hold (RLIMIT_NOFILE) */
 uint64_t pool_bytes_alloc(const struct pool *pool);   /* every backing file */
 uint64_t pool_bytes_warm(const struct pool *pool);    /* free buffers, ready */
 uint64_t pool_fs_available(const struct pool *pool);  /* statvfs of the dir, now */

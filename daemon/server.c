@@ -253,7 +253,7 @@ static void noop_close(uv_handle_t *h)
 
 void server_stop(struct server *s)
 {
-    if (s->stopping)
+    if (s->stopping || !s->loop) /* !loop: server_init never ran */
         return;
     s->stopping = true;
     if (s->listening) {
@@ -270,6 +270,8 @@ void server_stop(struct server *s)
 
 void server_free(struct server *s)
 {
+    if (!s->loop)
+        return;
     registry_free(s->reg);
     s->reg = NULL;
     quota_free(s->quota);

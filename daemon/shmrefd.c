@@ -216,6 +216,17 @@ static int setup_hugepages(struct daemon *d)
     struct statvfs sv;
     if (statvfs(o->pool_dir, &sv) < 0 || o->pool_size > (uint64_t)sv.f_bavail * sv.f_frsize)
         return 0;
+    size_t dl = strlen(o->pool_dir);
+    if (strncmp(o->socket_path, o->pool_dir, dl) == 0 && (o->socket_path[dl] == '/' || o->pool_dir[dl - 1] == '/')) {
+        if (o->pool_hugepages == OPTIONS_HUGE_YES) {
+            log_error("cannot set up the huge-page pool: the socket %s is inside pool-dir %s, which "
+                      "the private mount would hide from clients", o->socket_path, o->pool_dir);
+            return -EINVAL;
+        }
+        log_notice("no huge-page pool: the socket %s is inside pool-dir %s, which a private mount "
+                   "would hide from clients; buffers use 4 KiB pages", o->socket_path, o->pool_dir);
+        return 0;
+    }
     if (!hugepool_can_mount()) {
         if (o->pool_hugepages == OPTIONS_HUGE_YES) {
             log_error("cannot set up the huge-page pool: mounting needs CAP_SYS_ADMIN");
@@ -296,7 +307,7 @@ int main(int argc, char **argv)
     privs_raise_nofile();
 
     uv_loop_t *loop = uv_default_loop();
-    d.server = malloc(sizeof(*d.server));
+    d.server = calloc(1, sizeof(*d.server));
     if (!d.server) {
         log_error("cannot start: out of memory");
         return 1;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -524,5 +525,60 @@ Test(lifecycle, lease_many_is_all_or_nothing)
     cr_assert_eq(status_u64(&d, "buffers.leases"), 0, "the leases made were given back");
     cr_assert_eq(shmref_lease_many(c, sizes, 16, bufs), 0, "exactly the quota: %s", shmref_errmsg(c));
     shmref_close(c);
+    daemon_stop(&d);
+}
+
+/* Regression: an acquire refused for a wrong size used to leave the fd-once state out of
+ * step (the fd was sent, not kept, not forgotten), so the next acquire failed. */
+Test(lifecycle, wrong_size_descriptor_then_right_one)
+{
+    daemon_start(&d, NULL);
+    shmref_conn *prod = connect_ok(&d), *cons = connect_ok(&d);
+    shmref_buf *b, *r;
+    shmref_desc desc, wrong;
+    cr_assert_eq(shmref_lease(prod, 4096, &b), 0);
+    cr_assert_eq(shmref_publish(b, 4096, 0, NULL, 0, &desc), 0);
+    wrong = desc;
+    wrong.size = 1234;
+    cr_assert_eq(shmref_acquire(cons, &wrong, &r), -EINVAL);
+    cr_assert(strstr(shmref_errmsg(cons), "1234"), "%s", shmref_errmsg(cons));
+    cr_assert_eq(shmref_acquire(cons, &desc, &r), 0, "%s", shmref_errmsg(cons));
+    cr_assert_eq(shmref_release(r), 0);
+    cr_assert_eq(shmref_lease(cons, 0, &r), -EINVAL);
+    cr_assert(strstr(shmref_errmsg(cons), "size must be"), "argument errors have a message too");
+    shmref_close(prod);
+    shmref_close(cons);
+    daemon_stop(&d);
+}
+
+/* Regression: the daemon keeps its buffers' fds within three quarters of RLIMIT_NOFILE,
+ * evicting warm buffers first, so a client cannot leave the daemon unable to accept. */
+Test(lifecycle, buffers_stay_within_the_fd_limit, .timeout = 120)
+{
+    struct rlimit rl = { 512, 512 }; /* the daemon inherits it: a budget of 320 buffer fds */
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    daemon_start(&d, NULL);
+    shmref_conn *c = connect_ok(&d);
+    enum { N = 3000 };
+    static shmref_buf *bufs[N];
+    static size_t sizes[N];
+    /* 3000 distinct buffers of 8 KiB, in sizes that rotate over 8 classes. */
+    for (int round = 0; round < 5; round++) {
+        for (int i = 0; i < N; i++)
+            sizes[i] = 4096u * (1 + (size_t)((i + round) % 4));
+        int r = shmref_lease_many(c, sizes, N, bufs);
+        cr_assert_eq(r, -EMFILE, "3000 buffers held at once pass the fd budget: %d", r);
+        cr_assert(strstr(shmref_errmsg(c), "fd limit"), "%s", shmref_errmsg(c));
+        /* What fits still works, evicting warm buffers of other classes as needed. */
+        cr_assert_eq(shmref_lease_many(c, sizes, 200, bufs), 0, "%s", shmref_errmsg(c));
+        shmref_release_many(bufs, 200);
+    }
+    cr_assert_leq(status_u64(&d, "counters.buffers_created") - status_u64(&d, "counters.buffers_retired"), 320);
+    shmref_close(c);
+    /* Whatever happened, a new client still gets in and is served. */
+    shmref_conn *c2 = connect_ok(&d);
+    shmref_buf *b;
+    cr_assert_eq(shmref_lease(c2, 1u << 20, &b), 0, "%s", shmref_errmsg(c2));
+    shmref_close(c2);
     daemon_stop(&d);
 }
