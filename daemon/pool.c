@@ -34,6 +34,9 @@ struct pool {
     uint64_t next_id;
     unsigned creating;
     uint64_t nfds, fd_budget;   /* fds held by buffers (and being created), and the most */
+    int *batch;                 /* fds of retired buffers, to close (see flush) */
+    unsigned nbatch, batch_cap;
+    uint64_t batch_bytes;
     bool closing;               /* pool_free: the loop no longer runs */
     struct pool_buf *lru_head, *lru_tail;
     struct pool_counters counters;
@@ -175,21 +178,22 @@ static void lru_unlink(struct pool *p, struct pool_buf *b)
     p->bytes_warm -= b->size;
 }
 
-/* Closing the last fd of a large tmpfs file frees its pages inside close(): for
- * hundreds of MiB that is milliseconds, so large buffers are closed off the loop. */
+/* Closing the last fd of a tmpfs file frees its pages inside close(): for hundreds of
+ * MiB that is milliseconds. Retired buffers' fds are gathered in a batch; a batch of at
+ * least 1 MiB is closed off the loop in one work item, a smaller one right away. */
 #define CLOSE_OFF_LOOP_BYTES (1u << 20)
 
 struct pool_close {
     uv_work_t work;
-    int fd, ro_fd;
+    unsigned n;
+    int fds[];
 };
 
 static void close_work(uv_work_t *w)
 {
     struct pool_close *c = w->data;
-    close(c->fd);
-    if (c->ro_fd >= 0)
-        close(c->ro_fd);
+    for (unsigned i = 0; i < c->n; i++)
+        close(c->fds[i]);
 }
 
 static void close_done(uv_work_t *w, int status)
@@ -198,25 +202,55 @@ static void close_done(uv_work_t *w, int status)
     free(w->data);
 }
 
+static void batch_add(struct pool *p, int fd)
+{
+    if (p->nbatch == p->batch_cap) {
+        unsigned cap = p->batch_cap ? p->batch_cap * 2 : 16;
+        int *v = realloc(p->batch, cap * sizeof(*v));
+        if (!v) {
+            close(fd); /* no memory to defer: close now */
+            return;
+        }
+        p->batch = v;
+        p->batch_cap = cap;
+    }
+    p->batch[p->nbatch++] = fd;
+}
+
+/* flush: close the batch of retired fds, off the loop if it is large. */
+static void flush(struct pool *p)
+{
+    if (p->nbatch == 0)
+        return;
+    struct pool_close *c = NULL;
+    if (p->batch_bytes >= CLOSE_OFF_LOOP_BYTES && !p->closing &&
+        (c = malloc(sizeof(*c) + p->nbatch * sizeof(int)))) {
+        c->n = p->nbatch;
+        memcpy(c->fds, p->batch, p->nbatch * sizeof(int));
+        c->work.data = c;
+        if (uv_queue_work(p->loop, &c->work, close_work, close_done) < 0) {
+            free(c);
+            c = NULL;
+        }
+    }
+    if (!c)
+        for (unsigned i = 0; i < p->nbatch; i++)
+            close(p->batch[i]);
+    p->nbatch = 0;
+    p->batch_bytes = 0;
+}
+
+/* retire: a buffer leaves the pool; its fds join the batch (see flush). */
 static void retire(struct pool *p, struct pool_buf *b)
 {
     p->nfds -= 1 + (b->ro_fd >= 0);
     p->classes[b->cls].st.total--;
     p->bytes_alloc -= b->size;
     p->counters.retired++;
-    struct pool_close *c = b->size >= CLOSE_OFF_LOOP_BYTES && !p->closing ? malloc(sizeof(*c)) : NULL;
-    if (c) {
-        *c = (struct pool_close){ .fd = b->fd, .ro_fd = b->ro_fd };
-        c->work.data = c;
-        if (uv_queue_work(p->loop, &c->work, close_work, close_done) == 0) {
-            free(b);
-            return;
-        }
-        free(c);
-    }
-    close(b->fd);
+    batch_add(p, b->fd);
     if (b->ro_fd >= 0)
-        close(b->ro_fd);
+        batch_add(p, b->ro_fd);
+    p->batch_bytes += b->size;
     free(b);
 }
 
@@ -331,10 +365,12 @@ int pool_get(struct pool *p, uint64_t size, uint32_t tenant, struct pool_buf **r
         *ret = pick;
         return 0;
     }
-    if (make_room(p, csize) < 0)
-        return -ENOSPC;
-    if (make_fd_room(p) < 0)
-        return -EMFILE;
+    int room = make_room(p, csize);
+    if (room == 0)
+        room = make_fd_room(p);
+    flush(p); /* whatever was evicted, in one go */
+    if (room < 0)
+        return room;
     struct pool_create *cr = calloc(1, sizeof(*cr));
     if (!cr)
         return -ENOMEM;
@@ -377,6 +413,7 @@ void pool_put(struct pool *p, struct pool_buf *b)
     }
     if (b->foreign) {
         retire(p, b);
+        flush(p);
         return;
     }
     struct pool_class *c = &p->classes[b->cls];
@@ -404,7 +441,9 @@ int pool_ro_fd(struct pool *p, struct pool_buf *b)
     char path[64];
     if (b->ro_fd >= 0)
         return b->ro_fd;
-    if (make_fd_room(p) < 0)
+    int room = make_fd_room(p);
+    flush(p);
+    if (room < 0)
         return -EMFILE;
     snprintf(path, sizeof(path), "/proc/self/fd/%d", b->fd);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -425,6 +464,8 @@ void pool_free(struct pool *p)
         lru_unlink(p, b);
         retire(p, b);
     }
+    flush(p); /* closing: right here */
+    free(p->batch);
     free(p->dir);
     free(p);
 }
