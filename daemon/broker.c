@@ -331,12 +331,6 @@ static void do_status(struct conn *c, const struct proto_msg *m)
 
 void broker_handle(struct conn *c, const struct proto_msg *m)
 {
-    if (!c->hello && m->op != PROTO_OP_HELLO) {
-        c->server->counters.protocol_errors++;
-        conn_fail(c, m->id, EPROTO, "protocol error: the first message must be hello");
-        conn_close(c, "no hello");
-        return;
-    }
     switch (m->op) {
     case PROTO_OP_HELLO:
         if (c->hello) {

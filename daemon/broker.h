@@ -8,7 +8,8 @@
 #include "conn.h"
 #include "proto.h"
 
-/* broker_handle: act on one decoded request from c. */
+/* broker_handle: act on one decoded request from c. conn.c has already refused anything
+ * but a hello as the first message, and every op that is not a request. */
 void broker_handle(struct conn *c, const struct proto_msg *m);
 
 #endif

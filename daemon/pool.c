@@ -32,7 +32,6 @@ struct pool {
     unsigned unit_bits;
     uint64_t bytes_alloc, bytes_warm;
     uint64_t next_id;
-    unsigned creating;
     uint64_t nfds, fd_budget;   /* fds held by buffers (and being created), and the most */
     int *batch;                 /* fds of retired buffers, to close (see flush) */
     unsigned nbatch, batch_cap;
@@ -309,7 +308,6 @@ static void create_done(uv_work_t *w, int status)
     struct pool *p = c->pool;
     struct pool_buf *b = NULL;
 
-    p->creating--;
     if (status < 0 && c->err == 0)
         c->err = status;
     if (c->err == 0 && !(b = calloc(1, sizeof(*b)))) {
@@ -389,7 +387,6 @@ int pool_get(struct pool *p, uint64_t size, uint32_t tenant, struct pool_buf **r
     }
     p->bytes_alloc += csize;
     p->nfds++;
-    p->creating++;
     return 1;
 }
 
