@@ -4,18 +4,10 @@
 # codes of refusals. Usage: test-cli.sh SHMREFD SHMREFCTL
 set -euo pipefail
 SHMREFD=$1 SHMREFCTL=$2
-dir=$(mktemp -d /tmp/shmref-cli-XXXXXX)
+. "$(dirname "$0")/../lib.sh"
+test_begin cli
+dir=$tmp
 sock=$dir/shmrefd.sock
-pass=0 fail=0
-cleanup() {
-    [ -n "${dpid:-}" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-check() { # check NAME COMMAND...
-    local name=$1; shift
-    if "$@"; then pass=$((pass + 1)); echo "PASS $name"; else fail=$((fail + 1)); echo "FAIL $name"; fi
-}
 json() { # json EXPR: evaluate a Python expression on status --json as s
     "$SHMREFCTL" --socket "$sock" status --json |
         /usr/bin/python3 -c "import json,sys; s=json.load(sys.stdin); print($1)"
@@ -58,5 +50,4 @@ kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
 check "SIGTERM exits 0" test "$rc" = 0
 check "the socket is removed" test ! -e "$sock"
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+test_end

@@ -15,29 +15,12 @@ if [ $# -ne 3 ]; then
     exit 2
 fi
 SOURCE_DIR=$(cd "$1" && pwd) BUILD_DIR=$(cd "$2" && pwd) SHMREFD=$3
-tmp=$(mktemp -d /tmp/shmref-downstream-XXXXXX)
+. "$(dirname "$0")/../lib.sh"
+test_begin downstream
 prefix=$tmp/prefix            # the prefix the package is installed for
 root=$tmp/root                # DESTDIR
 P=$root$prefix                # where the installed tree really is
 sock=$tmp/s.sock
-pass=0 fail=0 dpid=
-
-cleanup() {
-    if [ -n "$dpid" ]; then
-        kill "$dpid" 2>/dev/null
-        wait "$dpid" 2>/dev/null
-    fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-
-ok() { pass=$((pass + 1)); echo "PASS $1"; }
-ko() { fail=$((fail + 1)); echo "FAIL $1"; }
-check() { # check NAME COMMAND...: passes if COMMAND succeeds
-    local name=$1; shift
-    if "$@"; then ok "$name"; else ko "$name"; fi
-}
 show() { # show FILE: the end of a log, indented, after a failure
     [ -s "$1" ] && sed -e 's/^/    | /' "$1" | tail -n 40
     return 0
@@ -197,5 +180,4 @@ run_producer "pkg-config build" "$tmp/producer-pc"
 kill -TERM "$dpid" 2>/dev/null; wait "$dpid"; rc=$?; dpid=
 check "shmrefd stops with exit 0" test "$rc" = 0
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+test_end

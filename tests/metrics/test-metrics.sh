@@ -14,26 +14,9 @@ SHMREFD=$1 SHMREFCTL=$2
 PYTHON=/usr/bin/python3
 POOL_SIZE=67108864      # 64 MiB, passed as --pool-size in bytes
 MAX_LEASE=8388608       # 8 MiB, so a 9 MiB put is refused (reason "limit")
-tmp=$(mktemp -d /tmp/shmref-metrics-XXXXXX)
+. "$(dirname "$0")/../lib.sh"
+test_begin metrics
 sock=$tmp/s.sock
-pass=0 fail=0 dpid=
-
-cleanup() {
-    if [ -n "$dpid" ]; then
-        kill "$dpid" 2>/dev/null
-        wait "$dpid" 2>/dev/null
-    fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-
-ok() { pass=$((pass + 1)); echo "PASS $1"; }
-ko() { fail=$((fail + 1)); echo "FAIL $1"; }
-check() { # check NAME COMMAND...
-    local name=$1; shift
-    if "$@"; then ok "$name"; else ko "$name"; fi
-}
 ctl() { "$SHMREFCTL" --socket "$sock" "$@"; }
 
 # parse FILE MODE: runs the parser's checks on FILE; prints PASS/FAIL lines, which are
@@ -185,5 +168,4 @@ check "with no daemon, shmrefctl metrics exits 1" test "$rc" = 1
 check "and says why on stderr" test -s "$tmp/down.err"
 parse "$tmp/down.prom" down
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+test_end

@@ -1,0 +1,32 @@
+# lib.sh: sourced by the shell tests. PASS/FAIL counting with the plain closing line
+# ctest and CI read, and a scratch directory removed (and a daemon stopped) on exit.
+#   test_begin NAME   sets $tmp; a daemon started later stores its pid in $dpid
+#   check NAME COMMAND...   PASS if COMMAND succeeds
+#   test_end          prints "N passed, M failed"; fails if any did
+pass=0 fail=0 dpid=
+
+test_cleanup() {
+    if [ -n "$dpid" ]; then
+        kill "$dpid" 2>/dev/null || true
+        wait "$dpid" 2>/dev/null || true
+    fi
+    rm -rf "$tmp"
+}
+
+test_begin() {
+    tmp=$(mktemp -d "/tmp/shmref-$1-XXXXXX")
+    trap test_cleanup EXIT
+    trap 'exit 1' INT TERM HUP
+}
+
+ok() { pass=$((pass + 1)); echo "PASS $1"; }
+ko() { fail=$((fail + 1)); echo "FAIL $1"; }
+check() {
+    local name=$1; shift
+    if "$@"; then ok "$name"; else ko "$name"; fi
+}
+
+test_end() {
+    echo "$pass passed, $fail failed"
+    [ "$fail" = 0 ]
+}
