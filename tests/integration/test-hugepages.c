@@ -86,18 +86,28 @@ Test(hugepages, off_means_small_pages)
     daemon_stop(&d);
 }
 
-Test(hugepages, the_private_mount_is_invisible_to_others)
+/* has_pool_mount: whether the mount table of pid ("self" or a number) has the pool. */
+static int has_pool_mount(const char *pid)
 {
-    struct daemon d;
-    daemon_start(&d, NULL);
-    FILE *f = fopen("/proc/self/mountinfo", "r");
-    cr_assert_not_null(f);
-    char line[1024];
+    char path[64], line[1024];
+    snprintf(path, sizeof(path), "/proc/%s/mountinfo", pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
     int seen = 0;
     while (fgets(line, sizeof(line), f))
         seen |= strstr(line, "shmrefd-pool") != NULL;
     fclose(f);
-    cr_assert_not(seen, "the daemon's pool mount leaked into the host's mount namespace");
+    return seen;
+}
+
+Test(hugepages, the_private_mount_is_invisible_to_others)
+{
+    struct daemon d;
+    char pid[16];
+    daemon_start(&d, NULL);
+    snprintf(pid, sizeof(pid), "%d", (int)d.pid);
+    cr_assert(has_pool_mount(pid), "the daemon has its pool mount");
+    cr_assert_not(has_pool_mount("self"), "the daemon's pool mount leaked into the host's mount namespace");
     daemon_stop(&d);
 }
 

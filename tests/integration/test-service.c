@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -266,11 +267,16 @@ Test(service, user_switches_to_that_user)
 
 static struct daemon d_access;
 
+struct ids {
+    uid_t uid;
+    gid_t gid; /* the only group: primary and supplementary */
+};
+
 static int connect_as(void *arg)
 {
-    int uid = *(int *)arg;
+    const struct ids *id = arg;
     shmref_conn *c;
-    if (setgid(65534) < 0 || setuid((uid_t)uid) < 0)
+    if (setgroups(1, &id->gid) < 0 || setgid(id->gid) < 0 || setuid(id->uid) < 0)
         return 100;
     int r = shmref_connect(d_access.socket, &c);
     if (r == -EACCES)
@@ -285,7 +291,7 @@ static int connect_as(void *arg)
 Test(service, refuses_a_peer_uid_not_allowed)
 {
     daemon_start(&d_access, "--allow-users", "1000", "--socket-mode", "0666", NULL);
-    int nobody = 65534, allowed = 1000;
+    struct ids nobody = { 65534, 65534 }, allowed = { 1000, 65534 };
     cr_assert_eq(child_wait(child_run(connect_as, &nobody)), 13, "uid 65534 should get EACCES");
     cr_assert_eq(child_wait(child_run(connect_as, &allowed)), 0, "uid 1000 is allowed");
     shmref_conn *c = connect_ok(&d_access); /* root always is */
@@ -296,11 +302,13 @@ Test(service, refuses_a_peer_uid_not_allowed)
     daemon_stop(&d_access);
 }
 
-Test(service, allow_groups_admits_members)
+Test(service, allow_groups_admits_members_only)
 {
     daemon_start(&d_access, "--allow-groups", "nogroup", "--socket-mode", "0666", NULL);
-    int nobody = 65534;
-    cr_assert_eq(child_wait(child_run(connect_as, &nobody)), 0, "gid nogroup is allowed");
+    struct ids member = { 65534, 65534 }, other = { 65534, 1000 };
+    cr_assert_eq(child_wait(child_run(connect_as, &member)), 0, "gid nogroup is allowed");
+    cr_assert_eq(child_wait(child_run(connect_as, &other)), 13, "the same uid in another group is not");
+    cr_assert_eq(status_u64(&d_access, "counters.refused_access"), 1);
     daemon_stop(&d_access);
 }
 
