@@ -96,6 +96,7 @@ static void counters(const shmref_status *st, FILE *f)
         { "buffers_retired", "shmref_buffers_retired_total", "Backing files closed." },
         { "buffers_evicted", "shmref_buffers_evicted_total", "Warm buffers closed to make room." },
         { "buffers_create_failed", "shmref_buffers_create_failed_total", "Failed creations (full tmpfs)." },
+        { "buffers_tampered", "shmref_buffers_tampered_total", "Buffers retired because they came back resized." },
         { "retentions_expired", "shmref_retentions_expired_total", "Retentions that ran out unacquired." },
     };
     for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {

@@ -127,7 +127,7 @@ static void print_table(const shmref_status *st)
         "connections", "leases", "publishes", "acquires", "releases", "reclaimed_leases",
         "reclaimed_clients", "refused_quota", "refused_space", "refused_limit", "refused_access", "refused_other",
         "protocol_errors", "slow_clients", "buffers_created", "buffers_recycled", "buffers_retired",
-        "buffers_evicted", "buffers_create_failed", "retentions_expired",
+        "buffers_evicted", "buffers_create_failed", "buffers_tampered", "retentions_expired",
     };
     printf("\ncounters\n");
     for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
