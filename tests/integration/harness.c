@@ -24,7 +24,7 @@
 #error "SHMREFD_BIN must name the daemon binary under test"
 #endif
 
-static long now_ms(void)
+long now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -209,7 +209,7 @@ int raw_closed(int fd, int ms)
     }
 }
 
-static uint32_t xorshift(uint32_t *s)
+uint32_t xorshift(uint32_t *s)
 {
     uint32_t x = *s;
     x ^= x << 13;

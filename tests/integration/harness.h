@@ -44,6 +44,12 @@ ssize_t raw_roundtrip(int fd, const void *msg, size_t len, void *reply, size_t c
 /* raw_closed: whether the daemon has closed fd within ms (EOF seen; replies drained). */
 int raw_closed(int fd, int ms);
 
+/* now_ms: CLOCK_MONOTONIC in milliseconds. */
+long now_ms(void);
+/* xorshift: the next number of a deterministic pseudo-random sequence; *s is its state
+ * (never 0). */
+uint32_t xorshift(uint32_t *s);
+
 /* fill_pattern / check_pattern: deterministic bytes from a seed; check returns the first
  * mismatching offset, or -1 when all len bytes match. */
 void fill_pattern(void *p, size_t len, uint32_t seed);

@@ -29,21 +29,7 @@
 #define ANY_ID (-1LL)
 #define HANDLE(gen, slot) ((uint64_t)(gen) << 32 | (slot))
 
-static long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
-}
 
-static uint32_t xorshift(uint32_t *s)
-{
-    uint32_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    return *s = x;
-}
 
 /* ---- raw messages ---------------------------------------------------------------- */
 

@@ -47,12 +47,6 @@ static void hear(int fd, char *buf, size_t cap)
     buf[n] = '\0';
 }
 
-static long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
-}
 
 static struct daemon d;
 

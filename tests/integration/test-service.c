@@ -19,12 +19,6 @@
 
 #include "harness.h"
 
-static long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
-}
 
 /* ---- a NOTIFY_SOCKET of our own, that sees who sent each message ---- */
 
