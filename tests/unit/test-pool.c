@@ -18,6 +18,7 @@
 
 #include <uv.h>
 
+#include "pool-callback.h"
 #include "pool.h"
 
 #define KiB (UINT64_C(1) << 10)
@@ -53,20 +54,6 @@ static void fx_close(struct fx *f)
     cr_assert_eq(rmdir(f->dir), 0, "pool directory not empty or gone: %s", strerror(errno));
 }
 
-struct got {
-    int calls;
-    struct pool_buf *buf;
-    int err;
-};
-
-static void got_cb(struct pool *pool, struct pool_buf *buf, int err, void *data)
-{
-    struct got *g = data;
-    (void)pool;
-    g->calls++;
-    g->buf = buf;
-    g->err = err;
-}
 
 /* A buffer that must be created: pool_get returns 1, the callback has not run yet, and
  * runs exactly once with a buffer after the loop has run. */

@@ -12,6 +12,7 @@
 
 #include <uv.h>
 
+#include "pool-callback.h"
 #include "pool.h"
 #include "quota.h"
 #include "registry.h"
@@ -54,19 +55,6 @@ static void fx_close(struct fx *f)
     cr_assert_eq(rmdir(f->dir), 0, "pool directory: %s", strerror(errno));
 }
 
-struct got {
-    int calls, err;
-    struct pool_buf *buf;
-};
-
-static void got_cb(struct pool *pool, struct pool_buf *buf, int err, void *data)
-{
-    struct got *g = data;
-    (void)pool;
-    g->calls++;
-    g->buf = buf;
-    g->err = err;
-}
 
 /* What the broker does for a lease: a pool buffer (warm, or created off the loop),
  * a quota charge for its class size, then a registry buffer. */
