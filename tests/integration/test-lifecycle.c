@@ -134,7 +134,7 @@ static int consumer(void *p)
         return 21;
     say(a->l->up[1], "acquired");
     hear(a->l->down[0], cmd, sizeof(cmd));
-    if (shmref_release(b) < 0)
+    if (shmref_release(b) < 0 || shmref_ping(c) < 0) /* the ping: the release is done */
         return 22;
     say(a->l->up[1], "released");
     hear(a->l->down[0], cmd, sizeof(cmd));
@@ -303,6 +303,7 @@ Test(lifecycle, over_quota_is_edquot_and_others_are_served)
 
     /* Once the holder lets go, the same tenant can lease again. */
     cr_assert_eq(shmref_release(b1), 0);
+    cr_assert_eq(shmref_ping(c), 0); /* releases are one-way: now it is done */
     shmref_conn *c2 = connect_ok(&d);
     cr_assert_eq(shmref_lease(c2, 2 << 20, &b2), 0, "%s", shmref_errmsg(c2));
     shmref_close(c2);
@@ -379,6 +380,7 @@ Test(lifecycle, buffer_seen_by_another_tenant_is_retired_not_recycled)
     shmref_desc_to_text(&desc, text, sizeof(text));
     cr_assert_eq(child_wait(child_run(other_uid_acquires, text)), 0);
     cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_ping(c), 0); /* releases are one-way: now it is done */
     cr_assert_eq(status_u64(&d, "counters.buffers_retired"), 1);
     cr_assert_eq(status_u64(&d, "pool.bytes_warm"), 0);
     cr_assert_eq(status_u64(&d, "pool.bytes_allocated"), 0);
@@ -396,9 +398,13 @@ Test(lifecycle, thousand_cycles_leak_nothing, .timeout = 120)
     shmref_conn *prod = connect_ok(&d), *cons = connect_ok(&d);
     shmref_buf *b, *r;
     shmref_desc desc;
+    /* Releases need no reply: a ping on each connection is the point where the daemon
+     * has handled them, before anything is counted from outside. */
     /* One warm-up cycle creates the buffer and its read-only fd. */
     for (int i = 0; i <= 1000; i++) {
         if (i == 1) {
+            cr_assert_eq(shmref_ping(prod), 0);
+            cr_assert_eq(shmref_ping(cons), 0);
             cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
         }
         cr_assert_eq(shmref_lease(prod, 65536, &b), 0, "cycle %d: %s", i, shmref_errmsg(prod));
@@ -409,6 +415,8 @@ Test(lifecycle, thousand_cycles_leak_nothing, .timeout = 120)
         cr_assert_eq(shmref_release(r), 0);
         cr_assert_eq(shmref_release(b), 0);
     }
+    cr_assert_eq(shmref_ping(prod), 0);
+    cr_assert_eq(shmref_ping(cons), 0);
     int fds_after_warmup = daemon_fds(&d);
     for (int i = 0; i < 1000; i++) {
         cr_assert_eq(shmref_lease(prod, 65536, &b), 0);
@@ -417,6 +425,8 @@ Test(lifecycle, thousand_cycles_leak_nothing, .timeout = 120)
         cr_assert_eq(shmref_release(r), 0);
         cr_assert_eq(shmref_release(b), 0);
     }
+    cr_assert_eq(shmref_ping(prod), 0);
+    cr_assert_eq(shmref_ping(cons), 0);
     cr_assert_eq(daemon_fds(&d), fds_after_warmup, "the daemon's fd count moved");
     cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
     cr_assert_eq(status_u64(&d, "counters.buffers_created"), 1, "every cycle should recycle");
