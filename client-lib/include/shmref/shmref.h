@@ -91,7 +91,8 @@ SHMREF_EXPORT int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shm
 /* shmref_release: drops this holder's reference and frees the handle, which must not be
  * used again, whatever the result. It does not wait for the daemon (no round trip): the
  * daemon handles a connection's requests in order, so anything this connection asks
- * next sees the release done. The library may keep the mapping cached for the next
+ * next sees the release done (another connection may see it a moment later: a round
+ * trip on this one, e.g. shmref_ping, makes sure it is done). The library may keep the mapping cached for the next
  * lease of the same buffer; the memory may still be readable, but reading it is a bug.
  * Accepts NULL (returns 0). */
 SHMREF_EXPORT int shmref_release(shmref_buf *buf);
