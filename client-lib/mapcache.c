@@ -10,7 +10,7 @@
 #include "units.h"
 
 #define DEFAULT_MAX_IDLE_BYTES (1ULL << 30)
-#define DEFAULT_MAX_IDLE 256
+#define DEFAULT_MAX_IDLE PROTO_MAX_IDLE_MAPPINGS /* the daemon sizes its fd-once set by it */
 
 void mapcache_init(struct mapcache *mc)
 {

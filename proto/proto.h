@@ -23,6 +23,10 @@
 #define PROTO_MAX_NAME     64            /* bytes of the client name sent in hello */
 #define PROTO_MAX_ERRMSG   512           /* bytes of an error message */
 #define PROTO_TOKEN_LEN    16            /* 128-bit capability token */
+/* The most idle mappings a client keeps cached (libshmref's mapping cache). A daemon's
+ * fd-once set holds twice max-leases plus this many buffers, so a client that forgets
+ * what it unmaps is never sent an fd it still has. Not on the wire: a bound both share. */
+#define PROTO_MAX_IDLE_MAPPINGS 256
 
 /* Feature bits announced in hello. */
 #define PROTO_FEAT_NOREPLY_RELEASE (1u << 0) /* release with PROTO_RELEASE_NOREPLY */

@@ -1,0 +1,336 @@
+/* main.c: shmrefd's entry point: configuration, setup (socket, pool), dropping
+ * privileges, the loop, SIGHUP reloads, and a clean stop on SIGTERM or SIGINT (exit 0).
+ * Everything else lives in the modules named after what they do. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/statvfs.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <systemd/sd-daemon.h>
+#include <uv.h>
+
+#include "hugepool.h"
+#include "log.h"
+#include "notify.h"
+#include "options.h"
+#include "privs.h"
+#include "server.h"
+#include "units.h"
+
+struct daemon {
+    struct options flags;       /* the command line, kept for reloads */
+    struct options opt;         /* in force */
+    struct server *server;
+    struct notify notify;
+    bool activated;             /* the socket came from the service manager */
+    uv_signal_t sig_term, sig_int, sig_hup;
+};
+
+/* load: flags over the config file over defaults, resolved against the pool dir. */
+static int load(const struct options *flags, struct options *ret, char *err, size_t len)
+{
+    struct options file = { 0 };
+    const char *path = flags->config_path ? flags->config_path : OPTIONS_DEFAULT_CONFIG;
+    int r = options_read_file(path, &file, err, len);
+    if (r < 0 && !(r == -ENOENT && !flags->config_path))
+        return r;
+    r = options_merge(flags, &file, ret);
+    options_free(&file);
+    if (r < 0)
+        return r;
+    const char *dir = ret->pool_dir ? ret->pool_dir : "/dev/shm";
+    struct statvfs sv;
+    if (statvfs(dir, &sv) < 0) {
+        snprintf(err, len, "pool directory %s: %s", dir, strerror(errno));
+        return -errno;
+    }
+    if (options_resolve(ret, (uint64_t)sv.f_bavail * sv.f_frsize) < 0)
+        return -ENOMEM;
+    uid_t uid;
+    gid_t gid;
+    if (ret->user && privs_lookup(ret->user, &uid, &gid) < 0) {
+        snprintf(err, len, "user: unknown user '%s'", ret->user);
+        return -EINVAL;
+    }
+    if (ret->socket_group && !getgrnam(ret->socket_group)) {
+        snprintf(err, len, "socket-group: unknown group '%s'", ret->socket_group);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* keep_restart_only: settings a reload cannot change; say so if the file tried. */
+static void keep_restart_only(const struct options *old, struct options *new)
+{
+#define KEEP_STR(f, key)                                                                       \
+    if ((new->f ? strcmp(new->f, old->f ? old->f : "") : old->f != NULL) != 0)                \
+        log_warning("config: %s changed; restart shmrefd to apply it", key);                   \
+    free(new->f);                                                                              \
+    new->f = old->f ? strdup(old->f) : NULL;
+#define KEEP_NUM(f, key)                                                                       \
+    if (new->f != old->f)                                                                      \
+        log_warning("config: %s changed; restart shmrefd to apply it", key);                   \
+    new->f = old->f;
+    KEEP_STR(socket_path, "socket")
+    KEEP_STR(socket_group, "socket-group")
+    KEEP_STR(pool_dir, "pool-dir")
+    KEEP_STR(user, "user")
+    KEEP_NUM(socket_mode, "socket-mode")
+    KEEP_NUM(pool_size, "pool-size")
+    KEEP_NUM(memfd, "memfd")
+    KEEP_NUM(pool_hugepages, "pool-hugepages")
+#undef KEEP_STR
+#undef KEEP_NUM
+}
+
+static void reload(struct daemon *d)
+{
+    char err[512];
+    struct options next;
+    log_notice("received SIGHUP, reloading the configuration");
+    notify_reloading(&d->notify);
+    int r = load(&d->flags, &next, err, sizeof(err));
+    if (r < 0) {
+        log_error("reload failed, keeping the configuration in force: %s", r == -ENOMEM ? "out of memory" : err);
+    } else {
+        keep_restart_only(&d->opt, &next);
+        /* Defaults derived from the pool size follow the size in force. */
+        if (!options_given(&next, "tenant-quota"))
+            next.tenant_quota = next.pool_size / 2;
+        if (!options_given(&next, "max-lease-size"))
+            next.max_lease_size = next.pool_size;
+        options_free(&d->opt);
+        d->opt = next;
+        server_apply_limits(d->server);
+        char a[UNITS_TEXT_MAX];
+        log_notice("configuration reloaded: tenant quota %s, %u per-uid quota%s, max %u leases per client, "
+                   "max %u clients", units_format(d->opt.tenant_quota, a), d->opt.n_quotas,
+                   d->opt.n_quotas == 1 ? "" : "s", d->opt.max_leases, d->opt.max_clients);
+    }
+    notify_reloaded(&d->notify);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    struct daemon *d = h->data;
+    if (signum == SIGHUP) {
+        reload(d);
+        return;
+    }
+    log_notice("received %s, stopping", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    notify_stopping(&d->notify);
+    server_stop(d->server);
+    uv_close((uv_handle_t *)&d->sig_term, NULL);
+    uv_close((uv_handle_t *)&d->sig_int, NULL);
+    uv_close((uv_handle_t *)&d->sig_hup, NULL);
+}
+
+/* listen_activated: serve on the socket systemd passed, if any. Returns 1 if there was
+ * none, 0 when serving on it, -errno when what was passed is not usable. */
+static int listen_activated(struct daemon *d)
+{
+    int n = sd_listen_fds(1);
+    if (n == 0)
+        return 1;
+    if (n < 0) {
+        log_error("socket activation: %s", strerror(-n));
+        return n;
+    }
+    int fd = SD_LISTEN_FDS_START;
+    if (n != 1 || sd_is_socket_unix(fd, SOCK_SEQPACKET, 1, NULL, 0) <= 0) {
+        log_error("socket activation passed %d fd%s; shmrefd needs exactly one listening "
+                  "SOCK_SEQPACKET Unix socket (ListenSequentialPacket=)", n, n == 1 ? " of another kind" : "s");
+        return -EINVAL;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    struct sockaddr_un sa;
+    socklen_t len = sizeof(sa);
+    if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 && len > sizeof(sa.sun_family) && sa.sun_path[0]) {
+        free(d->opt.socket_path);
+        d->opt.socket_path = strndup(sa.sun_path, sizeof(sa.sun_path));
+    }
+    log_info("serving on the socket passed by the service manager");
+    d->activated = true;
+    return server_listen_fd(d->server, fd);
+}
+
+static int own_socket_dir(struct daemon *d)
+{
+    uid_t uid = (uid_t)-1;
+    gid_t gid = (gid_t)-1;
+    if (d->opt.socket_group) {
+        struct group *g = getgrnam(d->opt.socket_group);
+        gid = g ? g->gr_gid : (gid_t)-1;
+        if (chown(d->opt.socket_path, (uid_t)-1, gid) < 0) {
+            log_error("cannot give %s to group %s: %s", d->opt.socket_path, d->opt.socket_group, strerror(errno));
+            return -errno;
+        }
+    }
+    /* A directory we made for the socket belongs to the user we become, so that user
+     * can remove its socket at exit and replace a stale one at the next start. */
+    if (d->server->created_dir && d->opt.user && geteuid() == 0) {
+        gid_t ugid;
+        char *dir = strdup(d->opt.socket_path), *slash = dir ? strrchr(dir, '/') : NULL;
+        if (slash && privs_lookup(d->opt.user, &uid, &ugid) == 0) {
+            *slash = '\0';
+            if (chown(dir, uid, gid != (gid_t)-1 ? gid : ugid) < 0)
+                log_warning("cannot give %s to %s: %s", dir, d->opt.user, strerror(errno));
+        }
+        free(dir);
+    }
+    return 0;
+}
+
+static void log_started(struct daemon *d)
+{
+    char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], c[UNITS_TEXT_MAX];
+    const struct options *o = &d->opt;
+    log_notice("shmrefd %s serving on %s; pool %s (%s), pool size %s (%llu bytes), "
+               "tenant quota %s, max lease %s, max %u leases per client",
+               SHMREF_VERSION_STRING, o->socket_path, pool_dir(d->server->pool), pool_kind(d->server->pool),
+               units_format(o->pool_size, a), (unsigned long long)o->pool_size,
+               units_format(o->tenant_quota, b), units_format(o->max_lease_size, c), o->max_leases);
+}
+
+/* setup_hugepages: unless the pool dir already has huge pages (or they are off), mount
+ * a private huge-page tmpfs over it, while we still may. The tmpfs is a ceiling, not a
+ * reservation: it is sized at twice the pool so that pages of a buffer being closed off
+ * the loop never make a new buffer's reservation fail; the pool's own cap still rules. */
+static int setup_hugepages(struct daemon *d)
+{
+    struct options *o = &d->opt;
+    char why[512], a[UNITS_TEXT_MAX];
+    if (o->memfd || o->pool_hugepages == OPTIONS_HUGE_NO || hugepool_detect(o->pool_dir) != HUGEPOOL_NONE)
+        return 0;
+    /* The private mount must not hide a pool that the real directory could not hold:
+     * the size check against it (and its message) stays with pool_new. */
+    struct statvfs sv;
+    if (statvfs(o->pool_dir, &sv) < 0 || o->pool_size > (uint64_t)sv.f_bavail * sv.f_frsize)
+        return 0;
+    size_t dl = strlen(o->pool_dir);
+    if (strncmp(o->socket_path, o->pool_dir, dl) == 0 && (o->socket_path[dl] == '/' || o->pool_dir[dl - 1] == '/')) {
+        if (o->pool_hugepages == OPTIONS_HUGE_YES) {
+            log_error("cannot set up the huge-page pool: the socket %s is inside pool-dir %s, which "
+                      "the private mount would hide from clients", o->socket_path, o->pool_dir);
+            return -EINVAL;
+        }
+        log_notice("no huge-page pool: the socket %s is inside pool-dir %s, which a private mount "
+                   "would hide from clients; buffers use 4 KiB pages", o->socket_path, o->pool_dir);
+        return 0;
+    }
+    if (!hugepool_can_mount()) {
+        if (o->pool_hugepages == OPTIONS_HUGE_YES) {
+            log_error("cannot set up the huge-page pool: mounting needs CAP_SYS_ADMIN");
+            return -EPERM;
+        }
+        log_notice("no huge-page pool (mounting needs CAP_SYS_ADMIN): buffers use 4 KiB pages in %s; "
+                   "a tmpfs mounted with huge=within_size as pool-dir gives huge pages", o->pool_dir);
+        return 0;
+    }
+    uid_t uid = geteuid();
+    gid_t gid = getegid();
+    if (o->user && geteuid() == 0 && privs_lookup(o->user, &uid, &gid) < 0)
+        return -ENOENT;
+    uint64_t bytes = o->pool_size * 2 < (64u << 20) ? (64u << 20) : o->pool_size * 2;
+    int r = hugepool_mount(o->pool_dir, bytes, uid, gid, why, sizeof(why));
+    if (r == 0) {
+        log_info("mounted a private huge-page tmpfs (huge=within_size, at most %s) over %s",
+                 units_format(bytes, a), o->pool_dir);
+        return 0;
+    }
+    if (o->pool_hugepages == OPTIONS_HUGE_YES) {
+        log_error("cannot set up the huge-page pool: %s", why);
+        return r;
+    }
+    log_notice("no huge-page pool (%s): buffers use 4 KiB pages in %s", why, o->pool_dir);
+    return 0;
+}
+
+static int setup(struct daemon *d, uv_loop_t *loop)
+{
+    char why[256];
+    int r = setup_hugepages(d);
+    if (r < 0)
+        return r;
+    r = server_init(d->server, loop, &d->opt);
+    if (r < 0)
+        return r;
+    r = listen_activated(d);
+    if (r == 1 && (r = server_listen_path(d->server)) == 0)
+        r = own_socket_dir(d);
+    if (r < 0)
+        return r;
+    if ((r = privs_drop(d->opt.user, why, sizeof(why))) < 0) {
+        log_error("cannot drop privileges: %s", why);
+        return r;
+    }
+    uv_signal_t *sigs[] = { &d->sig_term, &d->sig_int, &d->sig_hup };
+    int nums[] = { SIGTERM, SIGINT, SIGHUP };
+    for (int i = 0; i < 3; i++) {
+        uv_signal_init(loop, sigs[i]);
+        sigs[i]->data = d;
+        uv_signal_start(sigs[i], on_signal, nums[i]);
+    }
+    log_started(d);
+    notify_ready(&d->notify, loop, d->server);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static struct daemon d;
+    char err[512];
+    int r = options_parse_args(argc, argv, &d.flags);
+    if (r != 0) {
+        options_free(&d.flags);
+        return r > 0 ? 0 : 2;
+    }
+    if ((r = load(&d.flags, &d.opt, err, sizeof(err))) < 0) {
+        fprintf(stderr, "shmrefd: %s\n", r == -ENOMEM ? "out of memory" : err);
+        return 1;
+    }
+    if (d.flags.check_config) {
+        options_print(&d.opt, stdout);
+        return 0;
+    }
+    log_max_level = d.opt.verbose ? LOG_DEBUG : LOG_INFO;
+    signal(SIGPIPE, SIG_IGN);
+    privs_raise_nofile();
+
+    uv_loop_t *loop = uv_default_loop();
+    d.server = calloc(1, sizeof(*d.server));
+    if (!d.server) {
+        log_error("cannot start: out of memory");
+        return 1;
+    }
+    int code = 1;
+    if (setup(&d, loop) == 0) {
+        uv_run(loop, UV_RUN_DEFAULT);
+        /* An activated socket belongs to the service manager: leave it. */
+        if (!d.activated && unlink(d.opt.socket_path) < 0 && errno != ENOENT)
+            log_debug("cannot remove %s: %s", d.opt.socket_path, strerror(errno));
+        code = 0;
+    }
+    notify_stopping(&d.notify);
+    server_stop(d.server);
+    uv_run(loop, UV_RUN_DEFAULT); /* let closes and in-flight pool work finish */
+    server_free(d.server);
+    uv_run(loop, UV_RUN_DEFAULT);
+    if (uv_loop_close(loop) != 0)
+        log_warning("event loop closed with handles still open");
+    free(d.server);
+    if (code == 0)
+        log_info("stopped");
+    options_free(&d.opt);
+    options_free(&d.flags);
+    return code;
+}
