@@ -1,15 +1,61 @@
-/* broker.h: what each request means: the lease lifecycle (lease, publish, acquire,
- * release), hello, status and ping. Private to the daemon. Every refusal is an error
- * reply whose message names the numbers; only a malformed conversation (no hello, a
- * version mismatch) closes the connection. */
+/* broker.h: what each lease request means: the lease lifecycle (lease, publish, acquire,
+ * release) and a disconnect's reclaim. Private to the daemon. The broker knows a client
+ * only as a struct broker_peer (a session embeds one; a unit test fakes one): it replies
+ * through the peer's ops and never touches a socket. Every refusal is an error reply whose
+ * message names the numbers; the broker never closes a connection. */
 #ifndef SHMREFD_BROKER_H
 #define SHMREFD_BROKER_H
 
-#include "conn.h"
-#include "proto.h"
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
 
-/* broker_handle: act on one decoded request from c. conn.c has already refused anything
- * but a hello as the first message, and every op that is not a request. */
-void broker_handle(struct conn *c, const struct proto_msg *m);
+#include "counters.h"
+#include "options.h"
+#include "pool.h"
+#include "proto.h"
+#include "quota.h"
+#include "registry.h"
+
+struct broker_peer;
+
+struct broker_peer_ops {
+    /* reply: send m, with fd attached if fd >= 0 (the fd stays the broker's). */
+    void (*reply)(struct broker_peer *p, const struct proto_msg *m, int fd);
+    /* refuse: an error reply with code and msg for request id. */
+    void (*refuse)(struct broker_peer *p, uint32_t id, int code, const char *msg);
+    /* ref / unref: keep the peer's memory while a lease waits for a new buffer. */
+    void (*ref)(struct broker_peer *p);
+    void (*unref)(struct broker_peer *p);
+};
+
+/* broker_peer: one client as the broker sees it. The owner fills ops, id, pid and uid,
+ * sets closing when the connection is going (a buffer that arrives later goes back), and
+ * calls broker_disconnect once, at a point where nothing else uses the peer. */
+struct broker_peer {
+    const struct broker_peer_ops *ops;
+    uint64_t id;
+    pid_t pid;
+    uid_t uid;
+    bool closing;
+    unsigned pending;               /* leases waiting for a new buffer */
+    struct registry_holder holder;  /* the handle table */
+};
+
+struct broker {
+    const struct options *opt;      /* max_lease_size, max_leases: read at each request */
+    struct pool *pool;
+    struct quota *quota;
+    struct registry *reg;
+    struct counters *counters;
+    bool stopping;                  /* shutting down: a buffer created now goes back */
+};
+
+/* broker_handle: act on one decoded lease, publish, acquire or release request; returns
+ * false for any other op (the caller's to handle). */
+bool broker_handle(struct broker *b, struct broker_peer *p, const struct proto_msg *m);
+
+/* broker_disconnect: releases every handle p holds; returns how many there were. */
+uint32_t broker_disconnect(struct broker *b, struct broker_peer *p);
 
 #endif

@@ -15,8 +15,8 @@ static void status_line(struct server *s, char *buf, size_t len)
 {
     char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX];
     struct registry_stats st = registry_stats(s->reg);
-    snprintf(buf, len, "STATUS=%u client%s, %s of %s leased, %llu buffer%s live", s->nconns,
-             s->nconns == 1 ? "" : "s", units_format(st.bytes, a), units_format(pool_cap(s->pool), b),
+    snprintf(buf, len, "STATUS=%u client%s, %s of %s leased, %llu buffer%s live", s->sessions.n,
+             s->sessions.n == 1 ? "" : "s", units_format(st.bytes, a), units_format(pool_cap(s->pool), b),
              (unsigned long long)st.buffers, st.buffers == 1 ? "" : "s");
 }
 

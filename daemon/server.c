@@ -14,9 +14,19 @@
 #include <unistd.h>
 
 #include "access.h"
-#include "conn.h"
 #include "log.h"
+#include "status.h"
 #include "units.h"
+
+/* status_of: the status map, from every layer's numbers (sessions call it). */
+static int status_of(void *arg, uint8_t *buf, size_t cap)
+{
+    struct server *s = arg;
+    struct status_src src = { .uptime_ms = uv_now(s->loop) - s->started_ms, .opt = s->opt, .pool = s->pool,
+                              .quota = s->quota, .reg = s->reg, .counters = &s->counters,
+                              .sessions = &s->sessions };
+    return status_build(&src, buf, cap);
+}
 
 int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
 {
@@ -38,6 +48,10 @@ int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
         log_error("cannot start: %s", strerror(-r));
         return r;
     }
+    s->broker = (struct broker){ .opt = opt, .pool = s->pool, .quota = s->quota, .reg = s->reg,
+                                 .counters = &s->counters };
+    s->sessions = (struct session_env){ .loop = loop, .opt = opt, .broker = &s->broker,
+                                        .counters = &s->counters, .status = status_of, .status_arg = s };
     return 0;
 }
 
@@ -95,23 +109,24 @@ static void accept_one(struct server *s, int fd)
                (unsigned)cred.uid, (int)cred.pid);
         return;
     }
-    if (s->nconns >= s->opt->max_clients) {
+    if (s->sessions.n >= s->opt->max_clients && session_count_open(&s->sessions) >= s->opt->max_clients) {
         s->counters.refused_limit++;
-        refuse(fd, &cred, EUSERS, "too many clients: %u connected, limit %u", s->nconns, s->opt->max_clients);
+        refuse(fd, &cred, EUSERS, "too many clients: %u connected, limit %u", session_count_open(&s->sessions),
+               s->opt->max_clients);
         return;
     }
     /* Room for the largest reply (status) in one datagram. */
     int sndbuf = PROTO_MAX_REPLY + 4096;
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
-    struct conn *c;
-    int r = conn_new(s, fd, &cred, &c);
+    struct session *c;
+    int r = session_new(&s->sessions, fd, &cred, &c);
     if (r < 0) {
         log_error("cannot serve client pid=%d: %s", (int)cred.pid, strerror(-r));
         close(fd);
         return;
     }
     s->counters.connections++;
-    log_debug("client %llu pid=%d uid=%u gid=%u connected", (unsigned long long)c->id, (int)cred.pid,
+    log_debug("client %llu pid=%d uid=%u gid=%u connected", (unsigned long long)c->peer.id, (int)cred.pid,
               (unsigned)cred.uid, (unsigned)cred.gid);
 }
 
@@ -133,7 +148,7 @@ static void on_accept(uv_poll_t *p, int status, int events)
             continue;
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
             log_warning("cannot accept: %s (%u clients); pausing accepts for 100 ms",
-                        strerror(errno), s->nconns);
+                        strerror(errno), s->sessions.n);
             uv_poll_stop(&s->listen_poll);
             s->accept_retry.data = s;
             uv_timer_start(&s->accept_retry, accept_resume, 100, 0);
@@ -149,17 +164,7 @@ static void on_accept(uv_poll_t *p, int status, int events)
 static void housekeeping(uv_timer_t *t)
 {
     struct server *s = t->data;
-    uint64_t now = uv_now(s->loop);
-    struct conn *c = s->conns;
-    while (c) {
-        struct conn *next = c->next;
-        if (!c->hello && now - c->accepted_ms >= CONN_HELLO_MS) {
-            s->counters.protocol_errors++;
-            conn_fail(c, 0, ETIMEDOUT, "no hello within %d ms", CONN_HELLO_MS);
-            conn_close(c, "no hello within 10 s");
-        }
-        c = next;
-    }
+    session_expire_hello(&s->sessions, uv_now(s->loop));
 }
 
 int server_listen_fd(struct server *s, int fd)
@@ -262,8 +267,8 @@ void server_stop(struct server *s)
     }
     uv_close((uv_handle_t *)&s->accept_retry, noop_close);
     uv_close((uv_handle_t *)&s->housekeeping, noop_close);
-    while (s->conns)
-        conn_close(s->conns, NULL);
+    s->broker.stopping = true;
+    session_close_all(&s->sessions); /* each releases what it held from the loop */
     if (s->reg)
         registry_end_retentions(s->reg);
 }

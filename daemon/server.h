@@ -1,4 +1,4 @@
-/* server.h: the daemon's state and its listening socket. Private to the daemon.
+/* server.h: the daemon's state, its listening socket, accepting and housekeeping. Private to the daemon.
  * One libuv loop owns everything here; nothing is touched from another thread. */
 #ifndef SHMREFD_SERVER_H
 #define SHMREFD_SERVER_H
@@ -8,21 +8,13 @@
 
 #include <uv.h>
 
-#include "conn.h"
+#include "broker.h"
+#include "counters.h"
 #include "options.h"
 #include "pool.h"
-#include "proto.h"
 #include "quota.h"
 #include "registry.h"
-
-struct conn;
-
-struct server_counters {
-    uint64_t connections, leases, publishes, acquires, releases;
-    uint64_t reclaimed_leases, reclaimed_clients;
-    uint64_t refused_quota, refused_space, refused_limit, refused_other, refused_access;
-    uint64_t protocol_errors, slow_clients;
-};
+#include "session.h"
 
 struct server {
     uv_loop_t *loop;
@@ -36,13 +28,10 @@ struct server {
     struct pool *pool;
     struct quota *quota;
     struct registry *reg;
-    struct conn *conns;        /* all open connections */
-    uint32_t nconns;
-    uint64_t next_conn_id;
+    struct broker broker;      /* the lease lifecycle over pool, quota and registry */
+    struct session_env sessions; /* all connections (sessions.n of them) */
     uint64_t started_ms;
-    struct server_counters counters;
-    uint8_t rbuf[CONN_BATCH][PROTO_MAX_REQUEST + 1]; /* one batch (+1 to see truncation) */
-    uint8_t wbuf[PROTO_MAX_REPLY];       /* one encoded reply */
+    struct counters counters;
 };
 
 /* server_init: sets up the pool, quotas and registry from opt. Logs and returns -errno

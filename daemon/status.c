@@ -8,8 +8,6 @@
 
 #include <msgpack.h>
 
-#include "conn.h"
-#include "server.h"
 
 #define LIST_MAX 500 /* keeps the worst case (long client names) well inside one reply */
 
@@ -32,19 +30,19 @@ static void kv_str(msgpack_packer *pk, const char *k, const char *v)
     key(pk, v);
 }
 
-static void pack_daemon(msgpack_packer *pk, struct server *s)
+static void pack_daemon(msgpack_packer *pk, const struct status_src *s)
 {
     key(pk, "daemon");
     msgpack_pack_map(pk, 6);
     kv_str(pk, "version", SHMREF_VERSION_STRING);
     kv_u64(pk, "protocol", PROTO_VERSION);
     kv_u64(pk, "pid", (uint64_t)getpid());
-    kv_u64(pk, "uptime_ms", uv_now(s->loop) - s->started_ms);
+    kv_u64(pk, "uptime_ms", s->uptime_ms);
     kv_str(pk, "socket", s->opt->socket_path ? s->opt->socket_path : "");
-    kv_u64(pk, "clients", s->nconns);
+    kv_u64(pk, "clients", s->sessions->n);
 }
 
-static void pack_pool(msgpack_packer *pk, struct server *s)
+static void pack_pool(msgpack_packer *pk, const struct status_src *s)
 {
     struct pool_class_stat cls[POOL_MAX_CLASSES];
     struct registry_stats rs = registry_stats(s->reg);
@@ -71,7 +69,7 @@ static void pack_pool(msgpack_packer *pk, struct server *s)
     }
 }
 
-static void pack_buffers(msgpack_packer *pk, struct server *s)
+static void pack_buffers(msgpack_packer *pk, const struct status_src *s)
 {
     struct registry_stats rs = registry_stats(s->reg);
     key(pk, "buffers");
@@ -84,7 +82,7 @@ static void pack_buffers(msgpack_packer *pk, struct server *s)
     kv_u64(pk, "expired", rs.expired);
 }
 
-static void pack_tenants(msgpack_packer *pk, struct server *s)
+static void pack_tenants(msgpack_packer *pk, const struct status_src *s)
 {
     static struct quota_tenant t[LIST_MAX];
     unsigned n = quota_tenants(s->quota, t, LIST_MAX);
@@ -100,25 +98,26 @@ static void pack_tenants(msgpack_packer *pk, struct server *s)
     }
 }
 
-static void pack_clients(msgpack_packer *pk, struct server *s)
+static void pack_clients(msgpack_packer *pk, const struct status_src *s)
 {
-    unsigned n = s->nconns < LIST_MAX ? s->nconns : LIST_MAX;
-    kv_u64(pk, "clients_total", s->nconns);
+    uint32_t total = s->sessions->n;
+    unsigned n = total < LIST_MAX ? total : LIST_MAX;
+    kv_u64(pk, "clients_total", total);
     key(pk, "clients");
     msgpack_pack_array(pk, n);
-    struct conn *c = s->conns;
+    const struct session *c = s->sessions->head;
     for (unsigned i = 0; i < n && c; i++, c = c->next) {
         msgpack_pack_map(pk, 6);
-        kv_u64(pk, "id", c->id);
-        kv_u64(pk, "pid", (uint64_t)c->pid);
-        kv_u64(pk, "uid", c->uid);
+        kv_u64(pk, "id", c->peer.id);
+        kv_u64(pk, "pid", (uint64_t)c->peer.pid);
+        kv_u64(pk, "uid", c->peer.uid);
         kv_str(pk, "name", c->name);
-        kv_u64(pk, "leases", c->holder.leases);
-        kv_u64(pk, "bytes", c->holder.bytes);
+        kv_u64(pk, "leases", c->peer.holder.leases);
+        kv_u64(pk, "bytes", c->peer.holder.bytes);
     }
 }
 
-static void pack_limits(msgpack_packer *pk, struct server *s)
+static void pack_limits(msgpack_packer *pk, const struct status_src *s)
 {
     key(pk, "limits");
     msgpack_pack_map(pk, 5);
@@ -129,9 +128,9 @@ static void pack_limits(msgpack_packer *pk, struct server *s)
     kv_u64(pk, "max_clients", s->opt->max_clients);
 }
 
-static void pack_counters(msgpack_packer *pk, struct server *s)
+static void pack_counters(msgpack_packer *pk, const struct status_src *s)
 {
-    const struct server_counters *k = &s->counters;
+    const struct counters *k = s->counters;
     struct pool_counters pc = pool_counters(s->pool);
     key(pk, "counters");
     msgpack_pack_map(pk, 21);
@@ -158,7 +157,7 @@ static void pack_counters(msgpack_packer *pk, struct server *s)
     kv_u64(pk, "retentions_expired", registry_stats(s->reg).expired);
 }
 
-int status_build(struct server *s, uint8_t *buf, size_t cap)
+int status_build(const struct status_src *s, uint8_t *buf, size_t cap)
 {
     struct proto_buf pb = { buf, 0, cap, 0 };
     msgpack_packer pk;

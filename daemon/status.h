@@ -7,9 +7,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct server;
+#include "counters.h"
+#include "options.h"
+#include "pool.h"
+#include "quota.h"
+#include "registry.h"
+#include "session.h"
+
+/* status_src: where the numbers come from (the server fills it at each request). */
+struct status_src {
+    uint64_t uptime_ms;
+    const struct options *opt;
+    const struct pool *pool;
+    const struct quota *quota;
+    const struct registry *reg;
+    const struct counters *counters;
+    const struct session_env *sessions;
+};
 
 /* status_build: writes the map into buf. Returns its length, or -EMSGSIZE. */
-int status_build(struct server *s, uint8_t *buf, size_t cap);
+int status_build(const struct status_src *src, uint8_t *buf, size_t cap);
 
 #endif

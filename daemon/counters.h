@@ -1,0 +1,15 @@
+/* counters.h: the daemon's event counters, shown by status. Private to the daemon. A leaf:
+ * every layer that counts something gets a pointer to one instance, owned by the server. */
+#ifndef SHMREFD_COUNTERS_H
+#define SHMREFD_COUNTERS_H
+
+#include <stdint.h>
+
+struct counters {
+    uint64_t connections, leases, publishes, acquires, releases;
+    uint64_t reclaimed_leases, reclaimed_clients;
+    uint64_t refused_quota, refused_space, refused_limit, refused_other, refused_access;
+    uint64_t protocol_errors, slow_clients;
+};
+
+#endif

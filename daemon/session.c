@@ -1,0 +1,310 @@
+/* session.c: see session.h. Decoding happens here (the transport hands over whole
+ * messages); a malformed conversation (garbage, no hello first, a version mismatch)
+ * gets an EPROTO-class reply and closes the session; everything else is a reply. */
+#include "session.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define FEATURES (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE)
+
+static uint8_t wbuf[PROTO_MAX_REPLY];              /* one encoded reply (one loop thread) */
+static uint8_t status_body[PROTO_MAX_REPLY - 64];  /* a status map, before its envelope */
+
+static void on_message(void *ctx, const uint8_t *data, size_t len);
+static void on_close(void *ctx, enum transport_end end, const char *why);
+static const struct transport_ops transport_ops = { on_message, on_close };
+
+static void session_ref(struct session *s)
+{
+    s->refs++;
+}
+
+static void session_unref(struct session *s)
+{
+    if (--s->refs > 0)
+        return;
+    idset_free(&s->known);
+    free(s);
+}
+
+/* ---- the broker's view of a session ------------------------------------------------ */
+
+/* fd_to_send: the fd to attach, or -1 when this client already has the buffer mapped
+ * as needed (a writable mapping also serves reading). */
+static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, int fd)
+{
+    if (!s->fd_once || fd < 0)
+        return fd;
+    uint64_t rw = buf_id << 1 | 1, ro = buf_id << 1;
+    if (idset_has(&s->known, rw) || (!writable && idset_has(&s->known, ro)))
+        return -1;
+    /* Bounded by what a client that forgets properly can hold mapped (its handles plus its
+     * idle cache); if full, the fd is simply sent again next time. */
+    uint32_t max_leases = s->env->opt->max_leases;
+    uint32_t max = max_leases > (UINT32_MAX - PROTO_MAX_IDLE_MAPPINGS) / 2 ? UINT32_MAX
+                                                                       : max_leases * 2 + PROTO_MAX_IDLE_MAPPINGS;
+    idset_add(&s->known, writable ? rw : ro, max);
+    return fd;
+}
+
+static void peer_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
+{
+    struct session *s = (struct session *)p;
+    if (m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY)
+        fd = fd_to_send(s, m->u.lease_reply.buf_id, m->op == PROTO_OP_LEASE + PROTO_OP_REPLY, fd);
+    session_send(s, m, fd);
+}
+
+static void peer_refuse(struct broker_peer *p, uint32_t id, int code, const char *msg)
+{
+    session_fail((struct session *)p, id, code, "%s", msg);
+}
+
+static void peer_ref(struct broker_peer *p)
+{
+    session_ref((struct session *)p);
+}
+
+static void peer_unref(struct broker_peer *p)
+{
+    session_unref((struct session *)p);
+}
+
+static const struct broker_peer_ops peer_ops = { peer_reply, peer_refuse, peer_ref, peer_unref };
+
+/* ---- lifecycle --------------------------------------------------------------------- */
+
+int session_new(struct session_env *env, int fd, const struct ucred *cred, struct session **ret)
+{
+    struct session *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    s->peer.ops = &peer_ops;
+    s->peer.id = ++env->next_id;
+    s->peer.pid = cred->pid;
+    s->peer.uid = cred->uid;
+    s->gid = cred->gid;
+    s->env = env;
+    s->refs = 1; /* the transport's, dropped in session_disconnected */
+    s->accepted_ms = uv_now(env->loop);
+    int r = transport_new(env->loop, fd, PROTO_MAX_REQUEST, &transport_ops, s, &s->transport);
+    if (r < 0) {
+        free(s);
+        return r;
+    }
+    s->next = env->head;
+    if (env->head)
+        env->head->prev = s;
+    env->head = s;
+    env->n++;
+    *ret = s;
+    return 0;
+}
+
+void session_close(struct session *s, const char *why)
+{
+    if (!s->transport || s->peer.closing)
+        return;
+    s->peer.closing = true;
+    transport_close(s->transport, why);
+}
+
+/* session_disconnected: the one place a session ends: whatever closed it (the peer, a
+ * fault, the daemon), its socket is gone and nothing else is using it. Releases every
+ * handle it held, logs the disconnect, and drops the transport's reference. */
+static void session_disconnected(struct session *s, enum transport_end end, const char *why)
+{
+    struct session_env *env = s->env;
+    s->peer.closing = true;
+    s->transport = NULL;
+    if (end == TRANSPORT_END_SLOW)
+        env->counters->slow_clients++;
+    else if (end == TRANSPORT_END_FRAMING)
+        env->counters->protocol_errors++;
+    uint32_t held = s->peer.holder.leases;
+    uint32_t n = broker_disconnect(env->broker, &s->peer);
+    if (n || why)
+        log_info("client %llu pid=%d uid=%u disconnected%s%s; reclaimed %u lease%s",
+                 (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid,
+                 why ? ": " : "", why ? why : "", held, held == 1 ? "" : "s");
+    else
+        log_debug("client %llu pid=%d uid=%u disconnected", (unsigned long long)s->peer.id,
+                  (int)s->peer.pid, (unsigned)s->peer.uid);
+    if (s->prev) s->prev->next = s->next; else env->head = s->next;
+    if (s->next) s->next->prev = s->prev;
+    env->n--;
+    session_unref(s);
+}
+
+static void on_close(void *ctx, enum transport_end end, const char *why)
+{
+    session_disconnected(ctx, end, why);
+}
+
+void session_expire_hello(struct session_env *env, uint64_t now_ms)
+{
+    for (struct session *s = env->head; s; s = s->next) {
+        if (!s->hello && !s->peer.closing && now_ms - s->accepted_ms >= SESSION_HELLO_MS) {
+            env->counters->protocol_errors++;
+            session_fail(s, 0, ETIMEDOUT, "no hello within %d ms", SESSION_HELLO_MS);
+            session_close(s, "no hello within 10 s");
+        }
+    }
+}
+
+uint32_t session_count_open(const struct session_env *env)
+{
+    uint32_t n = 0;
+    for (const struct session *s = env->head; s; s = s->next)
+        n += !s->peer.closing && s->transport && !transport_closing(s->transport);
+    return n;
+}
+
+void session_close_all(struct session_env *env)
+{
+    for (struct session *s = env->head; s; s = s->next)
+        session_close(s, NULL);
+}
+
+/* ---- sending ----------------------------------------------------------------------- */
+
+int session_send(struct session *s, const struct proto_msg *m, int fd)
+{
+    if (!s->transport)
+        return -EPIPE;
+    int len = proto_encode(m, wbuf, sizeof(wbuf));
+    if (len < 0) {
+        log_error("reply %s to client %llu does not fit in %zu bytes", proto_op_name(m->op),
+                  (unsigned long long)s->peer.id, sizeof(wbuf));
+        session_fail(s, m->id, EMSGSIZE, "reply too large");
+        return len;
+    }
+    return transport_send(s->transport, wbuf, (size_t)len, fd);
+}
+
+void session_fail(struct session *s, uint32_t id, int code, const char *fmt, ...)
+{
+    char msg[PROTO_MAX_ERRMSG + 1];
+    va_list ap;
+    if (!s->transport)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    int len = proto_encode_error(id, code, wbuf, sizeof(wbuf), "%s", msg);
+    if (len > 0)
+        transport_send(s->transport, wbuf, (size_t)len, -1);
+}
+
+static void protocol_error(struct session *s, uint32_t id, const char *why)
+{
+    s->env->counters->protocol_errors++;
+    session_fail(s, id, EPROTO, "protocol error: %s", why);
+    session_close(s, why);
+}
+
+/* ---- requests the session answers itself ------------------------------------------ */
+
+static void do_hello(struct session *s, const struct proto_msg *m)
+{
+    const struct options *opt = s->env->opt;
+    if (m->u.hello.version != PROTO_VERSION) {
+        s->env->counters->protocol_errors++;
+        session_fail(s, m->id, EPROTONOSUPPORT,
+                     "protocol version %u is not supported: this shmrefd speaks version %d",
+                     (unsigned)m->u.hello.version, PROTO_VERSION);
+        session_close(s, "protocol version mismatch");
+        return;
+    }
+    if (m->u.hello.name_len) /* an empty name may come with no pointer at all */
+        memcpy(s->name, m->u.hello.name, m->u.hello.name_len);
+    s->name[m->u.hello.name_len] = '\0';
+    for (char *p = s->name; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = '?'; /* keep log lines one line */
+    s->hello = true;
+    s->fd_once = (m->u.hello.features & PROTO_FEAT_FD_ONCE) != 0;
+    log_debug("client %llu pid=%d uid=%u said hello as '%s'", (unsigned long long)s->peer.id,
+              (int)s->peer.pid, (unsigned)s->peer.uid, s->name);
+    struct proto_msg r = { .op = PROTO_OP_HELLO + PROTO_OP_REPLY, .id = m->id };
+    r.u.hello_reply.version = PROTO_VERSION;
+    r.u.hello_reply.features = FEATURES & (m->u.hello.features | PROTO_FEAT_NOREPLY_RELEASE);
+    r.u.hello_reply.max_request = PROTO_MAX_REQUEST;
+    r.u.hello_reply.max_lease = opt->max_lease_size;
+    r.u.hello_reply.max_leases = opt->max_leases;
+    r.u.hello_reply.max_meta = PROTO_MAX_META;
+    r.u.hello_reply.pid = (uint64_t)getpid();
+    session_send(s, &r, -1);
+}
+
+static void do_status(struct session *s, const struct proto_msg *m)
+{
+    int n = s->env->status(s->env->status_arg, status_body, sizeof(status_body));
+    if (n < 0) {
+        session_fail(s, m->id, EMSGSIZE, "status does not fit in one reply");
+        return;
+    }
+    struct proto_msg r = { .op = PROTO_OP_STATUS + PROTO_OP_REPLY, .id = m->id };
+    r.u.status_reply.body = status_body;
+    r.u.status_reply.body_len = (uint32_t)n;
+    session_send(s, &r, -1);
+}
+
+/* dispatch: one decoded request, after the hello rule. */
+static void dispatch(struct session *s, const struct proto_msg *m)
+{
+    switch (m->op) {
+    case PROTO_OP_HELLO:
+        if (s->hello)
+            session_fail(s, m->id, EPROTO, "hello was already said");
+        else
+            do_hello(s, m);
+        return;
+    case PROTO_OP_STATUS:
+        do_status(s, m);
+        return;
+    case PROTO_OP_FORGET:
+        idset_del(&s->known, m->u.forget.buf_id << 1 | (m->u.forget.writable ? 1 : 0));
+        return;
+    case PROTO_OP_PING: {
+        struct proto_msg r = { .op = PROTO_OP_PING + PROTO_OP_REPLY, .id = m->id };
+        session_send(s, &r, -1);
+        return;
+    }
+    default:
+        if (!broker_handle(s->env->broker, &s->peer, m))
+            session_fail(s, m->id, EOPNOTSUPP, "unknown op %u", (unsigned)m->op);
+        return;
+    }
+}
+
+static void on_message(void *ctx, const uint8_t *data, size_t len)
+{
+    struct session *s = ctx;
+    struct proto_msg m;
+    const char *why = NULL;
+    if (s->peer.closing)
+        return;
+    int r = proto_decode(data, len, PROTO_MAX_REQUEST, &m, &why);
+    if (!s->hello && (r == -EOPNOTSUPP || (r == 0 && m.op != PROTO_OP_HELLO))) {
+        protocol_error(s, m.id, "the first message must be hello");
+        return;
+    }
+    if (r == -EOPNOTSUPP || (r == 0 && (m.op >= PROTO_OP_REPLY))) {
+        /* Well-formed but not a request we know: refuse it, keep the client. */
+        session_fail(s, m.id, EOPNOTSUPP, "unknown op %u", (unsigned)m.op);
+        return;
+    }
+    if (r < 0) {
+        protocol_error(s, m.id, why ? why : "malformed message");
+        return;
+    }
+    dispatch(s, &m);
+}

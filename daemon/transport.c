@@ -1,0 +1,321 @@
+/* transport.c: see transport.h. libuv's streams cannot carry arbitrary fds, so the socket
+ * is driven with uv_poll_t and recvmsg/sendmsg. Received control data is always
+ * inspected: any fd a peer sends is closed and is a framing fault, as is a truncated
+ * message or truncated control data. All receive buffers are one static batch: one loop
+ * thread serves every transport. */
+#include "transport.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "proto.h"
+
+struct transport_out {
+    struct transport_out *next;
+    int fd;                 /* a dup the queue owns, or -1 */
+    size_t len;
+    uint8_t data[];
+};
+
+struct transport {
+    uv_poll_t poll;
+    int fd;
+    size_t max_message;
+    bool closing;
+    enum transport_end end; /* the first reason to close */
+    char why[PROTO_MAX_ERRMSG + 1];
+    bool has_why;
+    const struct transport_ops *ops;
+    void *ctx;
+    struct transport_out *out_head, *out_tail;
+    unsigned out_count;
+};
+
+static uint8_t rbuf[TRANSPORT_BATCH][PROTO_MAX_REQUEST + 1]; /* +1 to see truncation */
+
+static void on_poll(uv_poll_t *p, int status, int events);
+
+int transport_new(uv_loop_t *loop, int fd, size_t max_message, const struct transport_ops *ops, void *ctx,
+                  struct transport **ret)
+{
+    if (max_message > PROTO_MAX_REQUEST)
+        return -EINVAL;
+    struct transport *t = calloc(1, sizeof(*t));
+    if (!t)
+        return -ENOMEM;
+    t->fd = fd;
+    t->max_message = max_message;
+    t->ops = ops;
+    t->ctx = ctx;
+    int r = uv_poll_init(loop, &t->poll, fd);
+    if (r < 0) {
+        free(t);
+        return r;
+    }
+    t->poll.data = t;
+    uv_poll_start(&t->poll, UV_READABLE | UV_DISCONNECT, on_poll);
+    *ret = t;
+    return 0;
+}
+
+bool transport_closing(const struct transport *t)
+{
+    return t->closing;
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    struct transport *t = h->data;
+    close(t->fd);
+    t->fd = -1;
+    t->ops->on_close(t->ctx, t->end, t->has_why ? t->why : NULL);
+    while (t->out_head) {
+        struct transport_out *o = t->out_head;
+        t->out_head = o->next;
+        if (o->fd >= 0)
+            close(o->fd);
+        free(o);
+    }
+    free(t);
+}
+
+/* end: the one way a transport starts closing; the first reason is the one reported. */
+static void end(struct transport *t, enum transport_end e, const char *why)
+{
+    if (t->closing)
+        return;
+    t->closing = true;
+    t->end = e;
+    if (why) {
+        snprintf(t->why, sizeof(t->why), "%s", why);
+        t->has_why = true;
+    }
+    uv_close((uv_handle_t *)&t->poll, on_closed);
+}
+
+void transport_close(struct transport *t, const char *why)
+{
+    end(t, TRANSPORT_END_LOCAL, why);
+}
+
+static void set_events(struct transport *t)
+{
+    if (t->closing)
+        return;
+    /* While replies are queued, read nothing new: backpressure, not buffering. */
+    /* (Not UV_DISCONNECT while paused: a peer's half-close is level-triggered and would
+     * wake the loop forever; a full close still shows as an error when flushing.) */
+    int ev = t->out_head ? UV_WRITABLE : UV_READABLE | UV_DISCONNECT;
+    uv_poll_start(&t->poll, ev, on_poll);
+}
+
+static ssize_t send_one(int sock, const uint8_t *data, size_t len, int fd)
+{
+    struct iovec iov = { .iov_base = (void *)data, .iov_len = len };
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+    if (fd >= 0) {
+        memset(&ctl, 0, sizeof(ctl));
+        mh.msg_control = ctl.buf;
+        mh.msg_controllen = sizeof(ctl.buf);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    }
+    ssize_t n;
+    do
+        n = sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n < 0 ? -errno : n;
+}
+
+/* send_failed: a send error ends the transport; a peer that went away is no news. */
+static void send_failed(struct transport *t, ssize_t n)
+{
+    if (n == -EPIPE || n == -ECONNRESET)
+        end(t, TRANSPORT_END_PEER, NULL);
+    else
+        end(t, TRANSPORT_END_FAILED, "send failed");
+}
+
+static int enqueue(struct transport *t, const uint8_t *data, size_t len, int fd)
+{
+    if (t->out_count >= TRANSPORT_MAX_QUEUED) {
+        end(t, TRANSPORT_END_SLOW, "client does not read its replies");
+        return -ENOBUFS;
+    }
+    struct transport_out *o = malloc(sizeof(*o) + len);
+    if (!o) {
+        end(t, TRANSPORT_END_FAILED, "out of memory queueing a reply");
+        return -ENOMEM;
+    }
+    o->next = NULL;
+    o->len = len;
+    o->fd = -1;
+    memcpy(o->data, data, len);
+    /* The buffer may be retired before the queue drains: the queue keeps its own fd. */
+    if (fd >= 0 && (o->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
+        free(o);
+        end(t, TRANSPORT_END_FAILED, "cannot duplicate a buffer fd for a queued reply");
+        return -EMFILE;
+    }
+    if (t->out_tail) t->out_tail->next = o; else t->out_head = o;
+    t->out_tail = o;
+    t->out_count++;
+    set_events(t);
+    return 0;
+}
+
+int transport_send(struct transport *t, const uint8_t *data, size_t len, int fd)
+{
+    if (t->closing)
+        return -EPIPE;
+    if (!t->out_head) {
+        ssize_t n = send_one(t->fd, data, len, fd);
+        if (n >= 0)
+            return 0;
+        if (n != -EAGAIN) {
+            send_failed(t, n);
+            return (int)n;
+        }
+    }
+    return enqueue(t, data, len, fd);
+}
+
+static void flush(struct transport *t)
+{
+    while (t->out_head && !t->closing) {
+        struct transport_out *o = t->out_head;
+        ssize_t n = send_one(t->fd, o->data, o->len, o->fd);
+        if (n == -EAGAIN)
+            return;
+        if (n < 0) {
+            send_failed(t, n);
+            return;
+        }
+        t->out_head = o->next;
+        if (!t->out_head)
+            t->out_tail = NULL;
+        t->out_count--;
+        if (o->fd >= 0)
+            close(o->fd);
+        free(o);
+    }
+    set_events(t);
+}
+
+/* close_fds: closes every fd in the control data; returns how many there were. */
+static unsigned close_fds(struct msghdr *mh)
+{
+    unsigned n = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+            close(fd);
+            n++;
+        }
+    }
+    return n;
+}
+
+/* framing_fault: an EPROTO reply (id 0: about the whole connection), then closed. */
+static void framing_fault(struct transport *t, const char *why)
+{
+    uint8_t buf[PROTO_MAX_ERRMSG + 64];
+    int len = proto_encode_error(0, EPROTO, buf, sizeof(buf), "protocol error: %s", why);
+    if (len > 0)
+        transport_send(t, buf, (size_t)len, -1);
+    end(t, TRANSPORT_END_FRAMING, why);
+}
+
+/* handle: one received message (n bytes in buf, control data in mh). */
+static void handle(struct transport *t, struct msghdr *mh, const uint8_t *buf, size_t n)
+{
+    char why[80];
+    unsigned nfds = close_fds(mh);
+    if (t->closing)
+        return; /* an earlier message of the batch closed it: only the fds mattered */
+    if (n == 0 && !(mh->msg_flags & MSG_CTRUNC) && nfds == 0) {
+        end(t, TRANSPORT_END_PEER, NULL); /* EOF: the peer closed or died */
+        return;
+    }
+    if (mh->msg_flags & MSG_CTRUNC) {
+        framing_fault(t, "truncated control data (too many fds sent)");
+        return;
+    }
+    if (nfds) {
+        framing_fault(t, "unexpected file descriptors from client");
+        return;
+    }
+    if ((mh->msg_flags & MSG_TRUNC) || n > t->max_message) {
+        snprintf(why, sizeof(why), "message larger than the %zu-byte limit", t->max_message);
+        framing_fault(t, why);
+        return;
+    }
+    t->ops->on_message(t->ctx, buf, n);
+}
+
+/* read_batch: receive up to TRANSPORT_BATCH messages with one recvmmsg and handle them
+ * all (they are off the socket). Returns 1 if there may be more to read now. */
+static int read_batch(struct transport *t)
+{
+    struct mmsghdr mm[TRANSPORT_BATCH];
+    struct iovec iov[TRANSPORT_BATCH];
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+    } ctl[TRANSPORT_BATCH];
+    for (int i = 0; i < TRANSPORT_BATCH; i++) {
+        iov[i] = (struct iovec){ .iov_base = rbuf[i], .iov_len = t->max_message + 1 };
+        mm[i].msg_hdr = (struct msghdr){ .msg_iov = &iov[i], .msg_iovlen = 1,
+                                         .msg_control = ctl[i].buf, .msg_controllen = sizeof(ctl[i].buf) };
+        mm[i].msg_len = 0;
+    }
+    int n;
+    do
+        n = recvmmsg(t->fd, mm, TRANSPORT_BATCH, MSG_DONTWAIT | MSG_CMSG_CLOEXEC, NULL);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        if (errno == ECONNRESET)
+            end(t, TRANSPORT_END_PEER, NULL);
+        else if (errno != EAGAIN)
+            end(t, TRANSPORT_END_FAILED, "receive failed");
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        handle(t, &mm[i].msg_hdr, rbuf[i], mm[i].msg_len);
+    return n == TRANSPORT_BATCH && !t->closing && !t->out_head;
+}
+
+static void on_poll(uv_poll_t *p, int status, int events)
+{
+    struct transport *t = p->data;
+    if (t->closing)
+        return;
+    if (status < 0) {
+        end(t, TRANSPORT_END_PEER, NULL);
+        return;
+    }
+    /* Nothing here frees t: a close only marks it, and frees it from the loop. */
+    if (events & UV_WRITABLE)
+        flush(t);
+    /* A few batches per wake-up at most: other clients get their turn. */
+    if (!t->closing && !t->out_head && (events & (UV_READABLE | UV_DISCONNECT))) {
+        for (int i = 0; i < 4 && read_batch(t); i++)
+            ;
+    }
+}

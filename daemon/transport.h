@@ -1,0 +1,60 @@
+/* transport.h: one client's socket: framing, the fd policy and the output queue. Private
+ * to the daemon; knows nothing of leases (it includes neither broker nor registry).
+ * Each SOCK_SEQPACKET message is one request; a message with fds attached, truncated, or
+ * over the size limit is a framing fault (EPROTO reply, then closed). Replies that cannot
+ * be sent at once are queued, and while any are queued the transport reads no new
+ * messages, so a peer that does not read stalls only itself. Closing is asynchronous:
+ * transport_close (or a fault) only marks the transport closing; its owner hears of it
+ * in ops->on_close, from libuv's close callback, never inside another of its calls. A
+ * second transport (a shared-memory ring) would offer the same four calls. */
+#ifndef SHMREFD_TRANSPORT_H
+#define SHMREFD_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#define TRANSPORT_MAX_QUEUED 256 /* replies queued before the peer counts as stuck */
+#define TRANSPORT_BATCH 16       /* messages read by one recvmmsg */
+
+struct transport;
+
+/* Why a transport ended, as on_close reports it. */
+enum transport_end {
+    TRANSPORT_END_PEER,     /* EOF, reset or a broken pipe: the peer closed or died */
+    TRANSPORT_END_LOCAL,    /* transport_close by the owner */
+    TRANSPORT_END_SLOW,     /* the peer let TRANSPORT_MAX_QUEUED replies pile up */
+    TRANSPORT_END_FRAMING,  /* fds from the peer, truncation, oversize (EPROTO was sent) */
+    TRANSPORT_END_FAILED,   /* a send, receive or queueing error */
+};
+
+struct transport_ops {
+    /* on_message: one whole message of len bytes (at most the max given to
+     * transport_new). Never called once the transport is closing. */
+    void (*on_message)(void *ctx, const uint8_t *data, size_t len);
+    /* on_close: the socket is closed and nothing else will be called: the safe point for
+     * the owner to release what it holds. why is NULL for a plain peer EOF; it is valid
+     * during the call only. */
+    void (*on_close)(void *ctx, enum transport_end end, const char *why);
+};
+
+/* transport_new: takes ownership of fd (non-blocking, CLOEXEC) and starts reading. On
+ * failure fd is still the caller's and no callback is ever called. */
+int transport_new(uv_loop_t *loop, int fd, size_t max_message, const struct transport_ops *ops, void *ctx,
+                  struct transport **ret);
+
+/* transport_send: sends len bytes, with fd attached if fd >= 0 (the fd stays the
+ * caller's; a queued reply keeps a duplicate). Returns 0 when sent or queued, -EPIPE when
+ * closing, or -errno after which the transport is closing (nothing is freed yet: the
+ * caller may go on using its own objects). */
+int transport_send(struct transport *t, const uint8_t *data, size_t len, int fd);
+
+/* transport_close: marks the transport closing (idempotent); on_close follows from the
+ * loop with TRANSPORT_END_LOCAL and why (copied), or the first fault's reason. */
+void transport_close(struct transport *t, const char *why);
+
+bool transport_closing(const struct transport *t);
+
+#endif
