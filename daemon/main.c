@@ -17,12 +17,12 @@
 #include <systemd/sd-daemon.h>
 #include <uv.h>
 
-#include "hugepool.h"
 #include "log.h"
 #include "notify.h"
 #include "options.h"
 #include "privs.h"
 #include "server.h"
+#include "store.h"
 #include "units.h"
 
 struct daemon {
@@ -201,64 +201,10 @@ static void log_started(struct daemon *d)
                units_format(o->tenant_quota, b), units_format(o->max_lease_size, c), o->max_leases);
 }
 
-/* setup_hugepages: unless the pool dir already has huge pages (or they are off), mount
- * a private huge-page tmpfs over it, while we still may. The tmpfs is a ceiling, not a
- * reservation: it is sized at twice the pool so that pages of a buffer being closed off
- * the loop never make a new buffer's reservation fail; the pool's own cap still rules. */
-static int setup_hugepages(struct daemon *d)
-{
-    struct options *o = &d->opt;
-    char why[512], a[UNITS_TEXT_MAX];
-    if (o->memfd || o->pool_hugepages == OPTIONS_HUGE_NO || hugepool_detect(o->pool_dir) != HUGEPOOL_NONE)
-        return 0;
-    /* The private mount must not hide a pool that the real directory could not hold:
-     * the size check against it (and its message) stays with pool_new. */
-    struct statvfs sv;
-    if (statvfs(o->pool_dir, &sv) < 0 || o->pool_size > (uint64_t)sv.f_bavail * sv.f_frsize)
-        return 0;
-    size_t dl = strlen(o->pool_dir);
-    if (strncmp(o->socket_path, o->pool_dir, dl) == 0 && (o->socket_path[dl] == '/' || o->pool_dir[dl - 1] == '/')) {
-        if (o->pool_hugepages == OPTIONS_HUGE_YES) {
-            log_error("cannot set up the huge-page pool: the socket %s is inside pool-dir %s, which "
-                      "the private mount would hide from clients", o->socket_path, o->pool_dir);
-            return -EINVAL;
-        }
-        log_notice("no huge-page pool: the socket %s is inside pool-dir %s, which a private mount "
-                   "would hide from clients; buffers use 4 KiB pages", o->socket_path, o->pool_dir);
-        return 0;
-    }
-    if (!hugepool_can_mount()) {
-        if (o->pool_hugepages == OPTIONS_HUGE_YES) {
-            log_error("cannot set up the huge-page pool: mounting needs CAP_SYS_ADMIN");
-            return -EPERM;
-        }
-        log_notice("no huge-page pool (mounting needs CAP_SYS_ADMIN): buffers use 4 KiB pages in %s; "
-                   "a tmpfs mounted with huge=within_size as pool-dir gives huge pages", o->pool_dir);
-        return 0;
-    }
-    uid_t uid = geteuid();
-    gid_t gid = getegid();
-    if (o->user && geteuid() == 0 && privs_lookup(o->user, &uid, &gid) < 0)
-        return -ENOENT;
-    uint64_t bytes = o->pool_size * 2 < (64u << 20) ? (64u << 20) : o->pool_size * 2;
-    int r = hugepool_mount(o->pool_dir, bytes, uid, gid, why, sizeof(why));
-    if (r == 0) {
-        log_info("mounted a private huge-page tmpfs (huge=within_size, at most %s) over %s",
-                 units_format(bytes, a), o->pool_dir);
-        return 0;
-    }
-    if (o->pool_hugepages == OPTIONS_HUGE_YES) {
-        log_error("cannot set up the huge-page pool: %s", why);
-        return r;
-    }
-    log_notice("no huge-page pool (%s): buffers use 4 KiB pages in %s", why, o->pool_dir);
-    return 0;
-}
-
 static int setup(struct daemon *d, uv_loop_t *loop)
 {
     char why[256];
-    int r = setup_hugepages(d);
+    int r = store_setup_hugepages(&d->opt);
     if (r < 0)
         return r;
     r = server_init(d->server, loop, &d->opt);

@@ -1,21 +1,17 @@
-/* pool.c: see pool.h. Backing files are unlinked from birth (O_TMPFILE | O_EXCL in the
- * pool directory, never linkable, or memfd), so nothing is left behind when the daemon dies. Creating and
- * reserving a buffer (fallocate of up to gigabytes) runs in libuv's thread pool; all
- * other state is touched only on the loop thread. */
+/* pool.c: see pool.h. How a backing file is made, checked and reopened is the store's
+ * (store.c). Creating and reserving a buffer (fallocate of up to gigabytes) runs in
+ * libuv's thread pool; all other state is touched only on the loop thread. */
 #include "pool.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "hugepool.h"
+#include "store.h"
 #include "units.h"
 
 struct pool_class {
@@ -25,9 +21,7 @@ struct pool_class {
 
 struct pool {
     uv_loop_t *loop;
-    char *dir;
-    bool use_memfd;
-    enum hugepool_kind huge;    /* the dir allocates 2 MiB pages: classes follow */
+    struct store store;         /* backing files; a huge-page dir: classes follow */
     uint64_t cap, unit;
     unsigned unit_bits;
     uint64_t bytes_alloc, bytes_warm;
@@ -55,15 +49,6 @@ struct pool_create {
 
 static char why_buf[512];
 
-static int probe_tmpfile(const char *dir)
-{
-    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return -errno;
-    close(fd);
-    return 0;
-}
-
 int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
              struct pool **ret, const char **ret_why)
 {
@@ -86,25 +71,19 @@ int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
         *ret_why = why_buf;
         return -ENOSPC;
     }
-    if (!use_memfd) {
-        int r = probe_tmpfile(dir);
-        if (r < 0) {
-            snprintf(why_buf, sizeof(why_buf), "pool directory %s does not support O_TMPFILE: %s",
-                     dir, strerror(-r));
-            *ret_why = why_buf;
-            return r;
-        }
-    }
     struct pool *p = calloc(1, sizeof(*p));
-    if (!p || !(p->dir = strdup(dir))) {
-        free(p);
+    if (!p) {
         *ret_why = "out of memory";
         return -ENOMEM;
     }
+    int r = store_open(&p->store, dir, use_memfd, why_buf, sizeof(why_buf));
+    if (r < 0) {
+        free(p);
+        *ret_why = why_buf;
+        return r;
+    }
     p->loop = loop;
-    p->use_memfd = use_memfd;
     p->cap = cap;
-    p->huge = use_memfd ? HUGEPOOL_NONE : hugepool_detect(dir);
     /* Every buffer is an fd (two while acquired): keep a quarter of RLIMIT_NOFILE, and
      * 64 more, for connections and the daemon itself. */
     struct rlimit rl;
@@ -118,23 +97,15 @@ int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
 
 static int class_of(const struct pool *p, uint64_t size, uint64_t *ret_size);
 
-/* huge_round: on a huge-page pool, buffers above 1 MiB are whole 2 MiB pages, so no
- * page is split between a buffer and the rest of the file; smaller ones keep 4 KiB
- * pages, except on huge=always, where even a small file takes a 2 MiB page (so it is
- * charged one, and comes back with the blocks the integrity check expects). Every 2 MiB
- * multiple up to 16 MiB is itself a class size (4 steps per power of two), and above
- * that the classes are multiples of 2 MiB anyway. */
-static uint64_t huge_round(const struct pool *p, uint64_t size)
-{
-    if (p->huge == HUGEPOOL_NONE || (p->huge == HUGEPOOL_WITHIN_SIZE && size <= (1u << 20)))
-        return size;
-    return (size + HUGEPOOL_PAGE - 1) / HUGEPOOL_PAGE * HUGEPOOL_PAGE;
-}
-
+/* Every 2 MiB multiple up to 16 MiB is itself a class size (4 steps per power of two),
+ * and above that the classes are multiples of 2 MiB anyway, so rounding to the store's
+ * piece (store_round) before and after the class rounding keeps both. On huge=always even
+ * a small file takes a 2 MiB page, so it is charged one and comes back with the blocks
+ * the integrity check expects. */
 /* class_of: the class index and size for size bytes, or -1 if beyond every class. */
 static int class_of(const struct pool *p, uint64_t size, uint64_t *ret_size)
 {
-    size = huge_round(p, size);
+    size = store_round(&p->store, size);
     uint64_t u = p->unit;
     if (size == 0)
         size = 1;
@@ -148,7 +119,7 @@ static int class_of(const struct pool *p, uint64_t size, uint64_t *ret_size)
     unsigned k = 63 - (unsigned)__builtin_clzll(n);
     uint64_t step = 1ULL << (k - 2);
     n = (n + step - 1) & ~(step - 1);
-    n = huge_round(p, n);
+    n = store_round(&p->store, n);
     k = 63 - (unsigned)__builtin_clzll(n);
     unsigned m = (unsigned)(n >> (k - 2)); /* 4..7 */
     int idx = 3 + (int)(k - p->unit_bits - 2) * 4 + (int)(m - 4);
@@ -283,23 +254,7 @@ static int make_fd_room(struct pool *p)
 static void create_work(uv_work_t *w)
 {
     struct pool_create *c = w->data;
-    struct pool *p = c->pool;
-    int fd = p->use_memfd ? memfd_create("shmref", MFD_CLOEXEC)
-                          : open(p->dir, O_TMPFILE | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        c->err = -errno;
-        return;
-    }
-    int r;
-    do
-        r = fallocate(fd, 0, 0, (off_t)c->size);
-    while (r < 0 && errno == EINTR);
-    if (r < 0) {
-        c->err = -errno;
-        close(fd);
-        return;
-    }
-    c->fd = fd;
+    c->err = store_create(&c->pool->store, c->size, &c->fd);
 }
 
 static void create_done(uv_work_t *w, int status)
@@ -390,21 +345,9 @@ int pool_get(struct pool *p, uint64_t size, uint32_t tenant, struct pool_buf **r
     return 1;
 }
 
-/* intact: whether the file is still exactly what was reserved. A producer holds an
- * O_RDWR fd: it can ftruncate the file (the next holder would SIGBUS), grow it or punch
- * holes with fallocate (storage the pool does not account for, or pages no longer
- * reserved). Such a buffer is never handed out again. */
-static bool intact(const struct pool_buf *b)
-{
-    struct stat st;
-    if (fstat(b->fd, &st) < 0)
-        return false;
-    return (uint64_t)st.st_size == b->size && (uint64_t)st.st_blocks * 512 == b->size;
-}
-
 void pool_put(struct pool *p, struct pool_buf *b)
 {
-    if (!b->foreign && !intact(b)) {
+    if (!b->foreign && !store_intact(&p->store, b->fd, b->size)) {
         p->counters.tampered++;
         b->foreign = true;
     }
@@ -435,17 +378,15 @@ void pool_put(struct pool *p, struct pool_buf *b)
 
 int pool_ro_fd(struct pool *p, struct pool_buf *b)
 {
-    char path[64];
     if (b->ro_fd >= 0)
         return b->ro_fd;
     int room = make_fd_room(p);
     flush(p);
     if (room < 0)
         return -EMFILE;
-    snprintf(path, sizeof(path), "/proc/self/fd/%d", b->fd);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = store_reopen_ro(&p->store, b->fd);
     if (fd < 0)
-        return -errno;
+        return fd;
     b->ro_fd = fd;
     p->nfds++;
     return fd;
@@ -463,7 +404,7 @@ void pool_free(struct pool *p)
     }
     flush(p); /* closing: right here */
     free(p->batch);
-    free(p->dir);
+    store_close(&p->store);
     free(p);
 }
 
@@ -472,17 +413,14 @@ uint64_t pool_fds(const struct pool *p) { return p->nfds; }
 uint64_t pool_fd_budget(const struct pool *p) { return p->fd_budget; }
 uint64_t pool_bytes_alloc(const struct pool *p) { return p->bytes_alloc; }
 uint64_t pool_bytes_warm(const struct pool *p) { return p->bytes_warm; }
-const char *pool_dir(const struct pool *p) { return p->dir; }
-const char *pool_kind(const struct pool *p)
-{
-    return p->use_memfd ? "memfd" : p->huge ? "tmpfile-hugepages" : "tmpfile";
-}
+const char *pool_dir(const struct pool *p) { return p->store.dir; }
+const char *pool_kind(const struct pool *p) { return store_kind(&p->store); }
 struct pool_counters pool_counters(const struct pool *p) { return p->counters; }
 
 uint64_t pool_fs_available(const struct pool *p)
 {
     struct statvfs sv;
-    if (statvfs(p->dir, &sv) < 0)
+    if (statvfs(p->store.dir, &sv) < 0)
         return 0;
     return (uint64_t)sv.f_bavail * sv.f_frsize;
 }

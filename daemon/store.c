@@ -1,0 +1,223 @@
+/* store.c: see store.h. Files are unlinked from birth (O_TMPFILE | O_EXCL in the pool
+ * directory, never linkable, or memfds), so nothing is left behind when the daemon dies.
+ * The private tmpfs is huge=within_size rather than always: a file gets huge pages only
+ * where its size covers them, so small buffers keep small pages and waste nothing. */
+#include "store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/capability.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "privs.h"
+#include "units.h"
+
+int store_open(struct store *st, const char *dir, bool memfd, char *why, size_t why_len)
+{
+    *st = (struct store){ .memfd = memfd };
+    if (!memfd) {
+        int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            int e = errno;
+            snprintf(why, why_len, "pool directory %s does not support O_TMPFILE: %s", dir, strerror(e));
+            return -e;
+        }
+        close(fd);
+    }
+    if (!(st->dir = strdup(dir))) {
+        snprintf(why, why_len, "out of memory");
+        return -ENOMEM;
+    }
+    st->huge = memfd ? STORE_HUGE_NONE : store_detect_huge(dir);
+    return 0;
+}
+
+void store_close(struct store *st)
+{
+    free(st->dir);
+    st->dir = NULL;
+}
+
+int store_create(const struct store *st, uint64_t size, int *ret_fd)
+{
+    int fd = st->memfd ? memfd_create("shmref", MFD_CLOEXEC)
+                       : open(st->dir, O_TMPFILE | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    int r;
+    do
+        r = fallocate(fd, 0, 0, (off_t)size);
+    while (r < 0 && errno == EINTR);
+    if (r < 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    *ret_fd = fd;
+    return 0;
+}
+
+bool store_intact(const struct store *st, int fd, uint64_t size)
+{
+    struct stat sb;
+    (void)st;
+    if (fstat(fd, &sb) < 0)
+        return false;
+    return (uint64_t)sb.st_size == size && (uint64_t)sb.st_blocks * 512 == size;
+}
+
+int store_reopen_ro(const struct store *st, int fd)
+{
+    char path[64];
+    (void)st;
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    int ro = open(path, O_RDONLY | O_CLOEXEC);
+    return ro < 0 ? -errno : ro;
+}
+
+uint64_t store_round(const struct store *st, uint64_t size)
+{
+    if (st->huge == STORE_HUGE_NONE || (st->huge == STORE_HUGE_WITHIN_SIZE && size <= (1u << 20)))
+        return size;
+    return (size + STORE_HUGE_PAGE - 1) / STORE_HUGE_PAGE * STORE_HUGE_PAGE;
+}
+
+const char *store_kind(const struct store *st)
+{
+    return st->memfd ? "memfd" : st->huge ? "tmpfile-hugepages" : "tmpfile";
+}
+
+/* ---- huge pages ------------------------------------------------------------------- */
+
+enum store_huge store_detect_huge(const char *dir)
+{
+    char real[PATH_MAX], line[4096], best_opts[1024] = "", best_type[64] = "";
+    size_t best = 0;
+    if (!realpath(dir, real))
+        return STORE_HUGE_NONE;
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (!f)
+        return STORE_HUGE_NONE;
+    /* id parent major:minor root mountpoint options [optional...] - fstype source superopts */
+    while (fgets(line, sizeof(line), f)) {
+        char mnt[PATH_MAX], type[64], opts[1024];
+        char *dash = strstr(line, " - ");
+        if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
+            sscanf(dash + 3, "%63s %*s %1023s", type, opts) != 2)
+            continue;
+        size_t n = strlen(mnt);
+        bool under = strncmp(real, mnt, n) == 0 && (real[n] == '/' || real[n] == '\0' || n == 1);
+        if (under && n >= best) { /* the last of equally long mounts is the visible one */
+            best = n;
+            snprintf(best_type, sizeof(best_type), "%s", type);
+            snprintf(best_opts, sizeof(best_opts), "%s", opts);
+        }
+    }
+    fclose(f);
+    if (strcmp(best_type, "tmpfs") != 0)
+        return STORE_HUGE_NONE;
+    if (strstr(best_opts, "huge=always"))
+        return STORE_HUGE_ALWAYS;
+    return strstr(best_opts, "huge=within_size") ? STORE_HUGE_WITHIN_SIZE : STORE_HUGE_NONE;
+}
+
+/* can_mount: whether this process holds CAP_SYS_ADMIN (effective). */
+static bool can_mount(void)
+{
+    cap_t caps = cap_get_proc();
+    cap_flag_value_t v = CAP_CLEAR;
+    if (caps)
+        cap_get_flag(caps, CAP_SYS_ADMIN, CAP_EFFECTIVE, &v);
+    cap_free(caps);
+    return v == CAP_SET;
+}
+
+/* mount_huge: in a mount namespace of its own, mounts a tmpfs with huge=within_size of
+ * `bytes` over dir, owned by uid:gid. Returns 0, or -errno with what failed in why. */
+static int mount_huge(const char *dir, uint64_t bytes, uid_t uid, gid_t gid, char *why, size_t why_len)
+{
+    char opts[256];
+    if (unshare(CLONE_NEWNS) < 0) {
+        int e = errno;
+        snprintf(why, why_len, "unshare(CLONE_NEWNS): %s", strerror(e));
+        return -e;
+    }
+    /* Nothing we mount from here on propagates back to the host. */
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
+        int e = errno;
+        snprintf(why, why_len, "making mounts private: %s", strerror(e));
+        return -e;
+    }
+    bytes = (bytes + STORE_HUGE_PAGE - 1) / STORE_HUGE_PAGE * STORE_HUGE_PAGE;
+    snprintf(opts, sizeof(opts), "huge=within_size,size=%llu,mode=0700,uid=%u,gid=%u",
+             (unsigned long long)bytes, (unsigned)uid, (unsigned)gid);
+    if (mount("shmrefd-pool", dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts) < 0) {
+        int e = errno;
+        snprintf(why, why_len, "mount -t tmpfs -o %s on %s: %s", opts, dir, strerror(e));
+        return -e;
+    }
+    return 0;
+}
+
+int store_setup_hugepages(const struct options *o)
+{
+    char why[512], a[UNITS_TEXT_MAX];
+    if (o->memfd || o->pool_hugepages == OPTIONS_HUGE_NO || store_detect_huge(o->pool_dir) != STORE_HUGE_NONE)
+        return 0;
+    /* The private mount must not hide a pool that the real directory could not hold:
+     * the size check against it (and its message) stays with pool_new. */
+    struct statvfs sv;
+    if (statvfs(o->pool_dir, &sv) < 0 || o->pool_size > (uint64_t)sv.f_bavail * sv.f_frsize)
+        return 0;
+    size_t dl = strlen(o->pool_dir);
+    if (strncmp(o->socket_path, o->pool_dir, dl) == 0 && (o->socket_path[dl] == '/' || o->pool_dir[dl - 1] == '/')) {
+        if (o->pool_hugepages == OPTIONS_HUGE_YES) {
+            log_error("cannot set up the huge-page pool: the socket %s is inside pool-dir %s, which "
+                      "the private mount would hide from clients", o->socket_path, o->pool_dir);
+            return -EINVAL;
+        }
+        log_notice("no huge-page pool: the socket %s is inside pool-dir %s, which a private mount "
+                   "would hide from clients; buffers use 4 KiB pages", o->socket_path, o->pool_dir);
+        return 0;
+    }
+    if (!can_mount()) {
+        if (o->pool_hugepages == OPTIONS_HUGE_YES) {
+            log_error("cannot set up the huge-page pool: mounting needs CAP_SYS_ADMIN");
+            return -EPERM;
+        }
+        log_notice("no huge-page pool (mounting needs CAP_SYS_ADMIN): buffers use 4 KiB pages in %s; "
+                   "a tmpfs mounted with huge=within_size as pool-dir gives huge pages", o->pool_dir);
+        return 0;
+    }
+    uid_t uid = geteuid();
+    gid_t gid = getegid();
+    if (o->user && geteuid() == 0 && privs_lookup(o->user, &uid, &gid) < 0)
+        return -ENOENT;
+    /* The tmpfs is a ceiling, not a reservation: twice the pool, so that pages of a
+     * buffer being closed off the loop never make a new buffer's reservation fail; the
+     * pool's own cap still rules. */
+    uint64_t bytes = o->pool_size * 2 < (64u << 20) ? (64u << 20) : o->pool_size * 2;
+    int r = mount_huge(o->pool_dir, bytes, uid, gid, why, sizeof(why));
+    if (r == 0) {
+        log_info("mounted a private huge-page tmpfs (huge=within_size, at most %s) over %s",
+                 units_format(bytes, a), o->pool_dir);
+        return 0;
+    }
+    if (o->pool_hugepages == OPTIONS_HUGE_YES) {
+        log_error("cannot set up the huge-page pool: %s", why);
+        return r;
+    }
+    log_notice("no huge-page pool (%s): buffers use 4 KiB pages in %s", why, o->pool_dir);
+    return 0;
+}
+
