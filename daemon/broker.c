@@ -1,6 +1,8 @@
-/* broker.c: see broker.h. Order of a lease: limits, then the tenant's quota is charged,
- * then the pool is asked (warm buffer now, or a new one reserved off the loop); every
- * failure after the charge credits it back, so the ledger never drifts. */
+/* broker.c: see broker.h. Order of a lease: limits, then the size class (computed once),
+ * then the tenant's quota is charged (a ticket), then the pool is asked (warm buffer now,
+ * or a new one reserved off the loop). The ticket travels with the lease into the
+ * registry; every failure on the way hands it to registry_abandon, the same one place
+ * that credits a buffer's charge at its end. */
 #include "broker.h"
 
 #include <errno.h>
@@ -17,7 +19,7 @@ struct pending_lease {
     struct broker_peer *peer;
     uint32_t id;
     uint64_t size;
-    uint64_t csize;
+    struct quota_ticket charge;  /* for the class size */
 };
 
 static void fail(struct broker_peer *p, uint32_t id, int code, const char *fmt, ...)
@@ -65,15 +67,15 @@ static void send_buffer(struct broker_peer *p, uint32_t id, uint64_t handle, str
     p->ops->reply(p, &r, fd);
 }
 
-/* lease_finish: a buffer is ready for a charged lease: register, hold, reply. */
+/* lease_finish: a buffer is ready for a charged lease: register (the registry takes the
+ * charge), hold, reply. */
 static void lease_finish(struct broker *bk, struct broker_peer *p, uint32_t id, struct pool_buf *pb,
-                         uint64_t size)
+                         uint64_t size, struct quota_ticket *charge)
 {
     uint64_t handle;
-    struct registry_buf *b = registry_buf_new(bk->reg, pb, p->uid, size);
+    struct registry_buf *b = registry_buf_charged(bk->reg, pb, charge, size);
     if (!b) {
-        quota_credit(bk->quota, p->uid, pb->size);
-        pool_put(bk->pool, pb);
+        registry_abandon(bk->reg, charge, pb);
         fail(p, id, ENOMEM, "daemon out of memory");
         return;
     }
@@ -93,24 +95,25 @@ static void lease_created(struct pool *pool, struct pool_buf *pb, int err, void 
     struct broker_peer *p = pl->peer;
     char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX];
 
+    uint64_t csize = pl->charge.bytes;
     p->pending--;
+    bk->pending_bytes -= csize;
     if (err < 0) {
-        quota_credit(bk->quota, p->uid, pl->csize);
+        registry_abandon(bk->reg, &pl->charge, NULL);
         log_error("creating a %llu-byte buffer in %s failed: %s (%llu bytes available there)",
-                  (unsigned long long)pl->csize, pool_dir(pool), strerror(-err),
+                  (unsigned long long)csize, pool_dir(pool), strerror(-err),
                   (unsigned long long)pool_fs_available(pool));
         if (!p->closing) {
             char msg[PROTO_MAX_ERRMSG];
             snprintf(msg, sizeof(msg), "cannot reserve %s (%llu bytes) in %s: %s; %s available there",
-                     units_format(pl->csize, a), (unsigned long long)pl->csize, pool_dir(pool),
+                     units_format(csize, a), (unsigned long long)csize, pool_dir(pool),
                      strerror(-err), units_format(pool_fs_available(pool), b));
             refuse(bk, p, pl->id, err == -ENOSPC ? ENOSPC : -err, "lease", msg);
         }
     } else if (p->closing || bk->stopping) {
-        quota_credit(bk->quota, p->uid, pl->csize);
-        pool_put(pool, pb);
+        registry_abandon(bk->reg, &pl->charge, pb);
     } else {
-        lease_finish(bk, p, pl->id, pb, pl->size);
+        lease_finish(bk, p, pl->id, pb, pl->size, &pl->charge);
     }
     p->ops->unref(p);
     free(pl);
@@ -127,7 +130,7 @@ static bool leases_left(struct broker *bk, struct broker_peer *p, uint32_t id, c
     return false;
 }
 
-/* lease_refused: the pool said no to a charged lease (already credited back). */
+/* lease_refused: the pool said no to a charged lease (its charge is already back). */
 static void lease_refused(struct broker *bk, struct broker_peer *p, uint32_t id, int r, uint64_t csize)
 {
     char msg[PROTO_MAX_ERRMSG], a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], d[UNITS_TEXT_MAX];
@@ -168,12 +171,13 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     }
     if (!leases_left(bk, p, m->id, "lease"))
         return;
-    uint64_t csize = pool_class_size(bk->pool, size);
-    if (csize == 0) {
+    struct pool_cls cls;
+    if (pool_class(bk->pool, size, &cls) < 0) {
         refuse(bk, p, m->id, EFBIG, "lease", "lease size beyond every size class");
         return;
     }
-    int r = quota_charge(bk->quota, p->uid, csize, msg, sizeof(msg));
+    struct quota_ticket charge;
+    int r = quota_take(bk->quota, p->uid, cls.size, &charge, msg, sizeof(msg));
     if (r < 0) {
         refuse(bk, p, m->id, -r, "lease", msg);
         return;
@@ -181,20 +185,21 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     struct pending_lease *pl = malloc(sizeof(*pl));
     struct pool_buf *pb = NULL;
     if (pl)
-        *pl = (struct pending_lease){ .broker = bk, .peer = p, .id = m->id, .size = size, .csize = csize };
-    r = pl ? pool_get(bk->pool, size, p->uid, &pb, lease_created, pl) : -ENOMEM;
+        *pl = (struct pending_lease){ .broker = bk, .peer = p, .id = m->id, .size = size, .charge = charge };
+    r = pl ? pool_get_class(bk->pool, &cls, p->uid, &pb, lease_created, pl) : -ENOMEM;
     if (r == 1) {
         p->ops->ref(p);
         p->pending++;
+        bk->pending_bytes += cls.size;
         return;
     }
     free(pl);
     if (r == 0) {
-        lease_finish(bk, p, m->id, pb, size);
+        lease_finish(bk, p, m->id, pb, size, &charge);
         return;
     }
-    quota_credit(bk->quota, p->uid, csize);
-    lease_refused(bk, p, m->id, r, csize);
+    registry_abandon(bk->reg, &charge, NULL);
+    lease_refused(bk, p, m->id, r, cls.size);
 }
 
 static void do_publish(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
@@ -299,4 +304,29 @@ uint32_t broker_disconnect(struct broker *bk, struct broker_peer *p)
         bk->counters->reclaimed_clients++;
     }
     return n;
+}
+
+/* broker_check: the three ledgers of the same bytes agree: what the quota holds is what
+ * the registry's buffers are charged plus the leases waiting for a buffer, and what the
+ * pool has handed out (allocated, not warm, not being made) is the registry's buffers. A
+ * drift is a bug: test builds (SHMREF_LEDGER_CHECK) abort; others log it once. */
+void broker_check(struct broker *bk)
+{
+    struct registry_stats st = registry_stats(bk->reg);
+    uint64_t quota = quota_total(bk->quota);
+    uint64_t pool = pool_bytes_alloc(bk->pool) - pool_bytes_warm(bk->pool) - pool_bytes_creating(bk->pool);
+    bool ok = st.drift == 0;
+#ifdef SHMREF_LEDGER_CHECK
+    ok = ok && quota == st.bytes + bk->pending_bytes && pool == st.bytes;
+#endif
+    if (ok || bk->drift_logged)
+        return;
+    bk->drift_logged = true;
+    log_error("ledgers disagree: quota holds %llu bytes, registry %llu (+%llu pending), pool hands out %llu; "
+              "%llu credits found less charged than credited",
+              (unsigned long long)quota, (unsigned long long)st.bytes, (unsigned long long)bk->pending_bytes,
+              (unsigned long long)pool, (unsigned long long)st.drift);
+#ifdef SHMREF_LEDGER_CHECK
+    abort();
+#endif
 }

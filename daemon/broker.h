@@ -49,11 +49,18 @@ struct broker {
     struct registry *reg;
     struct counters *counters;
     bool stopping;                  /* shutting down: a buffer created now goes back */
+    uint64_t pending_bytes;         /* charged to leases still waiting for a buffer */
+    bool drift_logged;
 };
 
 /* broker_handle: act on one decoded lease, publish, acquire or release request; returns
  * false for any other op (the caller's to handle). */
 bool broker_handle(struct broker *b, struct broker_peer *p, const struct proto_msg *m);
+
+/* broker_check: cross-checks the quota, registry and pool ledgers (after each request).
+ * In test builds (SHMREF_LEDGER_CHECK) a mismatch aborts the daemon; otherwise a drift the
+ * registry saw is logged once. */
+void broker_check(struct broker *b);
 
 /* broker_disconnect: releases every handle p holds; returns how many there were. */
 uint32_t broker_disconnect(struct broker *b, struct broker_peer *p);

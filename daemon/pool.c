@@ -24,7 +24,7 @@ struct pool {
     struct store store;         /* backing files; a huge-page dir: classes follow */
     uint64_t cap, unit;
     unsigned unit_bits;
-    uint64_t bytes_alloc, bytes_warm;
+    uint64_t bytes_alloc, bytes_warm, bytes_creating;
     uint64_t next_id;
     uint64_t nfds, fd_budget;   /* fds held by buffers (and being created), and the most */
     int *batch;                 /* fds of retired buffers, to close (see flush) */
@@ -133,6 +133,16 @@ uint64_t pool_class_size(const struct pool *p, uint64_t size)
 {
     uint64_t n;
     return class_of(p, size, &n) < 0 ? 0 : n;
+}
+
+int pool_class(const struct pool *p, uint64_t size, struct pool_cls *ret)
+{
+    uint64_t n;
+    int idx = class_of(p, size, &n);
+    if (idx < 0)
+        return -EFBIG;
+    *ret = (struct pool_cls){ .idx = (uint16_t)idx, .size = n };
+    return 0;
 }
 
 static void lru_unlink(struct pool *p, struct pool_buf *b)
@@ -263,6 +273,7 @@ static void create_done(uv_work_t *w, int status)
     struct pool *p = c->pool;
     struct pool_buf *b = NULL;
 
+    p->bytes_creating -= c->size;
     if (status < 0 && c->err == 0)
         c->err = status;
     if (c->err == 0 && !(b = calloc(1, sizeof(*b)))) {
@@ -294,10 +305,16 @@ static void create_done(uv_work_t *w, int status)
 int pool_get(struct pool *p, uint64_t size, uint32_t tenant, struct pool_buf **ret,
              pool_get_cb cb, void *data)
 {
-    uint64_t csize;
-    int idx = class_of(p, size, &csize);
-    if (idx < 0)
-        return -EFBIG;
+    struct pool_cls cls;
+    int r = pool_class(p, size, &cls);
+    return r < 0 ? r : pool_get_class(p, &cls, tenant, ret, cb, data);
+}
+
+int pool_get_class(struct pool *p, const struct pool_cls *cls, uint32_t tenant, struct pool_buf **ret,
+                   pool_get_cb cb, void *data)
+{
+    uint64_t csize = cls->size;
+    int idx = cls->idx;
     struct pool_class *c = &p->classes[idx];
 
     /* Prefer the tenant's own warm buffer, else one nobody has mapped yet. */
@@ -341,6 +358,7 @@ int pool_get(struct pool *p, uint64_t size, uint32_t tenant, struct pool_buf **r
         return r;
     }
     p->bytes_alloc += csize;
+    p->bytes_creating += csize;
     p->nfds++;
     return 1;
 }
@@ -413,6 +431,7 @@ uint64_t pool_fds(const struct pool *p) { return p->nfds; }
 uint64_t pool_fd_budget(const struct pool *p) { return p->fd_budget; }
 uint64_t pool_bytes_alloc(const struct pool *p) { return p->bytes_alloc; }
 uint64_t pool_bytes_warm(const struct pool *p) { return p->bytes_warm; }
+uint64_t pool_bytes_creating(const struct pool *p) { return p->bytes_creating; }
 const char *pool_dir(const struct pool *p) { return p->store.dir; }
 const char *pool_kind(const struct pool *p) { return store_kind(&p->store); }
 struct pool_counters pool_counters(const struct pool *p) { return p->counters; }

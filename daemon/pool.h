@@ -60,6 +60,14 @@ void pool_free(struct pool *pool);
  * sizes above 1 MiB first round up to whole 2 MiB pages); 0 if too large. */
 uint64_t pool_class_size(const struct pool *pool, uint64_t size);
 
+/* pool_cls: a size class, computed once per lease (its size is what the lease is charged). */
+struct pool_cls {
+    uint16_t idx;
+    uint64_t size;
+};
+/* pool_class: the class of size bytes into *ret. Returns 0, or -EFBIG if too large. */
+int pool_class(const struct pool *pool, uint64_t size, struct pool_cls *ret);
+
 /* pool_get: a buffer of size's class for tenant. Returns 0 with *ret for a warm buffer;
  * 1 when a new buffer is being created off the loop (cb will be called); -ENOSPC when
  * the cap leaves no room even after evicting every free buffer (a request that cannot
@@ -67,6 +75,9 @@ uint64_t pool_class_size(const struct pool *pool, uint64_t size);
  * RLIMIT_NOFILE even after evicting; -EFBIG when size is beyond every class. */
 int pool_get(struct pool *pool, uint64_t size, uint32_t tenant, struct pool_buf **ret,
              pool_get_cb cb, void *data);
+/* pool_get_class: pool_get for a class pool_class gave. */
+int pool_get_class(struct pool *pool, const struct pool_cls *cls, uint32_t tenant, struct pool_buf **ret,
+                   pool_get_cb cb, void *data);
 
 /* pool_put: a buffer no one holds any more. It goes back warm to its tenant's free list,
  * or is retired (closed) if another tenant mapped it or its file was resized. */
@@ -81,6 +92,7 @@ uint64_t pool_fds(const struct pool *pool);           /* fds held by buffers */
 uint64_t pool_fd_budget(const struct pool *pool);     /* most it may hold (RLIMIT_NOFILE) */
 uint64_t pool_bytes_alloc(const struct pool *pool);   /* every backing file */
 uint64_t pool_bytes_warm(const struct pool *pool);    /* free buffers, ready */
+uint64_t pool_bytes_creating(const struct pool *pool); /* buffers being created off the loop */
 uint64_t pool_fs_available(const struct pool *pool);  /* statvfs of the dir, now */
 const char *pool_dir(const struct pool *pool);
 const char *pool_kind(const struct pool *pool);       /* "tmpfile", "tmpfile-hugepages" or "memfd" */

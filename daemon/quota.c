@@ -131,15 +131,43 @@ int quota_charge(struct quota *q, uint32_t uid, uint64_t bytes, char *why, size_
     return 0;
 }
 
-void quota_credit(struct quota *q, uint32_t uid, uint64_t bytes)
+int quota_credit(struct quota *q, uint32_t uid, uint64_t bytes)
 {
     struct entry *e = find(q, uid);
     if (!e)
-        return;
+        return bytes ? -ENOENT : 0;
+    int r = e->t.bytes >= bytes && e->t.buffers ? 0 : -EINVAL;
     e->t.bytes = e->t.bytes >= bytes ? e->t.bytes - bytes : 0;
     if (e->t.buffers)
         e->t.buffers--;
     prune(q, e);
+    return r;
+}
+
+int quota_take(struct quota *q, uint32_t uid, uint64_t bytes, struct quota_ticket *ret, char *why,
+               size_t why_len)
+{
+    int r = quota_charge(q, uid, bytes, why, why_len);
+    if (r == 0)
+        *ret = (struct quota_ticket){ .uid = uid, .bytes = bytes };
+    return r;
+}
+
+int quota_return(struct quota *q, struct quota_ticket *t)
+{
+    if (!t->bytes)
+        return 0;
+    int r = quota_credit(q, t->uid, t->bytes);
+    t->bytes = 0;
+    return r;
+}
+
+uint64_t quota_total(const struct quota *q)
+{
+    uint64_t n = 0;
+    for (unsigned i = 0; i < q->n; i++)
+        n += q->v[i].t.bytes;
+    return n;
 }
 
 unsigned quota_tenants(const struct quota *q, struct quota_tenant *ret, unsigned max)

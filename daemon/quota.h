@@ -14,6 +14,13 @@ struct quota_tenant {
     uint32_t buffers;  /* live buffers charged */
 };
 
+/* quota_ticket: one charge, as an object: whoever holds it owns the bytes it names, and
+ * hands it back exactly once (quota_return). bytes 0: nothing is held. */
+struct quota_ticket {
+    uint32_t uid;
+    uint64_t bytes;
+};
+
 struct quota;
 
 int quota_new(uint64_t default_quota, struct quota **ret);
@@ -30,7 +37,19 @@ void quota_clear_limits(struct quota *q);
 /* quota_charge: charge bytes to uid. Returns 0, or -EDQUOT with a message naming the
  * numbers in why (why_len bytes), or -ENOMEM. */
 int quota_charge(struct quota *q, uint32_t uid, uint64_t bytes, char *why, size_t why_len);
-void quota_credit(struct quota *q, uint32_t uid, uint64_t bytes);
+/* quota_credit: gives back bytes charged to uid. Never silent about drift: returns 0, or
+ * -EINVAL when uid holds less than bytes (then it holds 0), -ENOENT when it holds
+ * nothing. */
+int quota_credit(struct quota *q, uint32_t uid, uint64_t bytes);
+
+/* quota_take: quota_charge, as a ticket (*ret is written only on success). */
+int quota_take(struct quota *q, uint32_t uid, uint64_t bytes, struct quota_ticket *ret, char *why,
+               size_t why_len);
+/* quota_return: credits a ticket and empties it; an empty ticket is a no-op. Returns what
+ * quota_credit returned (drift is the caller's to report). */
+int quota_return(struct quota *q, struct quota_ticket *t);
+/* quota_total: bytes charged to all tenants (for cross-checking other ledgers). */
+uint64_t quota_total(const struct quota *q);
 
 /* quota_tenants: the tenants with a charge or a limit of their own. */
 unsigned quota_tenants(const struct quota *q, struct quota_tenant *ret, unsigned max);

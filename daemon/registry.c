@@ -77,19 +77,45 @@ static void hash_remove(struct registry *r, struct registry_buf *b)
     }
 }
 
-struct registry_buf *registry_buf_new(struct registry *r, struct pool_buf *pb, uint32_t tenant,
-                                      uint64_t size)
+struct registry_buf *registry_buf_charged(struct registry *r, struct pool_buf *pb,
+                                          struct quota_ticket *charge, uint64_t size)
 {
+    if (charge->bytes != pb->size)
+        r->st.drift++; /* the class was computed twice, differently: a bug */
     struct registry_buf *b = calloc(1, sizeof(*b));
     if (!b)
         return NULL;
     b->pb = pb;
-    b->tenant = tenant;
+    b->tenant = charge->uid;
+    b->charge = *charge;
+    charge->bytes = 0;
     b->size = size;
     b->reg = r;
     r->st.buffers++;
     r->st.bytes += pb->size;
     return b;
+}
+
+struct registry_buf *registry_buf_new(struct registry *r, struct pool_buf *pb, uint32_t tenant,
+                                      uint64_t size)
+{
+    struct quota_ticket t = { .uid = tenant, .bytes = pb->size };
+    return registry_buf_charged(r, pb, &t, size);
+}
+
+/* give_back: the one place a charge is credited: at a buffer's end, or for a lease that
+ * never became one. The buffer, if any, goes back to the pool. */
+static void give_back(struct registry *r, struct quota_ticket *charge, struct pool_buf *pb)
+{
+    if (quota_return(r->quota, charge) < 0)
+        r->st.drift++;
+    if (pb)
+        pool_put(r->pool, pb);
+}
+
+void registry_abandon(struct registry *r, struct quota_ticket *charge, struct pool_buf *pb)
+{
+    give_back(r, charge, pb);
 }
 
 /* buf_gone: the last reference went: credit the producer, recycle the buffer. */
@@ -101,8 +127,7 @@ static void buf_gone(struct registry *r, struct registry_buf *b)
     }
     r->st.buffers--;
     r->st.bytes -= b->pb->size;
-    quota_credit(r->quota, b->tenant, b->pb->size);
-    pool_put(r->pool, b->pb);
+    give_back(r, &b->charge, b->pb);
     free(b->meta);
     free(b);
 }

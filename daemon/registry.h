@@ -21,6 +21,7 @@ struct registry_buf {
     uint8_t token[PROTO_TOKEN_LEN];
     uint32_t refs;          /* lease handles plus one while retained */
     uint32_t tenant;        /* the producer's uid, charged for pb->size */
+    struct quota_ticket charge; /* that charge: given back with the buffer, once */
     uint64_t size;          /* leased size; after publish, the published size */
     bool published, retained;
     uint32_t meta_len;
@@ -52,10 +53,18 @@ void registry_end_retentions(struct registry *reg);
 /* registry_free: ends every retention; holders must have been released first. */
 void registry_free(struct registry *reg);
 
-/* registry_buf_new: a writing buffer produced by tenant (already charged for pb->size).
- * It has no reference yet: hold it at once. Returns NULL on ENOMEM (nothing is taken). */
+/* registry_buf_charged: a writing buffer whose charge is *charge (for exactly pb->size
+ * bytes). On success the registry owns the charge (*charge is emptied) and gives it back
+ * with the buffer. It has no reference yet: hold it at once. Returns NULL on ENOMEM
+ * (nothing is taken). */
+struct registry_buf *registry_buf_charged(struct registry *reg, struct pool_buf *pb,
+                                          struct quota_ticket *charge, uint64_t size);
+/* registry_buf_new: registry_buf_charged for a charge of pb->size already made to tenant. */
 struct registry_buf *registry_buf_new(struct registry *reg, struct pool_buf *pb, uint32_t tenant,
                                       uint64_t size);
+/* registry_abandon: a charge that never became a buffer goes back, and pb (if not NULL)
+ * to the pool: the same one place that gives back a buffer's charge at its end. */
+void registry_abandon(struct registry *reg, struct quota_ticket *charge, struct pool_buf *pb);
 /* registry_buf_drop: undo registry_buf_new for a buffer that was never held. */
 void registry_buf_drop(struct registry *reg, struct registry_buf *b);
 
@@ -82,6 +91,7 @@ void registry_end_retention(struct registry *reg, struct registry_buf *b);
 struct registry_stats {
     uint64_t buffers, bytes, published, retained, retained_bytes, expired;
     uint64_t handles;       /* lease handles held by all connections */
+    uint64_t drift;         /* charges the quota ledger did not hold in full (a bug) */
 };
 struct registry_stats registry_stats(const struct registry *reg);
 

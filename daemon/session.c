@@ -130,6 +130,7 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
         env->counters->protocol_errors++;
     uint32_t held = s->peer.holder.leases;
     uint32_t n = broker_disconnect(env->broker, &s->peer);
+    broker_check(env->broker);
     if (n || why)
         log_info("client %llu pid=%d uid=%u disconnected%s%s; reclaimed %u lease%s",
                  (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid,
@@ -307,4 +308,5 @@ static void on_message(void *ctx, const uint8_t *data, size_t len)
         return;
     }
     dispatch(s, &m);
+    broker_check(s->env->broker);
 }
