@@ -317,19 +317,16 @@ int pool_get_class(struct pool *p, const struct pool_cls *cls, uint32_t tenant, 
     int idx = cls->idx;
     struct pool_class *c = &p->classes[idx];
 
-    /* Prefer the tenant's own warm buffer, else one nobody has mapped yet. */
+    /* Only the tenant's own warm buffer: every buffer is created for a tenant. */
     struct pool_buf *pick = NULL;
     for (struct pool_buf *b = c->free_head; b; b = b->cls_next) {
         if (b->tenant == tenant) {
             pick = b;
             break;
         }
-        if (b->tenant == POOL_NO_TENANT && !pick)
-            pick = b;
     }
     if (pick) {
         lru_unlink(p, pick);
-        pick->tenant = tenant;
         pick->gen++;
         p->counters.recycled++;
         *ret = pick;

@@ -12,7 +12,6 @@
 
 #include <uv.h>
 
-#define POOL_NO_TENANT ((uint32_t)-1)
 #define POOL_MAX_CLASSES 256
 
 struct pool_buf {
@@ -20,8 +19,8 @@ struct pool_buf {
     int fd;                 /* O_RDWR, owned by the pool */
     int ro_fd;              /* O_RDONLY reopen, made on first acquire, or -1 */
     uint64_t size;          /* the class size: bytes reserved */
-    uint32_t tenant;        /* uid that may reuse it; POOL_NO_TENANT if never leased */
-    uint32_t gen;           /* how many times it has been leased */
+    uint32_t tenant;        /* uid that may reuse it: the one it was created for, or last leased to */
+    uint32_t gen;           /* how many times it has been handed out (sent in lease replies) */
     uint16_t cls;
     bool foreign;           /* mapped by another uid than tenant: retire on return */
     bool is_free;

@@ -393,35 +393,6 @@ Test(pool, does_not_recycle_across_tenants)
     fx_close(&f);
 }
 
-/* A buffer nobody has leased (POOL_NO_TENANT) goes to the first tenant that asks, but a
- * tenant's own warm buffer is preferred to it. */
-Test(pool, untenanted_buffer_goes_to_anyone)
-{
-    struct fx f;
-    fx_open(&f, 64 * MiB, false);
-    struct pool_buf *blank = get_new(&f, 8192, POOL_NO_TENANT);
-    struct pool_buf *own = get_new(&f, 8192, 1000);
-    cr_assert_eq(blank->tenant, POOL_NO_TENANT);
-    pool_put(f.pool, own);   /* free list: own, then blank first (most recent first) */
-    pool_put(f.pool, blank);
-
-    struct pool_buf *x = get_warm(&f, 8192, 1000);
-    cr_assert_eq(x, own, "own warm buffer not preferred");
-    struct pool_buf *y = get_warm(&f, 8192, 1001);
-    cr_assert_eq(y, blank);
-    cr_assert_eq(y->tenant, 1001);
-    cr_assert_eq(y->gen, 2);
-    cr_assert_eq(pool_counters(f.pool).recycled, 2);
-    pool_put(f.pool, x);
-    pool_put(f.pool, y);
-    /* now it belongs to 1001: 1002 must not get it */
-    struct pool_buf *z = get_new(&f, 8192, 1002);
-    cr_assert_neq(z, y);
-    cr_assert_eq(z->id, 3);
-    pool_put(f.pool, z);
-    fx_close(&f);
-}
-
 /* Eviction takes the buffer returned longest ago, and only as many as needed. */
 Test(pool, evicts_least_recently_returned_first)
 {
