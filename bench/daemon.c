@@ -1,8 +1,10 @@
 /* daemon.c: the shmrefd daemons the benchmark starts (this build's binary, each on a
  * socket of its own in the run's temporary directory), the private huge-page tmpfs of
- * the huge pool, and a few readings of /proc. The daemons die with the runner
- * (PR_SET_PDEATHSIG), so a killed run leaves no daemon behind. */
+ * the huge pool, and a few readings of /proc. Starting and stopping is tests/support's
+ * launcher; the daemons die with the runner (PR_SET_PDEATHSIG), so a killed run leaves
+ * no daemon behind. */
 #include "bench.h"
+#include "launcher.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,38 +21,6 @@
 #include <unistd.h>
 
 static char huge_dir[256];
-
-static void exec_daemon(const struct daemon *d, const struct bench_opts *o, char *const argv[])
-{
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-        dup2(fd, STDERR_FILENO);
-        dup2(fd, STDOUT_FILENO);
-    }
-    execv(o->shmrefd, argv);
-    fprintf(stderr, "exec %s: %s\n", o->shmrefd, strerror(errno));
-    _exit(127);
-}
-
-/* wait_ready: poll until the daemon answers a hello, it exits, or 10 s pass. */
-static int wait_ready(struct daemon *d)
-{
-    for (int i = 0; i < 1000; i++) {
-        shmref_conn *c;
-        if (shmref_connect(d->socket, &c) == 0) {
-            shmref_close(c);
-            return 0;
-        }
-        int st;
-        if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
-            d->pid = 0;
-            return -ECHILD;
-        }
-        nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000 * 1000 }, NULL);
-    }
-    return -ETIMEDOUT;
-}
 
 int daemon_start(struct daemon *d, const struct bench_opts *o, const char *name,
                  const char *pool_dir, const char *pool_size, char *const extra[])
@@ -73,13 +43,12 @@ int daemon_start(struct daemon *d, const struct bench_opts *o, const char *name,
     for (int i = 0; extra && extra[i] && n < 31; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    pid_t pid = fork();
-    if (pid < 0)
-        return -errno;
-    if (pid == 0)
-        exec_daemon(d, o, argv);
-    d->pid = pid;
-    int r = wait_ready(d);
+    int r = launcher_spawn(o->shmrefd, argv, d->log, LAUNCHER_PDEATHSIG, &d->pid);
+    if (r < 0)
+        return r;
+    r = launcher_wait_ready(d->pid, d->socket, 10000, NULL);
+    if (r == -ECHILD)
+        d->pid = 0; /* exited, and reaped */
     if (r < 0) {
         fprintf(stderr, "shmref-bench: shmrefd (%s) did not start: %s\n", name, strerror(-r));
         daemon_print_log(d);
@@ -92,18 +61,9 @@ void daemon_stop(struct daemon *d)
 {
     if (d->pid <= 0)
         return;
-    kill(d->pid, SIGTERM);
-    for (int i = 0; i < 500; i++) {
-        pid_t w = waitpid(d->pid, NULL, WNOHANG);
-        if (w == d->pid || (w < 0 && errno == ECHILD)) {
-            d->pid = 0;
-            return;
-        }
-        nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000 * 1000 }, NULL);
-    }
-    fprintf(stderr, "shmref-bench: shmrefd (%s) ignored SIGTERM for 5 s; killing it\n", d->name);
-    kill(d->pid, SIGKILL);
-    waitpid(d->pid, NULL, 0);
+    int st = 0;
+    if (launcher_stop(d->pid, 5000, &st) == 0 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)
+        fprintf(stderr, "shmref-bench: shmrefd (%s) ignored SIGTERM for 5 s; killed it\n", d->name);
     d->pid = 0;
 }
 
@@ -154,14 +114,7 @@ uint64_t daemon_self_pmd_kb(void)
 
 void daemon_print_log(const struct daemon *d)
 {
-    char line[512];
-    FILE *f = fopen(d->log, "re");
-    if (!f)
-        return;
-    fprintf(stderr, "---- %s ----\n", d->log);
-    while (fgets(line, sizeof(line), f))
-        fputs(line, stderr);
-    fclose(f);
+    launcher_print_log(d->log, stderr);
 }
 
 int daemon_huge_mount(const char *size, char *dir, size_t dir_cap, char *why, size_t why_cap)

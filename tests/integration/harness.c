@@ -1,4 +1,5 @@
-/* harness.c: see harness.h. */
+/* harness.c: see harness.h. Starting daemons and raw connections are tests/support's
+ * (shared with bench/); this file turns their errors into Criterion failures. */
 #include "harness.h"
 
 #include <criterion/criterion.h>
@@ -18,7 +19,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "launcher.h"
 #include "proto.h"
+#include "rawclient.h"
 
 #ifndef SHMREFD_BIN
 #error "SHMREFD_BIN must name the daemon binary under test"
@@ -34,7 +37,7 @@ long now_ms(void)
 void daemon_start(struct daemon *d, ...)
 {
     const char *argv[64];
-    int argc = 0;
+    int argc = 0, st = 0;
     va_list ap;
 
     memset(d, 0, sizeof(*d));
@@ -54,42 +57,20 @@ void daemon_start(struct daemon *d, ...)
     va_end(ap);
     argv[argc] = NULL;
 
-    d->pid = fork();
-    cr_assert_geq(d->pid, 0, "fork: %s", strerror(errno));
-    if (d->pid == 0) {
-        int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd >= 0) {
-            dup2(fd, STDOUT_FILENO);
-            dup2(fd, STDERR_FILENO);
-        }
-        /* The daemon gets nothing of the test process but stdio (Criterion's runner
-         * leaves fds of its own open). */
-        for (int i = 3; i < 1024; i++)
-            if (i != fd)
-                close(i);
-        execv(SHMREFD_BIN, (char *const *)argv);
-        _exit(127);
-    }
-    long deadline = now_ms() + 10000;
-    for (;;) {
-        shmref_conn *c;
-        if (shmref_connect(d->socket, &c) == 0) {
-            shmref_close(c);
-            return;
-        }
-        int st;
-        if (waitpid(d->pid, &st, WNOHANG) == d->pid)
-            cr_assert_fail("shmrefd exited during start (status %d); see %s", st, d->log);
-        cr_assert_lt(now_ms(), deadline, "shmrefd did not answer within 10 s; see %s", d->log);
-        usleep(5000);
-    }
+    /* The daemon gets nothing of the test process but stdio. */
+    int r = launcher_spawn(SHMREFD_BIN, (char *const *)argv, d->log, LAUNCHER_CLOSE_FDS, &d->pid);
+    cr_assert_eq(r, 0, "fork: %s", strerror(-r));
+    r = launcher_wait_ready(d->pid, d->socket, 10000, &st);
+    if (r == -ECHILD)
+        cr_assert_fail("shmrefd exited during start (status %d); see %s", st, d->log);
+    cr_assert_eq(r, 0, "shmrefd did not answer within 10 s; see %s", d->log);
 }
 
 void daemon_stop(struct daemon *d)
 {
-    int st;
-    cr_assert_eq(kill(d->pid, SIGTERM), 0);
-    cr_assert_eq(waitpid(d->pid, &st, 0), d->pid);
+    int st = 0;
+    int r = launcher_stop(d->pid, 60000, &st);
+    cr_assert_eq(r, 0, "stopping shmrefd: %s", strerror(-r));
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "shmrefd did not exit 0 on SIGTERM (status %#x); see %s",
               st, d->log);
     cr_assert(!daemon_log_contains(d, "handles still open"), "shmrefd leaked a libuv handle");
@@ -114,15 +95,7 @@ int daemon_fds(const struct daemon *d)
 
 int daemon_log_contains(const struct daemon *d, const char *text)
 {
-    FILE *f = fopen(d->log, "r");
-    if (!f)
-        return 0;
-    char line[2048];
-    int found = 0;
-    while (!found && fgets(line, sizeof(line), f))
-        found = strstr(line, text) != NULL;
-    fclose(f);
-    return found;
+    return launcher_log_contains(d->log, text);
 }
 
 shmref_conn *connect_ok(const struct daemon *d)
@@ -157,24 +130,14 @@ uint64_t wait_status(const struct daemon *d, const char *path, uint64_t want, in
 
 int raw_connect(const struct daemon *d)
 {
-    struct sockaddr_un sa = { .sun_family = AF_UNIX };
-    strcpy(sa.sun_path, d->socket);
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "connect: %s", strerror(errno));
+    int fd = rawclient_connect(d->socket);
+    cr_assert_geq(fd, 0, "connect: %s", strerror(-fd));
     return fd;
 }
 
 ssize_t raw_roundtrip(int fd, const void *msg, size_t len, void *reply, size_t cap, int ms)
 {
-    if (send(fd, msg, len, MSG_NOSIGNAL) < 0)
-        return errno == EPIPE || errno == ECONNRESET ? 0 : -errno;
-    struct pollfd p = { .fd = fd, .events = POLLIN };
-    int r = poll(&p, 1, ms);
-    if (r == 0)
-        return -ETIMEDOUT;
-    ssize_t n = recv(fd, reply, cap, 0);
-    return n < 0 ? (errno == ECONNRESET ? 0 : -errno) : n;
+    return rawclient_call(fd, msg, len, reply, cap, ms);
 }
 
 void raw_hello(int fd)
@@ -196,17 +159,7 @@ void raw_hello(int fd)
 
 int raw_closed(int fd, int ms)
 {
-    long deadline = now_ms() + ms;
-    char buf[PROTO_MAX_REPLY];
-    for (;;) {
-        struct pollfd p = { .fd = fd, .events = POLLIN };
-        long left = deadline - now_ms();
-        if (left <= 0 || poll(&p, 1, (int)left) <= 0)
-            return 0;
-        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno == ECONNRESET))
-            return 1;
-    }
+    return rawclient_closed(fd, ms);
 }
 
 uint32_t xorshift(uint32_t *s)

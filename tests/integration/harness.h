@@ -1,5 +1,6 @@
 /* harness.h: what the integration tests share: a real shmrefd (this build's binary) on a
- * temporary socket, raw socket clients, and looks at the daemon from outside (/proc).
+ * temporary socket, raw socket clients (both from tests/support/, which bench/ uses too),
+ * and looks at the daemon from outside (/proc).
  * Every helper asserts with Criterion, so a broken environment fails the test loudly. */
 #ifndef SHMREF_TEST_HARNESS_H
 #define SHMREF_TEST_HARNESS_H

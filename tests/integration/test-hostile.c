@@ -24,6 +24,7 @@
 
 #include "harness.h"
 #include "proto.h"
+#include "rawclient.h"
 
 #define WAIT_MS 5000
 #define ANY_ID (-1LL)
@@ -108,66 +109,23 @@ static size_t enc_padded_ping(uint8_t *buf, uint32_t id, size_t total)
 
 /* ---- raw I/O ---------------------------------------------------------------------- */
 
-/* recv_msg_nb: one recvmsg, without waiting. The first fd that came along goes to
- * *ret_fd (when ret_fd is not NULL; else -1 there), every other one is closed. */
-static ssize_t recv_msg_nb(int fd, uint8_t *buf, size_t cap, int *ret_fd)
-{
-    union {
-        struct cmsghdr h;
-        char b[CMSG_SPACE(8 * sizeof(int))];
-    } ctl;
-    struct iovec iov = { .iov_base = buf, .iov_len = cap };
-    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
-                         .msg_controllen = sizeof(ctl.b) };
-    ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0)
-        return -errno;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < k; i++) {
-            int f;
-            memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-            if (ret_fd && *ret_fd < 0)
-                *ret_fd = f;
-            else
-                close(f);
-        }
-    }
-    return n;
-}
+/* The raw I/O is tests/support's raw client; these assert what every caller here wants. */
 
-/* recv_nb: one waiting message, as recv_msg_nb. Returns its length, 0 on EOF, -EAGAIN
- * when nothing waits. When the daemon closes a connection whose requests it left
- * unread, the kernel reports ECONNRESET once, before the replies still queued here:
- * those are read past it. */
 static ssize_t recv_nb(int fd, uint8_t *buf, size_t cap, int *ret_fd)
 {
-    if (ret_fd)
-        *ret_fd = -1;
-    ssize_t n = recv_msg_nb(fd, buf, cap, ret_fd);
-    if (n == -ECONNRESET) {
-        n = recv_msg_nb(fd, buf, cap, ret_fd);
-        if (n < 0)
-            n = 0;
-    }
-    return n;
+    return rawclient_recv(fd, buf, cap, ret_fd);
 }
 
 /* recv_one: like recv_nb, waiting up to ms; -ETIMEDOUT if nothing came. Fds are closed. */
 static ssize_t recv_one(int fd, uint8_t *buf, size_t cap, int ms)
 {
-    struct pollfd p = { .fd = fd, .events = POLLIN };
-    if (poll(&p, 1, ms) <= 0)
-        return -ETIMEDOUT;
-    return recv_nb(fd, buf, cap, NULL);
+    return rawclient_recv_wait(fd, buf, cap, ms);
 }
 
 static void send_all(int fd, const void *msg, size_t len)
 {
-    ssize_t n = send(fd, msg, len, MSG_NOSIGNAL);
-    cr_assert_eq(n, (ssize_t)len, "send of %zu bytes: %zd (%s)", len, n, n < 0 ? strerror(errno) : "short");
+    int r = rawclient_send(fd, msg, len);
+    cr_assert_eq(r, 0, "send of %zu bytes: %s", len, strerror(-r));
 }
 
 /* call: send one message, return its reply as recv_one does. */
