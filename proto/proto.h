@@ -67,7 +67,8 @@ struct proto_msg {
          * O_RDONLY for an acquire), unless PROTO_FEAT_FD_ONCE is on and this connection
          * was sent it before and has not forgotten it. buf_id is unique per backing file
          * for the daemon's lifetime, so clients key their mapping caches by it (never by
-         * fd number). */
+         * fd number). gen counts how often the daemon has handed the buffer out; no
+         * client reads it (it goes at the next protocol version). */
         struct {
             uint64_t handle; uint64_t buf_id; uint32_t gen;
             uint64_t size; uint64_t capacity;
