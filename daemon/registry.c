@@ -87,8 +87,7 @@ struct registry_buf *registry_buf_charged(struct registry *r, struct pool_buf *p
         return NULL;
     b->pb = pb;
     b->tenant = charge->uid;
-    b->charge = *charge;
-    charge->bytes = 0;
+    charge->bytes = 0; /* the registry's now: given back in buf_gone */
     b->size = size;
     b->reg = r;
     r->st.buffers++;
@@ -127,7 +126,8 @@ static void buf_gone(struct registry *r, struct registry_buf *b)
     }
     r->st.buffers--;
     r->st.bytes -= b->pb->size;
-    give_back(r, &b->charge, b->pb);
+    struct quota_ticket charge = { .uid = b->tenant, .bytes = b->pb->size };
+    give_back(r, &charge, b->pb);
     free(b->meta);
     free(b);
 }

@@ -20,8 +20,8 @@ struct registry_buf {
     struct pool_buf *pb;
     uint8_t token[PROTO_TOKEN_LEN];
     uint32_t refs;          /* lease handles plus one while retained */
-    uint32_t tenant;        /* the producer's uid, charged for pb->size */
-    struct quota_ticket charge; /* that charge: given back with the buffer, once */
+    uint32_t tenant;        /* the producer's uid, charged for pb->size: the ticket the
+                             * registry took, kept as (tenant, pb->size), no bytes more */
     uint64_t size;          /* leased size; after publish, the published size */
     bool published, retained;
     uint32_t meta_len;
