@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "launcher.h"
 
 
 /* ---- a NOTIFY_SOCKET of our own, that sees who sent each message ---- */
@@ -311,29 +312,9 @@ Test(service, allow_groups_admits_members_only)
 /* run: shmrefd with args; its stdout+stderr into out. Returns the exit status. */
 static int run(char *out, size_t cap, const char *const *args)
 {
-    int p[2];
-    cr_assert_eq(pipe(p), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(p[1], STDOUT_FILENO);
-        dup2(p[1], STDERR_FILENO);
-        close(p[0]);
-        const char *argv[32] = { SHMREFD_BIN };
-        int n = 1;
-        for (; args[n - 1] && n < 31; n++)
-            argv[n] = args[n - 1];
-        argv[n] = NULL;
-        execv(SHMREFD_BIN, (char *const *)argv);
-        _exit(127);
-    }
-    close(p[1]);
-    size_t len = 0;
-    ssize_t r;
-    while (len + 1 < cap && (r = read(p[0], out + len, cap - 1 - len)) > 0)
-        len += (size_t)r;
-    out[len] = '\0';
-    close(p[0]);
-    return child_wait(pid);
+    int r = launcher_run(SHMREFD_BIN, args, out, cap);
+    cr_assert_geq(r, 0, "running shmrefd: %s", strerror(-r));
+    return r;
 }
 
 static void write_file(const char *path, const char *text)

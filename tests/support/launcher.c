@@ -91,6 +91,45 @@ int launcher_stop(pid_t pid, int grace_ms, int *ret_status)
     return 0;
 }
 
+int launcher_run(const char *bin, const char *const args[], char *out, size_t cap)
+{
+    int p[2];
+    if (cap == 0 || pipe2(p, O_CLOEXEC) < 0)
+        return -errno;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(p[0]);
+        close(p[1]);
+        return -e;
+    }
+    if (pid == 0) {
+        dup2(p[1], STDOUT_FILENO);
+        dup2(p[1], STDERR_FILENO);
+        const char *argv[32] = { bin };
+        int n = 1;
+        for (; args[n - 1] && n < 31; n++)
+            argv[n] = args[n - 1];
+        argv[n] = NULL;
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    close(p[1]);
+    size_t len = 0;
+    ssize_t r;
+    while (len + 1 < cap && ((r = read(p[0], out + len, cap - 1 - len)) > 0 || (r < 0 && errno == EINTR)))
+        if (r > 0)
+            len += (size_t)r;
+    out[len] = '\0';
+    close(p[0]);
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return -errno;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 bool launcher_log_contains(const char *log, const char *text)
 {
     FILE *f = fopen(log, "re");

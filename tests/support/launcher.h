@@ -25,6 +25,11 @@ int launcher_wait_ready(pid_t pid, const char *socket, int timeout_ms, int *ret_
  * status in *ret_status (may be NULL), or -errno (-ECHILD: already reaped). */
 int launcher_stop(pid_t pid, int grace_ms, int *ret_status);
 
+/* launcher_run: bin with args (argv[0] is bin; args NULL-terminated) to completion, its
+ * stdout and stderr into out (cap bytes, NUL-terminated). Returns its exit status, or
+ * 128 + the signal that killed it, or -errno. */
+int launcher_run(const char *bin, const char *const args[], char *out, size_t cap);
+
 /* launcher_log_contains: whether the log so far has a line containing text. */
 bool launcher_log_contains(const char *log, const char *text);
 

@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "launcher.h"
+
 #ifndef SHMREFD_BIN
 #error "SHMREFD_BIN must name the daemon binary under test"
 #endif
@@ -20,33 +22,10 @@ static char out[16384];
 /* run: shmrefd with args (NULL-terminated), stdout+stderr into out; its exit status. */
 static int run(const char *const *args)
 {
-    int p[2];
-    cr_assert_eq(pipe(p), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(p[1], STDOUT_FILENO);
-        dup2(p[1], STDERR_FILENO);
-        close(p[0]);
-        const char *argv[32] = { SHMREFD_BIN };
-        int n = 1;
-        for (; args[n - 1] && n < 31; n++)
-            argv[n] = args[n - 1];
-        argv[n] = NULL;
-        setenv("SHMREFD_SOCKET", "/tmp/shmref-test-main-unused.sock", 1);
-        execv(SHMREFD_BIN, (char *const *)argv);
-        _exit(127);
-    }
-    close(p[1]);
-    size_t len = 0;
-    ssize_t r;
-    while (len + 1 < sizeof(out) && (r = read(p[0], out + len, sizeof(out) - 1 - len)) > 0)
-        len += (size_t)r;
-    out[len] = '\0';
-    close(p[0]);
-    int st;
-    waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    setenv("SHMREFD_SOCKET", "/tmp/shmref-test-main-unused.sock", 1);
+    int r = launcher_run(SHMREFD_BIN, args, out, sizeof(out));
+    cr_assert_geq(r, 0, "running shmrefd: %s", strerror(-r));
+    return r;
 }
 
 Test(main, help_and_version_exit_0)
