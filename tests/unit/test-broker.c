@@ -15,6 +15,7 @@
 #include <uv.h>
 
 #include "broker.h"
+#include "core-fixture.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
@@ -56,7 +57,7 @@ static const struct broker_peer_ops fake_ops = { fake_reply, fake_refuse, fake_r
 
 struct fx {
     uv_loop_t loop;
-    char dir[64];
+    struct core core;
     struct options opt;
     struct counters counters;
     struct broker bk;
@@ -74,18 +75,12 @@ static void fake_init(struct fake *f, uint64_t id, uid_t uid)
 
 static void fx_open(struct fx *f)
 {
-    const char *why = NULL;
     memset(f, 0, sizeof(*f));
-    cr_assert_eq(uv_loop_init(&f->loop), 0);
-    strcpy(f->dir, "/dev/shm/shmref-test-broker-XXXXXX");
-    cr_assert_not_null(mkdtemp(f->dir));
+    core_open(&f->core, &f->loop, "broker", 64 * MiB, 16 * MiB);
     f->opt.max_lease_size = 32 * MiB;
     f->opt.max_leases = 4;
-    f->bk.opt = &f->opt;
-    f->bk.counters = &f->counters;
-    cr_assert_eq(pool_new(&f->loop, f->dir, 64 * MiB, false, &f->bk.pool, &why), 0, "%s", why);
-    cr_assert_eq(quota_new(16 * MiB, &f->bk.quota), 0);
-    cr_assert_eq(registry_new(&f->loop, f->bk.pool, f->bk.quota, &f->bk.reg), 0);
+    f->bk = (struct broker){ .opt = &f->opt, .pool = f->core.pool, .quota = f->core.quota, .reg = f->core.reg,
+                             .counters = &f->counters };
     fake_init(&f->a, 1, 1000);
     fake_init(&f->b, 2, 1001);
 }
@@ -96,13 +91,7 @@ static void fx_close(struct fx *f)
     broker_disconnect(&f->bk, &f->b.peer);
     broker_check(&f->bk);
     cr_assert_eq(quota_total(f->bk.quota), 0, "a charge outlived every lease");
-    registry_free(f->bk.reg);
-    uv_run(&f->loop, UV_RUN_DEFAULT);
-    quota_free(f->bk.quota);
-    pool_free(f->bk.pool);
-    uv_run(&f->loop, UV_RUN_DEFAULT);
-    cr_assert_eq(uv_loop_close(&f->loop), 0);
-    cr_assert_eq(rmdir(f->dir), 0);
+    core_close(&f->core, &f->loop);
 }
 
 /* request: hand m to the broker and run the loop until the peer has one more reply

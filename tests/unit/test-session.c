@@ -16,6 +16,7 @@
 
 #include <uv.h>
 
+#include "core-fixture.h"
 #include "rawclient.h"
 #include "session.h"
 
@@ -23,7 +24,7 @@
 
 struct fx {
     uv_loop_t loop;
-    char dir[64];
+    struct core core;
     struct options opt;
     struct counters counters;
     struct broker bk;
@@ -44,20 +45,14 @@ static int fake_status(void *arg, uint8_t *buf, size_t cap)
 
 static void fx_open(struct fx *f)
 {
-    const char *why = NULL;
     int sv[2];
     memset(f, 0, sizeof(*f));
     signal(SIGPIPE, SIG_IGN);
-    cr_assert_eq(uv_loop_init(&f->loop), 0);
-    strcpy(f->dir, "/dev/shm/shmref-test-session-XXXXXX");
-    cr_assert_not_null(mkdtemp(f->dir));
+    core_open(&f->core, &f->loop, "session", 64 * MiB, 16 * MiB);
     f->opt.max_lease_size = 32 * MiB;
     f->opt.max_leases = 4;
-    cr_assert_eq(pool_new(&f->loop, f->dir, 64 * MiB, false, &f->bk.pool, &why), 0, "%s", why);
-    cr_assert_eq(quota_new(16 * MiB, &f->bk.quota), 0);
-    cr_assert_eq(registry_new(&f->loop, f->bk.pool, f->bk.quota, &f->bk.reg), 0);
-    f->bk.opt = &f->opt;
-    f->bk.counters = &f->counters;
+    f->bk = (struct broker){ .opt = &f->opt, .pool = f->core.pool, .quota = f->core.quota, .reg = f->core.reg,
+                             .counters = &f->counters };
     f->env = (struct session_env){ .loop = &f->loop, .opt = &f->opt, .broker = &f->bk,
                                    .counters = &f->counters, .status = fake_status, .status_arg = f };
     cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
@@ -83,13 +78,7 @@ static void fx_close(struct fx *f)
     cr_assert_eq(f->env.n, 0, "a session outlived the loop");
     cr_assert_null(f->env.head);
     cr_assert_eq(quota_total(f->bk.quota), 0);
-    registry_free(f->bk.reg);
-    uv_run(&f->loop, UV_RUN_DEFAULT);
-    quota_free(f->bk.quota);
-    pool_free(f->bk.pool);
-    uv_run(&f->loop, UV_RUN_DEFAULT);
-    cr_assert_eq(uv_loop_close(&f->loop), 0);
-    cr_assert_eq(rmdir(f->dir), 0);
+    core_close(&f->core, &f->loop);
     if (f->peer >= 0)
         close(f->peer);
 }

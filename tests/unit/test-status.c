@@ -13,6 +13,7 @@
 #include <msgpack.h>
 #include <uv.h>
 
+#include "core-fixture.h"
 #include "pool-callback.h"
 #include "status.h"
 
@@ -22,7 +23,7 @@ static uint8_t buf[PROTO_MAX_REPLY];
 
 struct fx {
     uv_loop_t loop;
-    char dir[64];
+    struct core core;
     struct options opt;
     struct counters counters;
     struct pool *pool;
@@ -36,14 +37,11 @@ struct fx {
 
 static void fx_open(struct fx *f, unsigned nsessions)
 {
-    const char *why;
     memset(f, 0, sizeof(*f));
-    cr_assert_eq(uv_loop_init(&f->loop), 0);
-    strcpy(f->dir, "/dev/shm/shmref-test-status-XXXXXX");
-    cr_assert_not_null(mkdtemp(f->dir));
-    cr_assert_eq(pool_new(&f->loop, f->dir, 64 * MiB, false, &f->pool, &why), 0);
-    cr_assert_eq(quota_new(16 * MiB, &f->quota), 0);
-    cr_assert_eq(registry_new(&f->loop, f->pool, f->quota, &f->reg), 0);
+    core_open(&f->core, &f->loop, "status", 64 * MiB, 16 * MiB);
+    f->pool = f->core.pool;
+    f->quota = f->core.quota;
+    f->reg = f->core.reg;
     f->opt = (struct options){ .socket_path = (char *)"/run/x.sock", .pool_size = 64 * MiB,
                                .tenant_quota = 16 * MiB, .max_lease_size = 8 * MiB, .max_leases = 5,
                                .max_clients = 700 };
@@ -66,13 +64,7 @@ static void fx_open(struct fx *f, unsigned nsessions)
 static void fx_close(struct fx *f)
 {
     msgpack_unpacked_destroy(&f->up);
-    registry_free(f->reg);
-    uv_run(&f->loop, UV_RUN_DEFAULT);
-    quota_free(f->quota);
-    pool_free(f->pool);
-    uv_run(&f->loop, UV_RUN_DEFAULT);
-    cr_assert_eq(uv_loop_close(&f->loop), 0);
-    cr_assert_eq(rmdir(f->dir), 0);
+    core_close(&f->core, &f->loop);
     free(f->sessions);
 }
 
