@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* counters.h: the daemon's event counters, shown by status. Private to the daemon. A leaf:
  * every layer that counts something gets a pointer to one instance, owned by the server. */
 #ifndef SHMREFD_COUNTERS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* session.c: see session.h. Decoding happens here (the transport hands over whole
  * messages); a malformed conversation (garbage, no hello first, a version mismatch)
  * gets an EPROTO-class reply and closes the session; everything else is a reply. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* session.h: one client's conversation: hello and features, the handle table and pending
  * leases (its broker_peer), and the fd-once set (which buffers' fds this client was
  * sent). Private to the daemon. The only caller of the broker. A session sits on a

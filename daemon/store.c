@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* store.c: see store.h. Files are unlinked from birth (O_TMPFILE | O_EXCL in the pool
  * directory, never linkable, or memfds), so nothing is left behind when the daemon dies.
  * The private tmpfs is huge=within_size rather than always: a file gets huge pages only

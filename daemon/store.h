@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* store.h: backing files: how a buffer's file is made (O_TMPFILE in the pool directory,
  * or a memfd), reserved in full, checked when it comes back, and reopened read-only; and
  * whether the pool directory gives huge pages (detected, or a private tmpfs mounted at

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* transport.c: see transport.h. libuv's streams cannot carry arbitrary fds, so the socket
  * is driven with uv_poll_t and recvmsg/sendmsg. Received control data is always
  * inspected: any fd a peer sends is closed and is a framing fault, as is a truncated

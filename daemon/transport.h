@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* transport.h: one client's socket: framing, the fd policy and the output queue. Private
  * to the daemon; knows nothing of leases (it includes neither broker nor registry).
  * Each SOCK_SEQPACKET message is one request; a message with fds attached, truncated, or
