@@ -117,6 +117,7 @@ static void lease_created(struct pool *pool, struct pool_buf *pb, int err, void 
     }
     p->ops->unref(p);
     free(pl);
+    broker_check(bk);
 }
 
 static bool leases_left(struct broker *bk, struct broker_peer *p, uint32_t id, const char *what)

@@ -57,7 +57,8 @@ struct broker {
  * false for any other op (the caller's to handle). */
 bool broker_handle(struct broker *b, struct broker_peer *p, const struct proto_msg *m);
 
-/* broker_check: cross-checks the quota, registry and pool ledgers (after each request).
+/* broker_check: cross-checks the quota, registry and pool ledgers (the session calls it
+ * after each request and disconnect; the broker after each buffer made off the loop).
  * In test builds (SHMREF_LEDGER_CHECK) a mismatch aborts the daemon; otherwise a drift the
  * registry saw is logged once. */
 void broker_check(struct broker *b);
