@@ -267,13 +267,17 @@ void shmref_close(shmref_conn *conn)
 {
     if (!conn)
         return;
+    /* Release every handle first (no round trips), so the daemon sees a clean close, not
+     * a process that died holding leases. */
+    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
+    while (conn->bufs)
+        shmref_release(conn->bufs);
     while (conn->bufs) {
         shmref_buf *b = conn->bufs;
         conn->bufs = b->next;
         free(b->meta);
         free(b);
     }
-    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     mapcache_clear(&conn->cache);
     close(conn->fd);
     free(conn->cache.v);

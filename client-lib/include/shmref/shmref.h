@@ -54,7 +54,9 @@ typedef struct shmref_desc {
  * the error code is all: -ENOENT / -ECONNREFUSED (no daemon), -EACCES, -EPROTONOSUPPORT. */
 SHMREF_EXPORT int shmref_connect(const char *path, shmref_conn **ret_conn);
 
-/* shmref_close: closes the connection. The daemon releases every lease it still held.
+/* shmref_close: releases every handle still held (one-way messages, no round trip),
+ * then closes the connection, so the daemon counts a clean close (clients_closed), not
+ * a client that died holding leases (clients_died).
  * Buffers obtained from it must not be used afterwards (their mappings are unmapped);
  * their handles are freed. Accepts NULL. */
 SHMREF_EXPORT void shmref_close(shmref_conn *conn);
