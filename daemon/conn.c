@@ -95,12 +95,21 @@ void conn_close(struct conn *c, const char *why)
         s->counters.reclaimed_leases += n;
         s->counters.reclaimed_clients++;
     }
-    if (n || why)
-        log_info("client %llu pid=%d uid=%u disconnected%s%s; reclaimed %u lease%s",
-                 (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid,
-                 why ? ": " : "", why ? why : "", held, held == 1 ? "" : "s");
+    /* The peer went away (why == NULL): with nothing held it closed cleanly (libshmref
+     * releases before closing); holding leases, it died, or closed without releasing.
+     * The socket cannot tell which signal, if any, ended it. */
+    if (!why && !n)
+        s->counters.clients_closed++;
+    else if (!why)
+        s->counters.clients_died++;
+    if (why)
+        log_info("client %llu pid=%d uid=%u disconnected: %s; reclaimed %u lease%s",
+                 (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, why, held, held == 1 ? "" : "s");
+    else if (n)
+        log_info("client %llu pid=%d uid=%u died holding %u lease%s (or closed without releasing); reclaimed",
+                 (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, held, held == 1 ? "" : "s");
     else
-        log_debug("client %llu pid=%d uid=%u disconnected", (unsigned long long)c->id, (int)c->pid,
+        log_debug("client %llu pid=%d uid=%u closed", (unsigned long long)c->id, (int)c->pid,
                   (unsigned)c->uid);
     if (c->prev) c->prev->next = c->next; else s->conns = c->next;
     if (c->next) c->next->prev = c->prev;

@@ -134,7 +134,7 @@ static void pack_counters(msgpack_packer *pk, struct server *s)
     const struct server_counters *k = &s->counters;
     struct pool_counters pc = pool_counters(s->pool);
     key(pk, "counters");
-    msgpack_pack_map(pk, 21);
+    msgpack_pack_map(pk, 23);
     kv_u64(pk, "connections", k->connections);
     kv_u64(pk, "leases", k->leases);
     kv_u64(pk, "publishes", k->publishes);
@@ -156,6 +156,8 @@ static void pack_counters(msgpack_packer *pk, struct server *s)
     kv_u64(pk, "buffers_create_failed", pc.create_failed);
     kv_u64(pk, "buffers_tampered", pc.tampered);
     kv_u64(pk, "retentions_expired", registry_stats(s->reg).expired);
+    kv_u64(pk, "clients_closed", k->clients_closed);
+    kv_u64(pk, "clients_died", k->clients_died);
 }
 
 int status_build(struct server *s, uint8_t *buf, size_t cap)
