@@ -92,7 +92,7 @@ check("shmref_pool_class_buffers has a sample per class and state",
 counters = ["connections", "leases", "publishes", "acquires", "releases", "reclaimed_leases",
             "reclaimed_clients", "protocol_errors", "slow_clients", "buffers_created",
             "buffers_recycled", "buffers_retired", "buffers_evicted", "buffers_create_failed",
-            "retentions_expired", "refusals"]
+            "retentions_expired", "clients_closed", "clients_died", "refusals"]
 # The parser names a counter family without its _total suffix; its samples keep it.
 not_counter = [c for c in counters if families.get("shmref_" + c) is None
                or families["shmref_" + c].type != "counter"
