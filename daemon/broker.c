@@ -31,6 +31,7 @@ static void refuse(struct conn *c, uint32_t id, int code, const char *what, cons
     case EMFILE: case EFBIG: s->counters.refused_limit++; break;
     default: s->counters.refused_other++; break;
     }
+    quota_note_refusal(s->quota, c->uid, code);
     log_notice("refused %s for client %llu pid=%d uid=%u: %s", what, (unsigned long long)c->id,
                (int)c->pid, (unsigned)c->uid, msg);
     conn_fail(c, id, code, "%s", msg);
@@ -119,6 +120,7 @@ static void lease_finish(struct conn *c, uint32_t id, struct pool_buf *pb, uint6
         conn_fail(c, id, ENOMEM, "daemon out of memory");
         return;
     }
+    b->producer_pid = (int32_t)c->pid;
     s->counters.leases++;
     send_buffer(c, id, handle, b, pb->fd);
 }

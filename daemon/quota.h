@@ -12,6 +12,8 @@ struct quota_tenant {
     uint64_t bytes;    /* charged now */
     uint64_t quota;    /* the limit in force for this uid */
     uint32_t buffers;  /* live buffers charged */
+    /* requests of this uid refused, by cause (as the server's refused_* counters) */
+    uint64_t refused_quota, refused_space, refused_limit, refused_access, refused_other;
 };
 
 struct quota;
@@ -32,7 +34,11 @@ void quota_clear_limits(struct quota *q);
 int quota_charge(struct quota *q, uint32_t uid, uint64_t bytes, char *why, size_t why_len);
 void quota_credit(struct quota *q, uint32_t uid, uint64_t bytes);
 
-/* quota_tenants: the tenants with a charge or a limit of their own. */
+/* quota_note_refusal: count a refused request of uid by its errno (EDQUOT, ENOSPC,
+ * EMFILE/EFBIG/EUSERS as limit, EACCES as access, anything else as other). A tenant with refusals stays listed. */
+void quota_note_refusal(struct quota *q, uint32_t uid, int code);
+
+/* quota_tenants: the tenants with a charge, a limit of their own, or refusals. */
 unsigned quota_tenants(const struct quota *q, struct quota_tenant *ret, unsigned max);
 unsigned quota_count(const struct quota *q);
 

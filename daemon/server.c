@@ -91,12 +91,14 @@ static void accept_one(struct server *s, int fd)
     }
     if (!access_allowed(s->opt, &cred, fd)) {
         s->counters.refused_access++;
+        quota_note_refusal(s->quota, cred.uid, EACCES);
         refuse(fd, &cred, EACCES, "access denied: uid %u (pid %d) is not in allow-users or allow-groups",
                (unsigned)cred.uid, (int)cred.pid);
         return;
     }
     if (s->nconns >= s->opt->max_clients) {
         s->counters.refused_limit++;
+        quota_note_refusal(s->quota, cred.uid, EUSERS);
         refuse(fd, &cred, EUSERS, "too many clients: %u connected, limit %u", s->nconns, s->opt->max_clients);
         return;
     }

@@ -12,6 +12,7 @@
 #include "server.h"
 
 #define LIST_MAX 500 /* keeps the worst case (long client names) well inside one reply */
+#define LIST_SHORT 100 /* when the full lists do not fit, status_build retries with these */
 
 static void key(msgpack_packer *pk, const char *k)
 {
@@ -71,50 +72,105 @@ static void pack_pool(msgpack_packer *pk, struct server *s)
     }
 }
 
-static void pack_buffers(msgpack_packer *pk, struct server *s)
+/* pack_buffer: one entry of buffers.list. */
+static void pack_buffer(msgpack_packer *pk, struct server *s, const struct registry_buf *b)
+{
+    uint64_t now = uv_now(s->loop);
+    const char *state = !b->published ? "writing" : b->retained ? "retained" : "published";
+    msgpack_pack_map(pk, 9);
+    kv_u64(pk, "id", b->pb->id);
+    kv_str(pk, "state", state);
+    kv_u64(pk, "size", b->size);
+    kv_u64(pk, "capacity", b->pb->size);
+    kv_u64(pk, "uid", b->tenant);
+    kv_u64(pk, "pid", b->producer_pid > 0 ? (uint64_t)b->producer_pid : 0);
+    kv_u64(pk, "holders", b->refs - (b->retained ? 1 : 0));
+    kv_u64(pk, "age_ms", now - b->created_ms);
+    kv_u64(pk, "retention_left_ms", b->retained && b->deadline > now ? b->deadline - now : 0);
+}
+
+/* pack_buffer_list: published buffers (from the registry), then buffers still being
+ * written (each held by its producer alone), up to max in all. */
+static void pack_buffer_list(msgpack_packer *pk, struct server *s, unsigned max)
+{
+    static const struct registry_buf *pub[LIST_MAX];
+    unsigned npub = registry_published(s->reg, pub, max), nwr = 0, total = 0;
+    for (struct conn *c = s->conns; c; c = c->next)
+        for (uint32_t i = 0; i < c->holder.nslots; i++) {
+            const struct registry_lease *l = &c->holder.slots[i];
+            if (l->buf && l->writable && !l->buf->published)
+                total++;
+        }
+    total += (unsigned)registry_stats(s->reg).published;
+    nwr = total - npub < max - npub ? total - npub : max - npub;
+    kv_u64(pk, "list_total", total);
+    key(pk, "list");
+    msgpack_pack_array(pk, npub + nwr);
+    for (unsigned i = 0; i < npub; i++)
+        pack_buffer(pk, s, pub[i]);
+    unsigned done = 0;
+    for (struct conn *c = s->conns; c && done < nwr; c = c->next)
+        for (uint32_t i = 0; i < c->holder.nslots && done < nwr; i++) {
+            const struct registry_lease *l = &c->holder.slots[i];
+            if (l->buf && l->writable && !l->buf->published) {
+                pack_buffer(pk, s, l->buf);
+                done++;
+            }
+        }
+}
+
+static void pack_buffers(msgpack_packer *pk, struct server *s, unsigned max)
 {
     struct registry_stats rs = registry_stats(s->reg);
     key(pk, "buffers");
-    msgpack_pack_map(pk, 6);
+    msgpack_pack_map(pk, 8);
     kv_u64(pk, "live", rs.buffers);
     kv_u64(pk, "leases", rs.handles);
     kv_u64(pk, "published", rs.published);
     kv_u64(pk, "retained", rs.retained);
     kv_u64(pk, "retained_bytes", rs.retained_bytes);
     kv_u64(pk, "expired", rs.expired);
+    pack_buffer_list(pk, s, max);
 }
 
-static void pack_tenants(msgpack_packer *pk, struct server *s)
+static void pack_tenants(msgpack_packer *pk, struct server *s, unsigned max)
 {
     static struct quota_tenant t[LIST_MAX];
-    unsigned n = quota_tenants(s->quota, t, LIST_MAX);
+    unsigned n = quota_tenants(s->quota, t, max);
     kv_u64(pk, "tenants_total", quota_count(s->quota));
     key(pk, "tenants");
     msgpack_pack_array(pk, n);
     for (unsigned i = 0; i < n; i++) {
-        msgpack_pack_map(pk, 4);
+        msgpack_pack_map(pk, 9);
         kv_u64(pk, "uid", t[i].uid);
         kv_u64(pk, "bytes", t[i].bytes);
         kv_u64(pk, "quota", t[i].quota);
         kv_u64(pk, "buffers", t[i].buffers);
+        kv_u64(pk, "refused_quota", t[i].refused_quota);
+        kv_u64(pk, "refused_space", t[i].refused_space);
+        kv_u64(pk, "refused_limit", t[i].refused_limit);
+        kv_u64(pk, "refused_access", t[i].refused_access);
+        kv_u64(pk, "refused_other", t[i].refused_other);
     }
 }
 
-static void pack_clients(msgpack_packer *pk, struct server *s)
+static void pack_clients(msgpack_packer *pk, struct server *s, unsigned max)
 {
-    unsigned n = s->nconns < LIST_MAX ? s->nconns : LIST_MAX;
+    unsigned n = s->nconns < max ? s->nconns : max;
+    uint64_t now = uv_now(s->loop);
     kv_u64(pk, "clients_total", s->nconns);
     key(pk, "clients");
     msgpack_pack_array(pk, n);
     struct conn *c = s->conns;
     for (unsigned i = 0; i < n && c; i++, c = c->next) {
-        msgpack_pack_map(pk, 6);
+        msgpack_pack_map(pk, 7);
         kv_u64(pk, "id", c->id);
         kv_u64(pk, "pid", (uint64_t)c->pid);
         kv_u64(pk, "uid", c->uid);
         kv_str(pk, "name", c->name);
         kv_u64(pk, "leases", c->holder.leases);
         kv_u64(pk, "bytes", c->holder.bytes);
+        kv_u64(pk, "connected_ms", now - c->accepted_ms);
     }
 }
 
@@ -160,7 +216,7 @@ static void pack_counters(msgpack_packer *pk, struct server *s)
     kv_u64(pk, "clients_died", k->clients_died);
 }
 
-int status_build(struct server *s, uint8_t *buf, size_t cap)
+static int build(struct server *s, uint8_t *buf, size_t cap, unsigned max)
 {
     struct proto_buf pb = { buf, 0, cap, 0 };
     msgpack_packer pk;
@@ -168,10 +224,16 @@ int status_build(struct server *s, uint8_t *buf, size_t cap)
     msgpack_pack_map(&pk, 9);
     pack_daemon(&pk, s);
     pack_pool(&pk, s);
-    pack_buffers(&pk, s);
-    pack_tenants(&pk, s);
-    pack_clients(&pk, s);
+    pack_buffers(&pk, s, max);
+    pack_tenants(&pk, s, max);
+    pack_clients(&pk, s, max);
     pack_limits(&pk, s);
     pack_counters(&pk, s);
     return pb.overflow ? -EMSGSIZE : (int)pb.len;
+}
+
+int status_build(struct server *s, uint8_t *buf, size_t cap)
+{
+    int n = build(s, buf, cap, LIST_MAX);
+    return n == -EMSGSIZE ? build(s, buf, cap, LIST_SHORT) : n;
 }
