@@ -44,6 +44,12 @@ set +e
 set -e
 check "a malformed descriptor is a usage error (2)" test "$rc" = 2
 check "no daemon is exit 1" test "$rc2" = 1
+set +e
+"$SHMREFCTL" --socket "$dir/nothing.sock" ping 2>"$dir/err1"
+SHMREFD_SOCKET=$dir/default.sock "$SHMREFCTL" ping 2>"$dir/err2"
+set -e
+check "a connect error names the socket given" grep -q "at $dir/nothing.sock: No such file or directory (no socket there" "$dir/err1"
+check "and the default socket's path when none is given" grep -q "at $dir/default.sock: " "$dir/err2"
 check "status table prints" bash -c "'$SHMREFCTL' --socket '$sock' status | grep -q '^pool /dev/shm'"
 
 kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
