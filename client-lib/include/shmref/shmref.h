@@ -50,8 +50,10 @@ typedef struct shmref_desc {
 /* shmref_connect: connect to shmrefd and say hello. path NULL means the default:
  * $SHMREFD_SOCKET, else $XDG_RUNTIME_DIR/shmrefd.sock, else /run/shmrefd/shmrefd.sock.
  * On success *ret_conn is owned by the caller: free it with shmref_close(). On failure
- * nothing is returned; a refusal's message cannot be read (there is no connection), so
- * the error code is all: -ENOENT / -ECONNREFUSED (no daemon), -EACCES, -EPROTONOSUPPORT. */
+ * nothing is returned: -ENOENT / -ECONNREFUSED (no daemon), -EACCES (the socket's mode,
+ * or the daemon's allow-users/allow-groups), -EUSERS, -EPROTONOSUPPORT; the reason, with
+ * the socket's path and the daemon's own message when it sent one, is then
+ * shmref_errmsg(NULL) (per thread, until the thread's next shmref_connect). */
 SHMREF_EXPORT int shmref_connect(const char *path, shmref_conn **ret_conn);
 
 /* shmref_close: releases every handle still held (one-way messages, no round trip),
@@ -62,7 +64,8 @@ SHMREF_EXPORT int shmref_connect(const char *path, shmref_conn **ret_conn);
 SHMREF_EXPORT void shmref_close(shmref_conn *conn);
 
 /* shmref_errmsg: the message of the last failed call on conn (the daemon's words for a
- * refusal, the library's otherwise), "" if none. Owned by conn, valid until its next call. */
+ * refusal, the library's otherwise), "" if none. Owned by conn, valid until its next call.
+ * With conn NULL: why this thread's last shmref_connect failed ("" if it did not). */
 SHMREF_EXPORT const char *shmref_errmsg(const shmref_conn *conn);
 
 /* shmref_ping: one round trip. */
