@@ -77,8 +77,13 @@ static int connect_or_fail(shmref_conn **conn)
     char def[4096];
     int r = shmref_connect(socket_path, conn);
     if (r < 0) {
-        fprintf(stderr, "shmrefctl: cannot reach shmrefd at %s: %s%s\n", the_socket(def), strerror(-r),
-                connect_hint(r));
+        /* When the daemon answered, its refusal says why (allow-users, max-clients). */
+        const char *why = shmref_errmsg(NULL);
+        if (strncmp(why, "shmrefd at ", 11) == 0)
+            fprintf(stderr, "shmrefctl: %s (%s)\n", why, strerror(-r));
+        else
+            fprintf(stderr, "shmrefctl: cannot reach shmrefd at %s: %s%s\n", the_socket(def), strerror(-r),
+                    connect_hint(r));
         return 1;
     }
     return 0;

@@ -56,4 +56,20 @@ kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
 check "SIGTERM exits 0" test "$rc" = 0
 check "the socket is removed" test ! -e "$sock"
 
+# A refusal by allow-users reaches the user with the daemon's reason and the path.
+if [ "$(id -u)" = 0 ]; then
+    chmod 755 "$dir"
+    "$SHMREFD" --socket "$dir/acl.sock" --socket-mode 0666 --allow-users 0 --config /dev/null 2>"$dir/acl.log" &
+    dpid=$!
+    for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/acl.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    set +e
+    setpriv --reuid=nobody --regid=nogroup --clear-groups "$SHMREFCTL" --socket "$dir/acl.sock" ping 2>"$dir/acl.err"
+    rc=$?
+    set -e
+    check "a user not in allow-users is refused (exit 1)" test "$rc" = 1
+    check "with the daemon's reason and the socket path" \
+        grep -q "shmrefd at $dir/acl.sock: access denied: uid $(id -u nobody) .* not in allow-users" "$dir/acl.err"
+    kill -TERM "$dpid"; wait "$dpid"; dpid=
+fi
+
 test_end
