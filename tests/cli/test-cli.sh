@@ -56,6 +56,16 @@ kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
 check "SIGTERM exits 0" test "$rc" = 0
 check "the socket is removed" test ! -e "$sock"
 
+# --check-config refuses what start refuses, and warns about a quota above the pool.
+set +e
+"$SHMREFD" --check-config --config /dev/null --pool-size 1024T >/dev/null 2>"$dir/cc1"; rc=$?
+"$SHMREFD" --check-config --config /dev/null --pool-size 64M --tenant-quota 1G >/dev/null 2>"$dir/cc2"; rc2=$?
+set -e
+check "--check-config with a pool larger than its directory fails (exit 1)" test "$rc" = 1
+check "naming both numbers" grep -q "pool size .* (1125899906842624 bytes) does not fit in /dev/shm: .* available" "$dir/cc1"
+check "a tenant quota above the pool size passes with a warning" \
+    bash -c '[ "$1" = 0 ] && grep -q "warning: tenant-quota 1.0 GiB is above the pool size 64.0 MiB" "$2"' _ "$rc2" "$dir/cc2"
+
 # A refusal by allow-users reaches the user with the daemon's reason and the path.
 if [ "$(id -u)" = 0 ]; then
     chmod 755 "$dir"

@@ -101,8 +101,12 @@ if [ -e "$sock" ]; then
     ko "nothing listens at $sock already"
 else
     mkdir -p -m "${dmode:-0755}" "$(dirname "$sock")"
+    # Under strace when there is one: the system calls the daemon makes are checked
+    # against the groups the unit's SystemCallFilter= refuses.
+    tracer=()
+    command -v strace >/dev/null && tracer=(strace -f -qq -o "$tmp/trace")
     # shellcheck disable=SC2086 # ExecStart is a command line
-    systemd-socket-activate --seqpacket -l "$sock" \
+    "${tracer[@]}" systemd-socket-activate --seqpacket -l "$sock" \
         setpriv --reuid="$suser" --regid="$sgrp" --init-groups -- $execstart 2>"$tmp/daemon.log" &
     sapid=$!
     for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
@@ -124,9 +128,27 @@ else
         ctl setpriv --reuid=nobody --regid=nogroup --groups="$(getent group "$sgroup" | cut -d: -f3)" shmrefctl ping >/dev/null
     check "a non-member may not (socket mode $smode)" \
         bash -c '! env -u SHMREFD_SOCKET -u XDG_RUNTIME_DIR setpriv --reuid=nobody --regid=nogroup --clear-groups shmrefctl ping 2>/dev/null'
-    kill -TERM "$sapid"; wait "$sapid"; rc=$?; sapid=
+    if [ -n "$dpid" ]; then
+        kill -HUP "$dpid"; sleep 0.2 # a reload, for the trace
+        kill -TERM "$dpid"
+    else
+        kill -TERM "$sapid"
+    fi
+    wait "$sapid"; rc=$?; sapid= dpid=
     check "the daemon stops on SIGTERM with exit 0" test "$rc" = 0
     [ "$rc" = 0 ] || show "$tmp/daemon.log"
+    if [ -s "$tmp/trace" ]; then
+        refused=$(systemd-analyze syscall-filter $(sed -n 's/^SystemCallFilter=~//p' "$unitdir/shmrefd.service") 2>/dev/null |
+            grep -v '^ *#\|^@\|^ *$' | tr -d ' ' | sort -u)
+        sed -n '\|execve("/usr/sbin/shmrefd"|,$p' "$tmp/trace" |
+            awk '{ sub(/^[0-9]+ +/, ""); if (match($0, /^[a-z_0-9]+\(/)) print substr($0, 1, RLENGTH - 1) }' |
+            sort -u >"$tmp/calls"
+        bad=$(printf '%s\n' "$refused" | grep -xFf - "$tmp/calls" | tr '\n' ' ')
+        check "the daemon makes no system call the unit's SystemCallFilter=~ refuses (${bad:-none})" \
+            test -s "$tmp/calls" -a -z "$bad"
+    else
+        echo "SKIP the system call check (strace is not installed)"
+    fi
 fi
 check "shmrefd --check-config accepts /etc/shmrefd/shmrefd.conf (as $suser)" \
     setpriv --reuid="$suser" --regid="$sgrp" --init-groups /usr/sbin/shmrefd --check-config --config /etc/shmrefd/shmrefd.conf >/dev/null
