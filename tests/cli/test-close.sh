@@ -34,14 +34,14 @@ if sys.argv[3] == "close":
 print("ready", flush=True)
 time.sleep(600)
 PY
-/usr/bin/python3 "$tmp/client.py" "$LIB" "$sock" close; rc=$?
+env $(asan_env "$LIB") /usr/bin/python3 "$tmp/client.py" "$LIB" "$sock" close; rc=$?
 check "a client leases and closes (exit 0)" test "$rc" = 0
 ctl ping >/dev/null
 check "the daemon logs it as closed" grep -q "client [0-9]* pid=[0-9]* uid=[0-9]* closed$" "$tmp/log"
 check "and counts it in clients_closed" test "$(counter clients_closed)" -ge 1
 check "not in clients_died" test "$(counter clients_died)" = 0
 
-coproc HOLD { exec /usr/bin/python3 "$tmp/client.py" "$LIB" "$sock" hold; }
+coproc HOLD { exec env $(asan_env "$LIB") /usr/bin/python3 "$tmp/client.py" "$LIB" "$sock" hold; }
 read -r -t 10 line <&"${HOLD[0]}"
 check "a second client holds a lease" test "${line:-}" = ready
 kill -KILL "$HOLD_PID"; wait "$HOLD_PID" 2>/dev/null

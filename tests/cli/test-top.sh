@@ -42,7 +42,7 @@ assert lib.shmref_lease(conn, ctypes.c_size_t(1 << 20), ctypes.byref(buf)) == 0
 time.sleep(600)
 PY
 cp /usr/bin/python3 "$tmp/holder" 2>/dev/null || ln -s /usr/bin/python3 "$tmp/holder"
-"$tmp/holder" "$tmp/holder.py" "$LIB" "$sock" &
+env $(asan_env "$LIB") "$tmp/holder" "$tmp/holder.py" "$LIB" "$sock" &
 hpid=$!
 for i in $(seq 12); do echo "buffer $i" | ctl put --keep-ms 120000 - >/dev/null; done
 head -c 40000000 /dev/zero | ctl put - >/dev/null 2>&1 # over the 32 MiB default quota: refused
@@ -62,6 +62,8 @@ assert t[\"refused_quota\"] == 1 and \"refused_access\" in t, t
 
 tm new-session -d -s top -x 132 -y 50 "'$SHMREFCTL' --socket '$sock' top --delay 0.3; echo EXIT=\$? >'$tmp/top.rc'; sleep 30"
 check "top draws its header" wait_for "^shmrefd [0-9.]+ pid $dpid up"
+check "on the alternate screen, with the cursor hidden" \
+    test "$(tm display-message -p -t top '#{alternate_on} #{cursor_flag}')" = "1 0"
 check "clients: the holder with its user name, process name and 1 lease" \
     wait_for "^[0-9]+ +$hpid +$(id -un) +holder +1 +1\.0 MiB [0-9:]+ [0-9]+s"
 check "tenants: $(id -un) with one quota refusal" wait_for "^$(id -u) +$(id -un) .* 1 +0 +0 +0 +0 *$"
@@ -89,4 +91,6 @@ check "and top reconnects when it is back" wait_for "^shmrefd [0-9.]+ pid $dpid 
 tm send-keys -t top q
 for _ in $(seq 100); do [ -s "$tmp/top.rc" ] && break; sleep 0.05; done
 check "q quits, exit status 0" grep -qx "EXIT=0" "$tmp/top.rc"
+check "and the terminal is restored (main screen, cursor shown)" \
+    test "$(tm display-message -p -t top '#{alternate_on} #{cursor_flag}')" = "0 1"
 test_end
