@@ -400,6 +400,28 @@ static void top_show(const shmref_status *st, struct top_rates *r, const char *p
     free(buf);
 }
 
+/* top_wait: until the next refresh, a 'q', or a signal; a resize redraws at once. */
+static void top_wait(const shmref_status *st, struct top_rates *r, const char *path, const char *err,
+                     int delay_ms)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        long spent = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+        if (spent >= delay_ms || top_quit)
+            return;
+        struct pollfd pfd = { .fd = STDIN_FILENO, .events = POLLIN };
+        if (poll(&pfd, 1, (int)(delay_ms - spent)) > 0 &&
+            ((pfd.revents & (POLLHUP | POLLERR | POLLNVAL)) || top_keys()))
+            top_quit = 1; /* 'q', or the terminal went away */
+        if (top_resized) {
+            top_resized = 0;
+            top_show(st, r, path, err, delay_ms, true);
+        }
+    }
+}
+
 static int top_usage(void)
 {
     fputs("usage: shmrefctl top [--delay SECONDS] [--once]\n", stderr);
@@ -479,24 +501,7 @@ int top_main(const char *socket_path, int argc, char **argv)
             status = st ? 0 : 1;
             break;
         }
-        /* Wait for a key, a resize or the next refresh. */
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        for (;;) {
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            long spent = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
-            if (spent >= delay_ms || top_quit)
-                break;
-            struct pollfd pfd = { .fd = STDIN_FILENO, .events = POLLIN };
-            int pr = poll(&pfd, 1, (int)(delay_ms - spent));
-            if (pr > 0 && top_keys())
-                top_quit = 1;
-            if (top_resized) {
-                top_resized = 0;
-                if (st || !conn)
-                    top_show(st, &rates, path, err, delay_ms, tty);
-            }
-        }
+        top_wait(st, &rates, path, err, delay_ms);
     }
     top_restore();
     shmref_status_free(st);
