@@ -233,9 +233,13 @@ static int hello(shmref_conn *conn)
     return 0;
 }
 
+/* Why the calling thread's last shmref_connect failed: shmref_errmsg(NULL). */
+static __thread char connect_errmsg[PROTO_MAX_ERRMSG + 1];
+
 int shmref_connect(const char *path, shmref_conn **ret_conn)
 {
     char def[4096];
+    connect_errmsg[0] = '\0';
     if (!ret_conn)
         return -EINVAL;
     if (!path) {
@@ -251,10 +255,12 @@ int shmref_connect(const char *path, shmref_conn **ret_conn)
     conn->cache.ctx = conn;
     int r = connect_path(path, &conn->fd);
     if (r < 0) {
+        snprintf(connect_errmsg, sizeof(connect_errmsg), "cannot connect to %.256s: %s", path, strerror(-r));
         free(conn);
         return r;
     }
-    if ((r = hello(conn)) < 0) {
+    if ((r = hello(conn)) < 0) { /* the daemon's refusal (allow-users, max-clients) or ours */
+        snprintf(connect_errmsg, sizeof(connect_errmsg), "shmrefd at %.256s: %.240s", path, conn->errmsg);
         close(conn->fd);
         free(conn);
         return r;
@@ -267,13 +273,17 @@ void shmref_close(shmref_conn *conn)
 {
     if (!conn)
         return;
+    /* Release every handle first (no round trips), so the daemon sees a clean close, not
+     * a process that died holding leases. */
+    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
+    while (conn->bufs)
+        shmref_release(conn->bufs);
     while (conn->bufs) {
         shmref_buf *b = conn->bufs;
         conn->bufs = b->next;
         free(b->meta);
         free(b);
     }
-    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     mapcache_clear(&conn->cache);
     close(conn->fd);
     free(conn->cache.v);
@@ -282,7 +292,7 @@ void shmref_close(shmref_conn *conn)
 
 const char *shmref_errmsg(const shmref_conn *conn)
 {
-    return conn ? conn->errmsg : "";
+    return conn ? conn->errmsg : connect_errmsg;
 }
 
 int shmref_ping(shmref_conn *conn)

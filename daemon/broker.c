@@ -44,6 +44,7 @@ static void refuse(struct broker *bk, struct broker_peer *p, uint32_t id, int co
     case EMFILE: case EFBIG: k->refused_limit++; break;
     default: k->refused_other++; break;
     }
+    quota_note_refusal(bk->quota, p->uid, code);
     log_notice("refused %s for client %llu pid=%d uid=%u: %s", what, (unsigned long long)p->id,
                (int)p->pid, (unsigned)p->uid, msg);
     p->ops->refuse(p, id, code, msg);
@@ -84,6 +85,7 @@ static void lease_finish(struct broker *bk, struct broker_peer *p, uint32_t id, 
         fail(p, id, ENOMEM, "daemon out of memory");
         return;
     }
+    b->producer_pid = (int32_t)p->pid;
     bk->counters->leases++;
     send_buffer(p, id, handle, b, pb->fd);
 }

@@ -11,6 +11,8 @@ struct counters {
     uint64_t reclaimed_leases, reclaimed_clients;
     uint64_t refused_quota, refused_space, refused_limit, refused_other, refused_access;
     uint64_t protocol_errors, slow_clients;
+    uint64_t clients_closed;   /* went away holding nothing: a clean close */
+    uint64_t clients_died;     /* went away holding leases (reclaimed) */
 };
 
 #endif

@@ -39,7 +39,8 @@ static int load(const struct options *flags, struct options *ret, char *err, siz
 {
     struct options file = { 0 };
     const char *path = flags->config_path ? flags->config_path : OPTIONS_DEFAULT_CONFIG;
-    int r = options_read_file(path, &file, err, len);
+    /* An empty --config= reads no file (the user unit: not the system's config). */
+    int r = *path ? options_read_file(path, &file, err, len) : 0;
     if (r < 0 && !(r == -ENOENT && !flags->config_path))
         return r;
     r = options_merge(flags, &file, ret);
@@ -64,6 +65,45 @@ static int load(const struct options *flags, struct options *ret, char *err, siz
         snprintf(err, len, "socket-group: unknown group '%s'", ret->socket_group);
         return -EINVAL;
     }
+    return 0;
+}
+
+/* quota_warning: a quota above the pool size is accepted (the pool bounds the tenant
+ * anyway) but is likely a mistake: a message for the first one, or 0 if none. */
+static int quota_warning(const struct options *o, char *buf, size_t len)
+{
+    char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX];
+    if (o->tenant_quota > o->pool_size) {
+        snprintf(buf, len, "tenant-quota %s is above the pool size %s: the pool, not the quota, bounds a tenant",
+                 units_format(o->tenant_quota, a), units_format(o->pool_size, b));
+        return 1;
+    }
+    for (unsigned i = 0; i < o->n_quotas; i++) {
+        if (o->quotas[i].bytes > o->pool_size) {
+            snprintf(buf, len, "[quota] %u = %s is above the pool size %s: the pool, not the quota, bounds it",
+                     o->quotas[i].uid, units_format(o->quotas[i].bytes, a), units_format(o->pool_size, b));
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* check_config: --check-config. What start would refuse (the pool against its
+ * directory, O_TMPFILE support) is checked by the same pool_new; exit status as start's. */
+static int check_config(const struct options *o)
+{
+    struct pool *p;
+    const char *why;
+    char w[256];
+    options_print(o, stdout);
+    if (quota_warning(o, w, sizeof(w)))
+        fprintf(stderr, "shmrefd: warning: %s\n", w);
+    if (pool_new(uv_default_loop(), o->pool_dir, o->pool_size, o->memfd, &p, &why) < 0) {
+        fprintf(stderr, "shmrefd: %s\n", why);
+        return 1;
+    }
+    pool_free(p);
+    uv_loop_close(uv_default_loop());
     return 0;
 }
 
@@ -110,6 +150,8 @@ static void reload(struct daemon *d)
         options_free(&d->opt);
         d->opt = next;
         server_apply_limits(d->server);
+        if (quota_warning(&d->opt, err, sizeof(err)))
+            log_warning("%s", err);
         char a[UNITS_TEXT_MAX];
         log_notice("configuration reloaded: tenant quota %s, %u per-uid quota%s, max %u leases per client, "
                    "max %u clients", units_format(d->opt.tenant_quota, a), d->opt.n_quotas,
@@ -245,10 +287,14 @@ int main(int argc, char **argv)
         return 1;
     }
     if (d.flags.check_config) {
-        options_print(&d.opt, stdout);
-        return 0;
+        r = check_config(&d.opt);
+        options_free(&d.opt);
+        options_free(&d.flags);
+        return r;
     }
     log_max_level = d.opt.verbose ? LOG_DEBUG : LOG_INFO;
+    if (quota_warning(&d.opt, err, sizeof(err)))
+        log_warning("%s", err);
     signal(SIGPIPE, SIG_IGN);
     privs_raise_nofile();
 

@@ -65,11 +65,17 @@ int privs_drop(const char *user, char *why, size_t why_len)
         if (setresuid(uid, uid, uid) < 0)
             return fail(why, why_len, "setresuid");
     }
-    cap_t none = cap_init();
-    if (!none)
+    cap_t none = cap_init(), now = cap_get_proc();
+    if (!none || !now) {
+        cap_free(none);
+        cap_free(now);
         return fail(why, why_len, "cap_init");
-    int r = cap_set_proc(none);
+    }
+    /* Already empty (the service: no capabilities, not root): no capset(2), which the
+     * unit's SystemCallFilter=~@privileged refuses. */
+    int r = cap_compare(now, none) == 0 ? 0 : cap_set_proc(none);
     cap_free(none);
+    cap_free(now);
     if (r < 0)
         return fail(why, why_len, "clearing capabilities");
     if (CAP_AMBIENT_SUPPORTED() && cap_reset_ambient() < 0)

@@ -64,10 +64,16 @@ static struct entry *get(struct quota *q, uint32_t uid)
     return e;
 }
 
-/* Drop entries that hold nothing and have no limit of their own. */
+static bool refused_any(const struct entry *e)
+{
+    return e->t.refused_quota || e->t.refused_space || e->t.refused_limit || e->t.refused_access ||
+           e->t.refused_other;
+}
+
+/* Drop entries that hold nothing, have no limit of their own and no refusals to show. */
 static void prune(struct quota *q, struct entry *e)
 {
-    if (e->t.bytes || e->t.buffers || e->own_limit)
+    if (e->t.bytes || e->t.buffers || e->own_limit || refused_any(e))
         return;
     *e = q->v[--q->n];
 }
@@ -96,7 +102,7 @@ void quota_clear_limits(struct quota *q)
         struct entry *e = &q->v[i];
         e->own_limit = false;
         e->t.quota = q->default_quota;
-        if (!e->t.bytes && !e->t.buffers)
+        if (!e->t.bytes && !e->t.buffers && !refused_any(e))
             *e = q->v[--q->n]; /* the moved entry is examined next */
         else
             i++;
@@ -119,10 +125,11 @@ int quota_charge(struct quota *q, uint32_t uid, uint64_t bytes, char *why, size_
     }
     if (bytes > e->t.quota || e->t.bytes > e->t.quota - bytes) {
         snprintf(why, why_len,
-                 "quota exceeded for uid %u: holds %s (%llu bytes), asks %s (%llu bytes), quota %s (%llu bytes)",
+                 "quota exceeded for uid %u: holds %s (%llu bytes), asks %s (%llu bytes), quota %s (%llu bytes); "
+                 "raise it with --tenant-quota, or per uid in the config file's [quota] section (%u = SIZE)",
                  uid, units_format(e->t.bytes, a), (unsigned long long)e->t.bytes,
                  units_format(bytes, b), (unsigned long long)bytes,
-                 units_format(e->t.quota, c), (unsigned long long)e->t.quota);
+                 units_format(e->t.quota, c), (unsigned long long)e->t.quota, uid);
         prune(q, e);
         return -EDQUOT;
     }
@@ -168,6 +175,20 @@ uint64_t quota_total(const struct quota *q)
     for (unsigned i = 0; i < q->n; i++)
         n += q->v[i].t.bytes;
     return n;
+}
+
+void quota_note_refusal(struct quota *q, uint32_t uid, int code)
+{
+    struct entry *e = get(q, uid);
+    if (!e)
+        return;
+    switch (code) {
+    case EDQUOT: e->t.refused_quota++; break;
+    case ENOSPC: e->t.refused_space++; break;
+    case EMFILE: case EFBIG: case EUSERS: e->t.refused_limit++; break;
+    case EACCES: e->t.refused_access++; break;
+    default: e->t.refused_other++; break;
+    }
 }
 
 unsigned quota_tenants(const struct quota *q, struct quota_tenant *ret, unsigned max)

@@ -12,6 +12,8 @@ struct quota_tenant {
     uint64_t bytes;    /* charged now */
     uint64_t quota;    /* the limit in force for this uid */
     uint32_t buffers;  /* live buffers charged */
+    /* requests of this uid refused, by cause (as the server's refused_* counters) */
+    uint64_t refused_quota, refused_space, refused_limit, refused_access, refused_other;
 };
 
 /* quota_ticket: one charge, as an object: whoever holds it owns the bytes it names, and
@@ -51,7 +53,11 @@ int quota_return(struct quota *q, struct quota_ticket *t);
 /* quota_total: bytes charged to all tenants (for cross-checking other ledgers). */
 uint64_t quota_total(const struct quota *q);
 
-/* quota_tenants: the tenants with a charge or a limit of their own. */
+/* quota_note_refusal: count a refused request of uid by its errno (EDQUOT, ENOSPC,
+ * EMFILE/EFBIG/EUSERS as limit, EACCES as access, anything else as other). A tenant with refusals stays listed. */
+void quota_note_refusal(struct quota *q, uint32_t uid, int code);
+
+/* quota_tenants: the tenants with a charge, a limit of their own, or refusals. */
 unsigned quota_tenants(const struct quota *q, struct quota_tenant *ret, unsigned max);
 unsigned quota_count(const struct quota *q);
 

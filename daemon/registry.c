@@ -90,6 +90,7 @@ struct registry_buf *registry_buf_charged(struct registry *r, struct pool_buf *p
     charge->bytes = 0; /* the registry's now: given back in buf_gone */
     b->size = size;
     b->reg = r;
+    b->created_ms = uv_now(r->loop);
     r->st.buffers++;
     r->st.bytes += pb->size;
     return b;
@@ -332,4 +333,13 @@ void registry_free(struct registry *r)
 struct registry_stats registry_stats(const struct registry *r)
 {
     return r->st;
+}
+
+unsigned registry_published(const struct registry *r, const struct registry_buf **ret, unsigned max)
+{
+    unsigned n = 0;
+    for (uint32_t i = 0; i < r->nbuckets && n < max; i++)
+        for (const struct registry_buf *b = r->buckets[i]; b && n < max; b = b->hnext)
+            ret[n++] = b;
+    return n;
 }

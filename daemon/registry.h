@@ -30,6 +30,8 @@ struct registry_buf {
     uv_timer_t *timer;      /* retention timer, freed in its close callback */
     struct registry *reg;
     struct registry_buf *hnext;
+    uint64_t created_ms;    /* uv_now() at registry_buf_new, for status ages */
+    int32_t producer_pid;   /* the leasing connection's pid, for status */
 };
 
 struct registry_lease {
@@ -94,5 +96,9 @@ struct registry_stats {
     uint64_t drift;         /* charges the quota ledger did not hold in full (a bug) */
 };
 struct registry_stats registry_stats(const struct registry *reg);
+
+/* registry_published: up to max published, live buffers (for status), in no order.
+ * Returns how many were written to ret. */
+unsigned registry_published(const struct registry *reg, const struct registry_buf **ret, unsigned max);
 
 #endif

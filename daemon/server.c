@@ -22,7 +22,8 @@
 static int status_of(void *arg, uint8_t *buf, size_t cap)
 {
     struct server *s = arg;
-    struct status_src src = { .uptime_ms = uv_now(s->loop) - s->started_ms, .opt = s->opt, .pool = s->pool,
+    struct status_src src = { .uptime_ms = uv_now(s->loop) - s->started_ms, .now_ms = uv_now(s->loop),
+                              .opt = s->opt, .pool = s->pool,
                               .quota = s->quota, .reg = s->reg, .counters = &s->counters,
                               .sessions = &s->sessions };
     return status_build(&src, buf, cap);
@@ -105,12 +106,14 @@ static void accept_one(struct server *s, int fd)
     }
     if (!access_allowed(s->opt, &cred, fd)) {
         s->counters.refused_access++;
+        quota_note_refusal(s->quota, cred.uid, EACCES);
         refuse(fd, &cred, EACCES, "access denied: uid %u (pid %d) is not in allow-users or allow-groups",
                (unsigned)cred.uid, (int)cred.pid);
         return;
     }
     if (s->sessions.n >= s->opt->max_clients && session_count_open(&s->sessions) >= s->opt->max_clients) {
         s->counters.refused_limit++;
+        quota_note_refusal(s->quota, cred.uid, EUSERS);
         refuse(fd, &cred, EUSERS, "too many clients: %u connected, limit %u", session_count_open(&s->sessions),
                s->opt->max_clients);
         return;

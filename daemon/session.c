@@ -132,13 +132,24 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
     uint32_t held = s->peer.holder.leases;
     uint32_t n = broker_disconnect(env->broker, &s->peer);
     broker_check(env->broker);
-    if (n || why)
-        log_info("client %llu pid=%d uid=%u disconnected%s%s; reclaimed %u lease%s",
-                 (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid,
-                 why ? ": " : "", why ? why : "", held, held == 1 ? "" : "s");
+    /* The peer went away (why == NULL): with nothing held it closed cleanly (libshmref
+     * releases before closing); holding leases, it died, or closed without releasing.
+     * The socket cannot tell which signal, if any, ended it. */
+    if (!why && !n)
+        env->counters->clients_closed++;
+    else if (!why)
+        env->counters->clients_died++;
+    if (why)
+        log_info("client %llu pid=%d uid=%u disconnected: %s; reclaimed %u lease%s",
+                 (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid, why, held,
+                 held == 1 ? "" : "s");
+    else if (n)
+        log_info("client %llu pid=%d uid=%u died holding %u lease%s (or closed without releasing); reclaimed",
+                 (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid, held,
+                 held == 1 ? "" : "s");
     else
-        log_debug("client %llu pid=%d uid=%u disconnected", (unsigned long long)s->peer.id,
-                  (int)s->peer.pid, (unsigned)s->peer.uid);
+        log_debug("client %llu pid=%d uid=%u closed", (unsigned long long)s->peer.id, (int)s->peer.pid,
+                  (unsigned)s->peer.uid);
     if (s->prev) s->prev->next = s->next; else env->head = s->next;
     if (s->next) s->next->prev = s->prev;
     env->n--;

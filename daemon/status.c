@@ -3,6 +3,7 @@
 #include "status.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 
 
 #define LIST_MAX 500 /* keeps the worst case (long client names) well inside one reply */
+#define LIST_SHORT 100 /* when the full lists do not fit, status_build retries with these */
 
 static void key(msgpack_packer *pk, const char *k)
 {
@@ -69,51 +71,107 @@ static void pack_pool(msgpack_packer *pk, const struct status_src *s)
     }
 }
 
-static void pack_buffers(msgpack_packer *pk, const struct status_src *s)
+/* pack_buffer: one entry of buffers.list. */
+static void pack_buffer(msgpack_packer *pk, const struct status_src *s, const struct registry_buf *b)
+{
+    uint64_t now = s->now_ms;
+    const char *state = !b->published ? "writing" : b->retained ? "retained" : "published";
+    msgpack_pack_map(pk, 9);
+    kv_u64(pk, "id", b->pb->id);
+    kv_str(pk, "state", state);
+    kv_u64(pk, "size", b->size);
+    kv_u64(pk, "capacity", b->pb->size);
+    kv_u64(pk, "uid", b->tenant);
+    kv_u64(pk, "pid", b->producer_pid > 0 ? (uint64_t)b->producer_pid : 0);
+    kv_u64(pk, "holders", b->refs - (b->retained ? 1 : 0));
+    kv_u64(pk, "age_ms", now - b->created_ms);
+    kv_u64(pk, "retention_left_ms", b->retained && b->deadline > now ? b->deadline - now : 0);
+}
+
+/* writing: whether l is a producer's handle on a buffer not yet published (each such
+ * buffer has exactly one: its producer's). */
+static bool writing(const struct registry_lease *l)
+{
+    return l->buf && l->writable && !l->buf->published;
+}
+
+/* pack_buffer_list: published buffers (from the registry), then buffers still being
+ * written (each held by its producer alone), up to max in all. */
+static void pack_buffer_list(msgpack_packer *pk, const struct status_src *s, unsigned max)
+{
+    static const struct registry_buf *pub[LIST_MAX];
+    unsigned npub = registry_published(s->reg, pub, max), nwr = 0, total = 0;
+    for (const struct session *c = s->sessions->head; c; c = c->next)
+        for (uint32_t i = 0; i < c->peer.holder.nslots; i++)
+            total += writing(&c->peer.holder.slots[i]);
+    total += (unsigned)registry_stats(s->reg).published;
+    nwr = total - npub < max - npub ? total - npub : max - npub;
+    kv_u64(pk, "list_total", total);
+    key(pk, "list");
+    msgpack_pack_array(pk, npub + nwr);
+    for (unsigned i = 0; i < npub; i++)
+        pack_buffer(pk, s, pub[i]);
+    unsigned done = 0;
+    for (const struct session *c = s->sessions->head; c && done < nwr; c = c->next)
+        for (uint32_t i = 0; i < c->peer.holder.nslots && done < nwr; i++)
+            if (writing(&c->peer.holder.slots[i])) {
+                pack_buffer(pk, s, c->peer.holder.slots[i].buf);
+                done++;
+            }
+}
+
+static void pack_buffers(msgpack_packer *pk, const struct status_src *s, unsigned max)
 {
     struct registry_stats rs = registry_stats(s->reg);
     key(pk, "buffers");
-    msgpack_pack_map(pk, 6);
+    msgpack_pack_map(pk, 8);
     kv_u64(pk, "live", rs.buffers);
     kv_u64(pk, "leases", rs.handles);
     kv_u64(pk, "published", rs.published);
     kv_u64(pk, "retained", rs.retained);
     kv_u64(pk, "retained_bytes", rs.retained_bytes);
     kv_u64(pk, "expired", rs.expired);
+    pack_buffer_list(pk, s, max);
 }
 
-static void pack_tenants(msgpack_packer *pk, const struct status_src *s)
+static void pack_tenants(msgpack_packer *pk, const struct status_src *s, unsigned max)
 {
     static struct quota_tenant t[LIST_MAX];
-    unsigned n = quota_tenants(s->quota, t, LIST_MAX);
+    unsigned n = quota_tenants(s->quota, t, max);
     kv_u64(pk, "tenants_total", quota_count(s->quota));
     key(pk, "tenants");
     msgpack_pack_array(pk, n);
     for (unsigned i = 0; i < n; i++) {
-        msgpack_pack_map(pk, 4);
+        msgpack_pack_map(pk, 9);
         kv_u64(pk, "uid", t[i].uid);
         kv_u64(pk, "bytes", t[i].bytes);
         kv_u64(pk, "quota", t[i].quota);
         kv_u64(pk, "buffers", t[i].buffers);
+        kv_u64(pk, "refused_quota", t[i].refused_quota);
+        kv_u64(pk, "refused_space", t[i].refused_space);
+        kv_u64(pk, "refused_limit", t[i].refused_limit);
+        kv_u64(pk, "refused_access", t[i].refused_access);
+        kv_u64(pk, "refused_other", t[i].refused_other);
     }
 }
 
-static void pack_clients(msgpack_packer *pk, const struct status_src *s)
+static void pack_clients(msgpack_packer *pk, const struct status_src *s, unsigned max)
 {
     uint32_t total = s->sessions->n;
-    unsigned n = total < LIST_MAX ? total : LIST_MAX;
+    unsigned n = total < max ? total : max;
     kv_u64(pk, "clients_total", total);
     key(pk, "clients");
     msgpack_pack_array(pk, n);
     const struct session *c = s->sessions->head;
     for (unsigned i = 0; i < n && c; i++, c = c->next) {
-        msgpack_pack_map(pk, 6);
+        msgpack_pack_map(pk, 7);
         kv_u64(pk, "id", c->peer.id);
         kv_u64(pk, "pid", (uint64_t)c->peer.pid);
         kv_u64(pk, "uid", c->peer.uid);
         kv_str(pk, "name", c->name);
         kv_u64(pk, "leases", c->peer.holder.leases);
         kv_u64(pk, "bytes", c->peer.holder.bytes);
+        kv_u64(pk, "connected_ms", s->now_ms - c->accepted_ms);
     }
 }
 
@@ -133,7 +191,7 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     const struct counters *k = s->counters;
     struct pool_counters pc = pool_counters(s->pool);
     key(pk, "counters");
-    msgpack_pack_map(pk, 21);
+    msgpack_pack_map(pk, 23);
     kv_u64(pk, "connections", k->connections);
     kv_u64(pk, "leases", k->leases);
     kv_u64(pk, "publishes", k->publishes);
@@ -155,9 +213,11 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     kv_u64(pk, "buffers_create_failed", pc.create_failed);
     kv_u64(pk, "buffers_tampered", pc.tampered);
     kv_u64(pk, "retentions_expired", registry_stats(s->reg).expired);
+    kv_u64(pk, "clients_closed", k->clients_closed);
+    kv_u64(pk, "clients_died", k->clients_died);
 }
 
-int status_build(const struct status_src *s, uint8_t *buf, size_t cap)
+static int build(const struct status_src *s, uint8_t *buf, size_t cap, unsigned max)
 {
     struct proto_buf pb = { buf, 0, cap, 0 };
     msgpack_packer pk;
@@ -165,10 +225,16 @@ int status_build(const struct status_src *s, uint8_t *buf, size_t cap)
     msgpack_pack_map(&pk, 9);
     pack_daemon(&pk, s);
     pack_pool(&pk, s);
-    pack_buffers(&pk, s);
-    pack_tenants(&pk, s);
-    pack_clients(&pk, s);
+    pack_buffers(&pk, s, max);
+    pack_tenants(&pk, s, max);
+    pack_clients(&pk, s, max);
     pack_limits(&pk, s);
     pack_counters(&pk, s);
     return pb.overflow ? -EMSGSIZE : (int)pb.len;
+}
+
+int status_build(const struct status_src *s, uint8_t *buf, size_t cap)
+{
+    int n = build(s, buf, cap, LIST_MAX);
+    return n == -EMSGSIZE ? build(s, buf, cap, LIST_SHORT) : n;
 }

@@ -1,5 +1,6 @@
 /* status.h: the daemon's state as a msgpack map, for the status request. Private to the
- * daemon. Lists (classes, tenants, clients) are cut to fit in one reply; the *_total
+ * daemon. Lists (classes, tenants, clients, buffers) are cut to fit in one reply (500 entries,
+ * or 100 when those do not fit); the *_total
  * fields say how many there were. */
 #ifndef SHMREFD_STATUS_H
 #define SHMREFD_STATUS_H
@@ -17,6 +18,7 @@
 /* status_src: where the numbers come from (the server fills it at each request). */
 struct status_src {
     uint64_t uptime_ms;
+    uint64_t now_ms;               /* uv_now, for ages */
     const struct options *opt;
     const struct pool *pool;
     const struct quota *quota;

@@ -2,7 +2,8 @@
 # this project builds and tests with, if any are missing (apt-get needs root).
 SHMREF_BUILD_PACKAGES="build-essential cmake pkg-config libuv1-dev libmsgpack-dev libcriterion-dev
     libsystemd-dev libcap-dev libinih-dev"
-SHMREF_TEST_PACKAGES="python3 python3-prometheus-client systemd clang libclang-rt-14-dev"
+SHMREF_TEST_PACKAGES="python3 python3-prometheus-client systemd clang libclang-rt-14-dev strace
+    tmux debhelper dpkg-dev lintian"
 
 ensure_packages() {
     local missing=() p

@@ -30,3 +30,13 @@ test_end() {
     echo "$pass passed, $fail failed"
     [ "$fail" = 0 ]
 }
+
+# asan_env LIB: what a program built without sanitizers (python3 with ctypes) needs in its
+# environment to load LIB when LIB was built with AddressSanitizer (./scripts/test
+# --sanitize): the ASan runtime preloaded, leak checks off (they would report Python's).
+# Prints nothing for a plain build. Use: env $(asan_env "$LIB") /usr/bin/python3 ...
+asan_env() {
+    local rt
+    rt=$(ldd "$1" 2>/dev/null | sed -n 's/^[[:space:]]*libasan\.so[^ ]* => \([^ ]*\).*/\1/p')
+    if [ -n "$rt" ]; then echo "LD_PRELOAD=$rt ASAN_OPTIONS=detect_leaks=0"; fi
+}

@@ -98,6 +98,8 @@ static void counters(const shmref_status *st, FILE *f)
         { "buffers_create_failed", "shmref_buffers_create_failed_total", "Failed creations (full tmpfs)." },
         { "buffers_tampered", "shmref_buffers_tampered_total", "Buffers retired because they came back resized." },
         { "retentions_expired", "shmref_retentions_expired_total", "Retentions that ran out unacquired." },
+        { "clients_closed", "shmref_clients_closed_total", "Clients that closed holding nothing (a clean close)." },
+        { "clients_died", "shmref_clients_died_total", "Clients that went away holding leases (died, or closed without releasing)." },
     };
     for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
         char k[64];

@@ -1,5 +1,6 @@
 /* shmrefctl.c: the operators' and scripts' tool, built on the public libshmref API only.
- * Commands: status [--json], put [--keep-ms N] FILE|-, get DESCRIPTOR [-o FILE], ping.
+ * Commands: status [--json] [--buffers], top, metrics [--output FILE], put [--keep-ms N]
+ * FILE|-, get DESCRIPTOR [-o FILE], ping.
  * Exit status: 0 done, 1 the daemon or the system refused, 2 usage error. */
 #include <errno.h>
 #include <fcntl.h>
@@ -12,7 +13,9 @@
 #include <unistd.h>
 
 #include "metrics.h"
+#include "paths.h"
 #include "shmref/shmref.h"
+#include "top.h"
 #include "units.h"
 
 #define PUT_DEFAULT_KEEP_MS 300000
@@ -21,13 +24,18 @@ static const char usage[] =
     "Usage: shmrefctl [--socket PATH] COMMAND [ARGS]\n"
     "\n"
     "Commands:\n"
-    "  status [--json]                 the daemon's pool, tenants, clients and counters\n"
+    "  status [--json] [--buffers]     the daemon's pool, tenants, clients and counters\n"
+    "                                  (--buffers: and every live buffer)\n"
+    "  top [--delay SECONDS] [--once]  a live view of clients, tenants, buffers and rates\n"
+    "                                  (q quits)\n"
     "  put [--keep-ms N] FILE|-        copy FILE (or stdin) into a buffer, publish it, and\n"
     "                                  print its descriptor; the daemon keeps it N ms\n"
     "                                  (default 300000) or until the first get\n"
     "  get DESCRIPTOR [-o FILE]        write a published buffer to FILE (default stdout)\n"
-    "  metrics                         the status in Prometheus text format (for\n"
-    "                                  node_exporter's textfile collector)\n"
+    "  metrics [--output FILE]         the status in Prometheus text format (for\n"
+    "                                  node_exporter's textfile collector); --output\n"
+    "                                  replaces FILE atomically, with shmref_up 0 when\n"
+    "                                  the daemon is down\n"
     "  ping                            one round trip to the daemon\n"
     "\n"
     "Options (before or after the command):\n"
@@ -45,12 +53,37 @@ static int fail(shmref_conn *conn, const char *what, int r)
     return 1;
 }
 
+/* the_socket: the path a connect uses (the default rule when --socket is not given). */
+static const char *the_socket(char buf[4096])
+{
+    if (socket_path)
+        return socket_path;
+    return paths_default_socket(buf, 4096) == 0 ? buf : "the default socket";
+}
+
+/* connect_hint: what a connect error usually means, for the message. */
+static const char *connect_hint(int r)
+{
+    switch (-r) {
+    case ENOENT: return " (no socket there: is shmrefd running? systemctl start shmrefd.socket; or give --socket)";
+    case ECONNREFUSED: return " (nothing listens there: shmrefd is not running)";
+    case EACCES: return " (the socket's mode or group refuses this user, or the daemon's allow-users/allow-groups does)";
+    default: return "";
+    }
+}
+
 static int connect_or_fail(shmref_conn **conn)
 {
+    char def[4096];
     int r = shmref_connect(socket_path, conn);
     if (r < 0) {
-        fprintf(stderr, "shmrefctl: cannot reach shmrefd at %s: %s\n",
-                socket_path ? socket_path : "the default socket", strerror(-r));
+        /* When the daemon answered, its refusal says why (allow-users, max-clients). */
+        const char *why = shmref_errmsg(NULL);
+        if (strncmp(why, "shmrefd at ", 11) == 0)
+            fprintf(stderr, "shmrefctl: %s (%s)\n", why, strerror(-r));
+        else
+            fprintf(stderr, "shmrefctl: cannot reach shmrefd at %s: %s%s\n", the_socket(def), strerror(-r),
+                    connect_hint(r));
         return 1;
     }
     return 0;
@@ -128,6 +161,7 @@ static void print_table(const shmref_status *st)
         "reclaimed_clients", "refused_quota", "refused_space", "refused_limit", "refused_access", "refused_other",
         "protocol_errors", "slow_clients", "buffers_created", "buffers_recycled", "buffers_retired",
         "buffers_evicted", "buffers_create_failed", "buffers_tampered", "retentions_expired",
+        "clients_closed", "clients_died",
     };
     printf("\ncounters\n");
     for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
@@ -139,10 +173,12 @@ static void print_table(const shmref_status *st)
 
 static int cmd_status(int argc, char **argv)
 {
-    int json = 0;
+    int json = 0, buffers = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0)
             json = 1;
+        else if (strcmp(argv[i], "--buffers") == 0)
+            buffers = 1;
         else {
             fprintf(stderr, "shmrefctl status: unknown argument '%s'\n", argv[i]);
             return 2;
@@ -166,6 +202,10 @@ static int cmd_status(int argc, char **argv)
             printf("%s\n", j);
     } else {
         print_table(st);
+        if (buffers) {
+            printf("\n");
+            top_print_buffers(st, stdout, 0, 0);
+        }
     }
     shmref_status_free(st);
     shmref_close(conn);
@@ -357,26 +397,76 @@ static int cmd_get(int argc, char **argv)
     return r < 0 ? 1 : 0;
 }
 
-static int cmd_metrics(void)
+/* write_metrics: the exposition into f; 0, or 1 when the daemon could not be asked
+ * (then f says shmref_up 0). */
+static int write_metrics(FILE *f)
 {
     shmref_conn *conn;
     shmref_status *st;
+    char def[4096];
     int r = shmref_connect(socket_path, &conn);
     if (r < 0) {
-        metrics_print_down(stdout);
-        fprintf(stderr, "shmrefctl: cannot reach shmrefd: %s\n", strerror(-r));
+        metrics_print_down(f);
+        fprintf(stderr, "shmrefctl: cannot reach shmrefd at %s: %s\n", the_socket(def), strerror(-r));
         return 1;
     }
     r = shmref_status_get(conn, &st);
     if (r < 0) {
-        metrics_print_down(stdout);
+        metrics_print_down(f);
         r = fail(conn, "status", r);
     } else {
-        metrics_print(st, stdout);
+        metrics_print(st, f);
         shmref_status_free(st);
     }
     shmref_close(conn);
-    return fflush(stdout) == 0 ? r : 1;
+    return r;
+}
+
+/* cmd_metrics: to stdout, or with --output FILE written to a temporary file in FILE's
+ * directory and renamed over FILE, so a reader (node_exporter's textfile collector)
+ * never sees half a file; a daemon that is down still replaces FILE, with shmref_up 0
+ * (exit status 1). */
+static int cmd_metrics(int argc, char **argv)
+{
+    const char *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        if ((strcmp(argv[i], "--output") == 0 || strcmp(argv[i], "-o") == 0) && i + 1 < argc)
+            out = argv[++i];
+        else if (strncmp(argv[i], "--output=", 9) == 0)
+            out = argv[i] + 9;
+        else {
+            fprintf(stderr, "shmrefctl metrics: unexpected argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!out) {
+        int r = write_metrics(stdout);
+        return fflush(stdout) == 0 ? r : 1;
+    }
+    size_t n = strlen(out);
+    char *tmp = malloc(n + 16);
+    if (!tmp)
+        return fail(NULL, "metrics", -ENOMEM);
+    snprintf(tmp, n + 16, "%s.tmp.XXXXXX", out);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "shmrefctl metrics: %s: %s\n", tmp, strerror(errno));
+        free(tmp);
+        return 1;
+    }
+    fchmod(fd, 0644); /* mkostemp makes it 0600; the collector may run as another user */
+    FILE *f = fdopen(fd, "w");
+    int r = f ? write_metrics(f) : 1;
+    int werr = !f || fflush(f) != 0 || fsync(fd) != 0;
+    if (f ? fclose(f) != 0 : close(fd) != 0)
+        werr = 1;
+    if (werr || rename(tmp, out) < 0) {
+        fprintf(stderr, "shmrefctl metrics: cannot write %s: %s\n", out, strerror(errno));
+        unlink(tmp);
+        r = 1;
+    }
+    free(tmp);
+    return r;
 }
 
 static int cmd_ping(void)
@@ -438,8 +528,10 @@ int main(int argc, char **argv)
         return cmd_put(argc, argv);
     if (strcmp(cmd, "get") == 0)
         return cmd_get(argc, argv);
-    if (strcmp(cmd, "metrics") == 0 && argc == 1)
-        return cmd_metrics();
+    if (strcmp(cmd, "metrics") == 0)
+        return cmd_metrics(argc, argv);
+    if (strcmp(cmd, "top") == 0)
+        return top_main(socket_path, argc, argv);
     if (strcmp(cmd, "ping") == 0 && argc == 1)
         return cmd_ping();
     fprintf(stderr, "shmrefctl: unknown command '%s'\nTry 'shmrefctl --help'.\n", cmd);

@@ -44,10 +44,42 @@ set +e
 set -e
 check "a malformed descriptor is a usage error (2)" test "$rc" = 2
 check "no daemon is exit 1" test "$rc2" = 1
+set +e
+"$SHMREFCTL" --socket "$dir/nothing.sock" ping 2>"$dir/err1"
+SHMREFD_SOCKET=$dir/default.sock "$SHMREFCTL" ping 2>"$dir/err2"
+set -e
+check "a connect error names the socket given" grep -q "at $dir/nothing.sock: No such file or directory (no socket there" "$dir/err1"
+check "and the default socket's path when none is given" grep -q "at $dir/default.sock: " "$dir/err2"
 check "status table prints" bash -c "'$SHMREFCTL' --socket '$sock' status | grep -q '^pool /dev/shm'"
 
 kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
 check "SIGTERM exits 0" test "$rc" = 0
 check "the socket is removed" test ! -e "$sock"
+
+# --check-config refuses what start refuses, and warns about a quota above the pool.
+set +e
+"$SHMREFD" --check-config --config /dev/null --pool-size 1024T >/dev/null 2>"$dir/cc1"; rc=$?
+"$SHMREFD" --check-config --config /dev/null --pool-size 64M --tenant-quota 1G >/dev/null 2>"$dir/cc2"; rc2=$?
+set -e
+check "--check-config with a pool larger than its directory fails (exit 1)" test "$rc" = 1
+check "naming both numbers" grep -q "pool size .* (1125899906842624 bytes) does not fit in /dev/shm: .* available" "$dir/cc1"
+check "a tenant quota above the pool size passes with a warning" \
+    bash -c '[ "$1" = 0 ] && grep -q "warning: tenant-quota 1.0 GiB is above the pool size 64.0 MiB" "$2"' _ "$rc2" "$dir/cc2"
+
+# A refusal by allow-users reaches the user with the daemon's reason and the path.
+if [ "$(id -u)" = 0 ]; then
+    chmod 755 "$dir"
+    "$SHMREFD" --socket "$dir/acl.sock" --socket-mode 0666 --allow-users 0 --config /dev/null 2>"$dir/acl.log" &
+    dpid=$!
+    for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/acl.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    set +e
+    setpriv --reuid=nobody --regid=nogroup --clear-groups "$SHMREFCTL" --socket "$dir/acl.sock" ping 2>"$dir/acl.err"
+    rc=$?
+    set -e
+    check "a user not in allow-users is refused (exit 1)" test "$rc" = 1
+    check "with the daemon's reason and the socket path" \
+        grep -q "shmrefd at $dir/acl.sock: access denied: uid $(id -u nobody) .* not in allow-users" "$dir/acl.err"
+    kill -TERM "$dpid"; wait "$dpid"; dpid=
+fi
 
 test_end

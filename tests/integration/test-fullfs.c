@@ -33,7 +33,10 @@ Test(fullfs, full_tmpfs_is_enospc_with_numbers_then_recovers)
     cr_assert(strstr(m, "cannot reserve") && strstr(m, "6291456") && strstr(m, dir), "message: %s", m);
     cr_assert_eq(status_u64(&d, "counters.buffers_create_failed"), 1);
     cr_assert_eq(status_u64(&d, "pool.bytes_allocated"), 0, "the failed reservation is given back");
-    cr_assert_eq(status_u64(&d, "tenants_total"), 0, "and so is the tenant's charge");
+    /* The tenant stays listed for its refusal, charged nothing. */
+    cr_assert_eq(status_u64(&d, "tenants_total"), 1);
+    cr_assert_eq(status_u64(&d, "tenants.0.bytes"), 0, "and so is the tenant's charge");
+    cr_assert_eq(status_u64(&d, "tenants.0.refused_space"), 1, "the refusal is the tenant's");
     cr_assert_eq(shmref_ping(c), 0, "the client is still served");
 
     /* A lease that fits in what is left works. */

@@ -92,7 +92,7 @@ check("shmref_pool_class_buffers has a sample per class and state",
 counters = ["connections", "leases", "publishes", "acquires", "releases", "reclaimed_leases",
             "reclaimed_clients", "protocol_errors", "slow_clients", "buffers_created",
             "buffers_recycled", "buffers_retired", "buffers_evicted", "buffers_create_failed",
-            "retentions_expired", "refusals"]
+            "retentions_expired", "clients_closed", "clients_died", "refusals"]
 # The parser names a counter family without its _total suffix; its samples keep it.
 not_counter = [c for c in counters if families.get("shmref_" + c) is None
                or families["shmref_" + c].type != "counter"
@@ -160,6 +160,15 @@ check "shmrefctl metrics exits 0" test "$rc" = 0
 check "shmrefctl metrics writes nothing to stderr" test ! -s "$tmp/up.err"
 parse "$tmp/up.prom" up
 
+# --output FILE: the textfile collector's recipe, done by shmrefctl (temp file in the same
+# directory, renamed over FILE).
+mkdir "$tmp/textfile"
+ctl metrics --output "$tmp/textfile/shmrefd.prom" 2>"$tmp/out.err"; rc=$?
+check "metrics --output FILE exits 0" test "$rc" = 0
+check "FILE says shmref_up 1, and no temporary file is left" \
+    bash -c 'grep -qx "shmref_up 1" "$1/shmrefd.prom" && [ "$(ls -A "$1")" = shmrefd.prom ]' _ "$tmp/textfile"
+check "FILE is readable by the collector (mode 0644)" test "$(stat -c %a "$tmp/textfile/shmrefd.prom")" = 644
+
 kill -TERM "$dpid" 2>/dev/null; wait "$dpid"; rc=$?; dpid=
 check "shmrefd stops with exit 0" test "$rc" = 0
 
@@ -167,5 +176,11 @@ ctl metrics >"$tmp/down.prom" 2>"$tmp/down.err"; rc=$?
 check "with no daemon, shmrefctl metrics exits 1" test "$rc" = 1
 check "and says why on stderr" test -s "$tmp/down.err"
 parse "$tmp/down.prom" down
+ctl metrics --output "$tmp/textfile/shmrefd.prom" 2>/dev/null; rc=$?
+check "with no daemon, metrics --output exits 1" test "$rc" = 1
+check "and replaces FILE with shmref_up 0 (no stale shmref_up 1), leaving no temporary file" \
+    bash -c 'grep -qx "shmref_up 0" "$1/shmrefd.prom" && ! grep -q "shmref_pool" "$1/shmrefd.prom" && [ "$(ls -A "$1")" = shmrefd.prom ]' _ "$tmp/textfile"
+ctl metrics --output "$tmp/no/such/dir/x.prom" 2>/dev/null; rc=$?
+check "an unwritable FILE is exit 1" test "$rc" = 1
 
 test_end

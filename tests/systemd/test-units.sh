@@ -23,7 +23,15 @@ check "user units verify cleanly" "$tmp/user.err" $?
 grep -q '^ListenSequentialPacket=/run/shmrefd/shmrefd.sock$' "$dir/shmrefd.socket"; check "socket path" /dev/null $?
 grep -q '^Type=notify$' "$dir/shmrefd.service"; check "Type=notify" /dev/null $?
 grep -q '^CapabilityBoundingSet=$' "$dir/shmrefd.service"; check "no capabilities" /dev/null $?
-! grep -q '^PrivateDevices' "$dir/shmrefd.service"; check "/dev/shm stays shared" /dev/null $?
+# /dev/shm stays the host's: writable, never replaced (PrivateDevices= binds the host's).
+grep -q '^ReadWritePaths=/dev/shm$' "$dir/shmrefd.service" &&
+    ! grep -Eq '^(TemporaryFileSystem|InaccessiblePaths|BindPaths|BindReadOnlyPaths)=.*/dev/shm' "$dir/shmrefd.service"
+check "/dev/shm stays shared" /dev/null $?
+grep -q '^RestrictAddressFamilies=AF_UNIX$' "$dir/shmrefd.service"; check "AF_UNIX only" /dev/null $?
+score=$(systemd-analyze security --offline=yes "$dir/shmrefd.service" 2>/dev/null |
+    sed -n 's/.*Overall exposure level for shmrefd.service: \([0-9.]*\).*/\1/p')
+echo "systemd-analyze security: ${score:-?}"
+awk -v s="${score:-9}" 'BEGIN { exit !(s <= 1.0) }'; check "systemd-analyze security exposure at most 1.0 (is ${score:-?})" /dev/null $?
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -271,3 +271,28 @@ Test(quota, overflow_safe)
     cr_assert_not(has_tenant(q, 2000));
     quota_free(q);
 }
+
+Test(quota, counts_refusals_per_tenant_by_cause)
+{
+    struct quota *q = new_quota(4 * MiB);
+    char why[512];
+    cr_assert_eq(quota_charge(q, 1000, 8 * MiB, why, sizeof(why)), -EDQUOT);
+    cr_assert(strstr(why, "--tenant-quota") && strstr(why, "[quota]"), "the message points at the fix: %s", why);
+    quota_note_refusal(q, 1000, EDQUOT);
+    quota_note_refusal(q, 1000, ENOSPC);
+    quota_note_refusal(q, 1000, EFBIG);
+    quota_note_refusal(q, 1000, EACCES);
+    quota_note_refusal(q, 1000, EINVAL);
+    /* A tenant holding nothing stays listed while it has refusals to show. */
+    struct quota_tenant t = tenant_of(q, 1000);
+    cr_assert_eq(t.bytes, 0);
+    cr_assert_eq(t.refused_quota, 1);
+    cr_assert_eq(t.refused_space, 1);
+    cr_assert_eq(t.refused_limit, 1);
+    cr_assert_eq(t.refused_access, 1);
+    cr_assert_eq(t.refused_other, 1);
+    quota_clear_limits(q);
+    cr_assert(has_tenant(q, 1000));
+    cr_assert(!has_tenant(q, 1001));
+    quota_free(q);
+}

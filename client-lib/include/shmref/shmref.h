@@ -50,17 +50,22 @@ typedef struct shmref_desc {
 /* shmref_connect: connect to shmrefd and say hello. path NULL means the default:
  * $SHMREFD_SOCKET, else $XDG_RUNTIME_DIR/shmrefd.sock, else /run/shmrefd/shmrefd.sock.
  * On success *ret_conn is owned by the caller: free it with shmref_close(). On failure
- * nothing is returned; a refusal's message cannot be read (there is no connection), so
- * the error code is all: -ENOENT / -ECONNREFUSED (no daemon), -EACCES, -EPROTONOSUPPORT. */
+ * nothing is returned: -ENOENT / -ECONNREFUSED (no daemon), -EACCES (the socket's mode,
+ * or the daemon's allow-users/allow-groups), -EUSERS, -EPROTONOSUPPORT; the reason, with
+ * the socket's path and the daemon's own message when it sent one, is then
+ * shmref_errmsg(NULL) (per thread, until the thread's next shmref_connect). */
 SHMREF_EXPORT int shmref_connect(const char *path, shmref_conn **ret_conn);
 
-/* shmref_close: closes the connection. The daemon releases every lease it still held.
+/* shmref_close: releases every handle still held (one-way messages, no round trip),
+ * then closes the connection, so the daemon counts a clean close (clients_closed), not
+ * a client that died holding leases (clients_died).
  * Buffers obtained from it must not be used afterwards (their mappings are unmapped);
  * their handles are freed. Accepts NULL. */
 SHMREF_EXPORT void shmref_close(shmref_conn *conn);
 
 /* shmref_errmsg: the message of the last failed call on conn (the daemon's words for a
- * refusal, the library's otherwise), "" if none. Owned by conn, valid until its next call. */
+ * refusal, the library's otherwise), "" if none. Owned by conn, valid until its next call.
+ * With conn NULL: why this thread's last shmref_connect failed ("" if it did not). */
 SHMREF_EXPORT const char *shmref_errmsg(const shmref_conn *conn);
 
 /* shmref_ping: one round trip. */

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# test-deb.sh: the Debian packages, as a user of Debian 12 gets them. In a copy of the
+# tree (the working tree stays clean): dpkg-buildpackage -us -uc -b, lintian on the
+# result (no errors, no warnings); then dpkg -i of the three packages, the sysusers.d
+# user, the socket enabled, the installed daemon run with the installed socket unit's
+# settings (systemd-socket-activate, since PID 1 is not systemd here; as the unit's
+# User/Group) and a put/get with the installed shmrefctl through the default socket, as
+# root and as a member of the socket's group (a non-member is refused), shmrefd
+# --check-config on /etc/shmrefd/shmrefd.conf, systemd-analyze verify on the installed
+# units; then dpkg --purge and nothing of the packages left. The user and group stay
+# (Debian policy: a system user may own files elsewhere; sysusers.d never deletes).
+# Needs root (it installs packages on this machine); exits 77 (skipped) when not root,
+# when dpkg-buildpackage or lintian is missing, or when shmrefd is installed already
+# (it would not touch that installation). Cleans up (daemon, packages) on every exit.
+# Usage: test-deb.sh SOURCE_DIR
+set -uo pipefail
+src=$(cd "$1" && pwd)
+. "$src/tests/lib.sh"
+skip() { echo "SKIP: $*"; exit 77; }
+[ "$(id -u)" = 0 ] || skip "needs root: it installs the packages with dpkg -i"
+for t in dpkg-buildpackage lintian systemd-socket-activate setpriv; do
+    command -v "$t" >/dev/null || skip "$t is not installed (scripts/deps.sh installs it)"
+done
+dpkg-query -W -f='${Status}' shmrefd 2>/dev/null | grep -q "ok installed" &&
+    skip "shmrefd is installed on this machine already; this test would replace and purge it"
+PKGS="shmrefd libshmref0 libshmref-dev"
+
+test_begin deb
+installed_by_us=
+sapid=
+deb_cleanup() {
+    [ -n "$sapid" ] && { kill "$sapid" 2>/dev/null; wait "$sapid" 2>/dev/null; }
+    # shellcheck disable=SC2086
+    [ -n "$installed_by_us" ] && dpkg --purge $PKGS >/dev/null 2>&1
+    rm -f /run/shmrefd/shmrefd.sock
+    rmdir /run/shmrefd 2>/dev/null
+    test_cleanup
+}
+trap deb_cleanup EXIT
+show() { [ -s "$1" ] && sed -e 's/^/    | /' "$1" | tail -n "${2:-30}"; return 0; }
+
+# --- build -----------------------------------------------------------------------------
+copy=$tmp/shmrefd-0.1.0
+mkdir "$copy"
+tree_state() { (cd "$src" && git status --porcelain --ignored --untracked-files=all 2>/dev/null | grep -v '^!! build') | md5sum; }
+before=$(tree_state)
+(cd "$src" && git ls-files -co --exclude-standard -z | xargs -0 tar -cf - 2>/dev/null) | tar -xf - -C "$copy"
+if ! (cd "$copy" && dpkg-checkbuilddeps) >"$tmp/deps.log" 2>&1; then
+    ko "the build dependencies are installed (apt-get build-dep ./)"; show "$tmp/deps.log"
+    test_end; exit
+fi
+(cd "$copy" && timeout 900 dpkg-buildpackage -us -uc -b -j2) >"$tmp/build.log" 2>&1; rc=$?
+check "dpkg-buildpackage -us -uc -b builds the packages" test "$rc" = 0
+[ "$rc" = 0 ] || { show "$tmp/build.log" 40; test_end; exit; }
+for p in $PKGS; do
+    check "$p's .deb exists" test -f "$tmp/${p}_0.1.0-1_amd64.deb"
+done
+check "the working tree is as it was (the build ran in a copy)" test "$(tree_state)" = "$before"
+check "dpkg-gensymbols saw no new or missing symbols (debian/libshmref0.symbols is current)" \
+    bash -c '! grep -q "^dpkg-gensymbols: warning" "$1"' _ "$tmp/build.log"
+grep -A40 "^dpkg-gensymbols: warning" "$tmp/build.log" | grep '^[+-] ' | sed 's/^/    | /'
+
+timeout 600 lintian --fail-on error,warning --display-level ">=warning" "$tmp"/shmrefd_0.1.0-1_amd64.changes \
+    >"$tmp/lintian.log" 2>&1; rc=$?
+grep -v "running with root privileges" "$tmp/lintian.log" >"$tmp/lintian.tags"
+check "lintian reports no errors and no warnings" test "$rc" = 0 -a ! -s "$tmp/lintian.tags"
+show "$tmp/lintian.tags"
+
+# --- install -----------------------------------------------------------------------------
+installed_by_us=1
+(cd "$tmp" && dpkg -i shmrefd_0.1.0-1_amd64.deb libshmref0_0.1.0-1_amd64.deb libshmref-dev_0.1.0-1_amd64.deb) \
+    >"$tmp/dpkg-i.log" 2>&1; rc=$?
+check "dpkg -i installs the three packages" test "$rc" = 0
+[ "$rc" = 0 ] || show "$tmp/dpkg-i.log"
+# shellcheck disable=SC2086
+dpkg -L $PKGS 2>/dev/null | sort -u >"$tmp/files.list"
+unitdir=/lib/systemd/system
+check "the user shmrefd and the group shmref exist (systemd-sysusers in postinst)" \
+    bash -c 'getent passwd shmrefd >/dev/null && getent group shmref >/dev/null'
+check "the socket is enabled (deb-systemd-helper)" test -L /etc/systemd/system/sockets.target.wants/shmrefd.socket
+check "/etc/shmrefd/shmrefd.conf is a conffile" \
+    bash -c 'dpkg-query -W -f="\${Conffiles}" shmrefd | grep -q "^ /etc/shmrefd/shmrefd.conf "'
+check "the units are in Debian 12's $unitdir" test -f $unitdir/shmrefd.socket -a -f $unitdir/shmrefd.service
+check "the library is in the multiarch libdir" test -e "/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/libshmref.so.0"
+check "pkg-config finds the installed libshmref" pkg-config --exists shmref
+
+# --- run as the units say ------------------------------------------------------------------
+unit_key() { sed -n "s/^$2=//p" "$unitdir/$1" | tail -n 1; }
+sock=$(unit_key shmrefd.socket ListenSequentialPacket)
+smode=$(unit_key shmrefd.socket SocketMode)
+sgroup=$(unit_key shmrefd.socket SocketGroup)
+dmode=$(unit_key shmrefd.socket DirectoryMode)
+execstart=$(unit_key shmrefd.service ExecStart)
+suser=$(unit_key shmrefd.service User)
+sgrp=$(unit_key shmrefd.service Group)
+check "the socket unit names /run/shmrefd/shmrefd.sock" test "$sock" = /run/shmrefd/shmrefd.sock
+check "the service runs /usr/sbin/shmrefd with /etc/shmrefd/shmrefd.conf" \
+    test "$execstart" = "/usr/sbin/shmrefd --config /etc/shmrefd/shmrefd.conf"
+if [ -e "$sock" ]; then
+    ko "nothing listens at $sock already"
+else
+    mkdir -p -m "${dmode:-0755}" "$(dirname "$sock")"
+    # Under strace when there is one: the system calls the daemon makes are checked
+    # against the groups the unit's SystemCallFilter= refuses.
+    tracer=()
+    command -v strace >/dev/null && tracer=(strace -f -qq -o "$tmp/trace")
+    # shellcheck disable=SC2086 # ExecStart is a command line
+    "${tracer[@]}" systemd-socket-activate --seqpacket -l "$sock" \
+        setpriv --reuid="$suser" --regid="$sgrp" --init-groups -- $execstart 2>"$tmp/daemon.log" &
+    sapid=$!
+    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+    chgrp "$sgroup" "$sock" && chmod "$smode" "$sock"
+    ctl() { env -u SHMREFD_SOCKET -u XDG_RUNTIME_DIR "$@"; }
+    up=1
+    for _ in $(seq 100); do ctl shmrefctl ping >/dev/null 2>&1 && { up=0; break; }; sleep 0.05; done
+    check "the installed shmrefctl reaches the daemon at the default socket" test "$up" = 0
+    dpid=$(ctl shmrefctl status --json 2>/dev/null | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["daemon"]["pid"])' 2>/dev/null)
+    check "the daemon runs as the unit's User=$suser" \
+        bash -c '[ -n "$1" ] && [ "$(awk "/^Uid:/ {print \$2}" /proc/$1/status)" = "$(id -u "$2")" ]' _ "$dpid" "$suser"
+    check "it was socket-activated (it logs the passed socket)" grep -q "socket passed by the service manager" "$tmp/daemon.log"
+    head -c 3000000 /dev/urandom >"$tmp/in.bin"
+    desc=$(ctl shmrefctl put "$tmp/in.bin" 2>"$tmp/put.err")
+    ctl shmrefctl get "$desc" -o "$tmp/out.bin" 2>"$tmp/get.err"
+    check "put then get through the installed tools gives the same bytes" cmp -s "$tmp/in.bin" "$tmp/out.bin"
+    show "$tmp/put.err"; show "$tmp/get.err"
+    check "a member of group $sgroup may use the socket" \
+        ctl setpriv --reuid=nobody --regid=nogroup --groups="$(getent group "$sgroup" | cut -d: -f3)" shmrefctl ping >/dev/null
+    check "a non-member may not (socket mode $smode)" \
+        bash -c '! env -u SHMREFD_SOCKET -u XDG_RUNTIME_DIR setpriv --reuid=nobody --regid=nogroup --clear-groups shmrefctl ping 2>/dev/null'
+    if [ -n "$dpid" ]; then
+        kill -HUP "$dpid"; sleep 0.2 # a reload, for the trace
+        kill -TERM "$dpid"
+    else
+        kill -TERM "$sapid"
+    fi
+    wait "$sapid"; rc=$?; sapid= dpid=
+    check "the daemon stops on SIGTERM with exit 0" test "$rc" = 0
+    [ "$rc" = 0 ] || show "$tmp/daemon.log"
+    if [ -s "$tmp/trace" ]; then
+        refused=$(systemd-analyze syscall-filter $(sed -n 's/^SystemCallFilter=~//p' "$unitdir/shmrefd.service") 2>/dev/null |
+            grep -v '^ *#\|^@\|^ *$' | tr -d ' ' | sort -u)
+        sed -n '\|execve("/usr/sbin/shmrefd"|,$p' "$tmp/trace" |
+            awk '{ sub(/^[0-9]+ +/, ""); if (match($0, /^[a-z_0-9]+\(/)) print substr($0, 1, RLENGTH - 1) }' |
+            sort -u >"$tmp/calls"
+        bad=$(printf '%s\n' "$refused" | grep -xFf - "$tmp/calls" | tr '\n' ' ')
+        check "the daemon makes no system call the unit's SystemCallFilter=~ refuses (${bad:-none})" \
+            test -s "$tmp/calls" -a -z "$bad"
+    else
+        echo "SKIP the system call check (strace is not installed)"
+    fi
+fi
+check "shmrefd --check-config accepts /etc/shmrefd/shmrefd.conf (as $suser)" \
+    setpriv --reuid="$suser" --regid="$sgrp" --init-groups /usr/sbin/shmrefd --check-config --config /etc/shmrefd/shmrefd.conf >/dev/null
+# verify checks the man pages the units' Documentation= names when man(1) is there.
+man_opt=--man=no
+command -v man >/dev/null && man -w shmrefd.8 >/dev/null 2>&1 && man_opt=--man=yes
+systemd-analyze verify "$man_opt" $unitdir/shmrefd.socket $unitdir/shmrefd.service >"$tmp/verify.log" 2>&1; rc=$?
+check "systemd-analyze verify $man_opt passes on the installed units, silently" test "$rc" = 0 -a ! -s "$tmp/verify.log"
+show "$tmp/verify.log"
+score=$(systemd-analyze security --offline=yes $unitdir/shmrefd.service 2>/dev/null | sed -n 's/.*Overall exposure level for shmrefd.service: \([0-9.]*\).*/\1/p')
+echo "NOTE systemd-analyze security: exposure ${score:-?} for the installed shmrefd.service"
+
+# --- purge ---------------------------------------------------------------------------------
+# shellcheck disable=SC2086
+dpkg --purge $PKGS >"$tmp/purge.log" 2>&1; rc=$?
+check "dpkg --purge removes the three packages" test "$rc" = 0
+[ "$rc" = 0 ] && installed_by_us=
+left_over() {
+    local f bad=0
+    while IFS= read -r f; do
+        [ -d "$f" ] && continue # shared directories (/usr/bin) stay
+        if [ -e "$f" ] || [ -L "$f" ]; then echo "    | left: $f"; bad=1; fi
+    done <"$tmp/files.list"
+    for f in /etc/shmrefd /etc/systemd/system/sockets.target.wants/shmrefd.socket \
+             /var/lib/systemd/deb-systemd-helper-enabled/shmrefd.socket.dsh-also; do
+        if [ -e "$f" ] || [ -L "$f" ]; then echo "    | left: $f"; bad=1; fi
+    done
+    find /etc/systemd /var/lib/systemd/deb-systemd-helper-enabled -name 'shmrefd*' 2>/dev/null | sed 's/^/    | left: /' | grep . && bad=1
+    return $bad
+}
+check "nothing of the packages is left: files, conffiles, unit symlinks, helper state" left_over
+getent passwd shmrefd >/dev/null && echo "NOTE the user shmrefd and group shmref stay after purge (Debian policy)"
+
+test_end
