@@ -11,6 +11,7 @@
 #include "log.h"
 #include "server.h"
 #include "status.h"
+#include "text.h"
 #include "units.h"
 
 #define FEATURES (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE)
@@ -47,12 +48,8 @@ static void do_hello(struct conn *c, const struct proto_msg *m)
         conn_close(c, "protocol version mismatch");
         return;
     }
-    if (m->u.hello.name_len) /* an empty name may come with no pointer at all */
-        memcpy(c->name, m->u.hello.name, m->u.hello.name_len);
-    c->name[m->u.hello.name_len] = '\0';
-    for (char *p = c->name; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            *p = '?'; /* keep log lines one line */
+    /* valid UTF-8 without control or bidi characters, for status, JSON and log lines */
+    text_clean(c->name, m->u.hello.name ? m->u.hello.name : "", m->u.hello.name_len);
     c->hello = true;
     c->fd_once = (m->u.hello.features & PROTO_FEAT_FD_ONCE) != 0;
     log_debug("client %llu pid=%d uid=%u said hello as '%s'", (unsigned long long)c->id, (int)c->pid,
