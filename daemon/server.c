@@ -89,6 +89,14 @@ static void accept_one(struct server *s, int fd)
         close(fd);
         return;
     }
+    if (access_unmapped(&cred)) {
+        s->counters.refused_access++;
+        refuse(fd, &cred, EACCES, "access denied: pid %d has uid %u, the overflow uid: it comes from a user "
+               "namespace whose uids shmrefd's namespace does not map, so it cannot be told apart from "
+               "other such peers (they would share one tenant); run shmrefd where its uid is mapped",
+               (int)cred.pid, (unsigned)cred.uid);
+        return;
+    }
     if (!access_allowed(s->opt, &cred, fd)) {
         s->counters.refused_access++;
         refuse(fd, &cred, EACCES, "access denied: uid %u (pid %d) is not in allow-users or allow-groups",
