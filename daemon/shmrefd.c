@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <sys/un.h>
@@ -323,6 +324,19 @@ static int setup(struct daemon *d, uv_loop_t *loop)
     return 0;
 }
 
+/* wait_for_entropy: tokens come from getrandom. At early boot its pool may not be
+ * initialized yet, and getrandom would block the event loop at the first publish: wait
+ * here once, before serving, and say so. */
+static void wait_for_entropy(void)
+{
+    unsigned char b;
+    if (getrandom(&b, 1, GRND_NONBLOCK) == 1 || errno != EAGAIN)
+        return;
+    log_notice("waiting for the kernel's random number generator to be initialized");
+    while (getrandom(&b, 1, 0) < 0 && errno == EINTR)
+        ;
+}
+
 int main(int argc, char **argv)
 {
     static struct daemon d;
@@ -344,6 +358,7 @@ int main(int argc, char **argv)
     }
     log_max_level = d.opt.verbose ? LOG_DEBUG : LOG_INFO;
     signal(SIGPIPE, SIG_IGN);
+    wait_for_entropy();
     privs_raise_nofile();
 
     uv_loop_t *loop = uv_default_loop();
