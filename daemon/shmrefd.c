@@ -373,7 +373,11 @@ int main(int argc, char **argv)
         /* An activated socket belongs to the service manager: leave it. */
         if (!d.activated && unlink(d.opt.socket_path) < 0 && errno != ENOENT)
             log_debug("cannot remove %s: %s", d.opt.socket_path, strerror(errno));
-        code = 0;
+        code = d.server->failed ? 1 : 0;
+        uv_signal_t *sigs[] = { &d.sig_term, &d.sig_int, &d.sig_hup };
+        for (int i = 0; i < 3; i++) /* still open when the loop stopped on a failure */
+            if (!uv_is_closing((uv_handle_t *)sigs[i]))
+                uv_close((uv_handle_t *)sigs[i], NULL);
     }
     notify_stopping(&d.notify);
     server_stop(d.server);
