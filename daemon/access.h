@@ -12,4 +12,11 @@
 
 bool access_allowed(const struct options *o, const struct ucred *cred, int fd);
 
+/* access_unmapped: true if cred's uid is the kernel's overflow uid while shmrefd runs in
+ * a user namespace that does not map every uid: the peer's real uid is then unknown, so
+ * peers of different users would all look like one tenant and could read each other's
+ * recycled bytes. Such peers are refused. In the initial user namespace every uid maps,
+ * and 65534 is simply the user it names. */
+bool access_unmapped(const struct ucred *cred);
+
 #endif

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <sys/un.h>
@@ -17,6 +18,7 @@
 #include <systemd/sd-daemon.h>
 #include <uv.h>
 
+#include "cgroup.h"
 #include "log.h"
 #include "notify.h"
 #include "options.h"
@@ -50,19 +52,31 @@ static int load(const struct options *flags, struct options *ret, char *err, siz
     const char *dir = ret->pool_dir ? ret->pool_dir : "/dev/shm";
     struct statvfs sv;
     if (statvfs(dir, &sv) < 0) {
+        r = -errno;
         snprintf(err, len, "pool directory %s: %s", dir, strerror(errno));
-        return -errno;
+        options_free(ret);
+        return r;
     }
-    if (options_resolve(ret, (uint64_t)sv.f_bavail * sv.f_frsize) < 0)
+    /* The default pool fits both the tmpfs and the memory cgroup (its limit, not what is
+     * free now: a reload must derive the same defaults while the pool is in use). */
+    uint64_t room = (uint64_t)sv.f_bavail * sv.f_frsize;
+    struct cgroup_memory cg;
+    if (cgroup_memory_read(&cg) > 0 && cg.limit < room)
+        room = cg.limit;
+    if (options_resolve(ret, room) < 0) {
+        options_free(ret);
         return -ENOMEM;
+    }
     uid_t uid;
     gid_t gid;
     if (ret->user && privs_lookup(ret->user, &uid, &gid) < 0) {
         snprintf(err, len, "user: unknown user '%s'", ret->user);
+        options_free(ret);
         return -EINVAL;
     }
     if (ret->socket_group && !getgrnam(ret->socket_group)) {
         snprintf(err, len, "socket-group: unknown group '%s'", ret->socket_group);
+        options_free(ret);
         return -EINVAL;
     }
     return 0;
@@ -105,6 +119,31 @@ static int check_config(const struct options *o)
     pool_free(p);
     uv_loop_close(uv_default_loop());
     return 0;
+}
+
+/* Room the daemon itself needs in its memory cgroup beside the pool's pages. */
+#define CGROUP_HEADROOM (UINT64_C(8) << 20)
+
+/* check_cgroup: at start (and for --check-config), the pool must fit the memory cgroup
+ * as it must fit the tmpfs: its pages are charged to the daemon, and a pool beyond the
+ * limit gets the daemon OOM-killed by a lease within every quota. */
+static int check_cgroup(const struct options *o, char *err, size_t len)
+{
+    struct cgroup_memory cg;
+    if (cgroup_memory_read(&cg) <= 0)
+        return 0;
+    uint64_t room = cg.limit > cg.usage + CGROUP_HEADROOM ? cg.limit - cg.usage - CGROUP_HEADROOM : 0;
+    if (o->pool_size <= room)
+        return 0;
+    char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], c[UNITS_TEXT_MAX];
+    snprintf(err, len,
+             "pool size %s (%llu bytes) does not fit the memory cgroup %.300s: limit %s (%llu bytes), "
+             "in use %s (%llu bytes), and shmrefd needs %llu bytes beside the pool; lower "
+             "--pool-size or raise the cgroup's limit (MemoryMax= in the unit)",
+             units_format(o->pool_size, a), (unsigned long long)o->pool_size, cg.path,
+             units_format(cg.limit, b), (unsigned long long)cg.limit, units_format(cg.usage, c),
+             (unsigned long long)cg.usage, (unsigned long long)CGROUP_HEADROOM);
+    return -ENOSPC;
 }
 
 /* keep_restart_only: settings a reload cannot change; say so if the file tried. */
@@ -273,6 +312,19 @@ static int setup(struct daemon *d, uv_loop_t *loop)
     return 0;
 }
 
+/* wait_for_entropy: tokens come from getrandom. At early boot its pool may not be
+ * initialized yet, and getrandom would block the event loop at the first publish: wait
+ * here once, before serving, and say so. */
+static void wait_for_entropy(void)
+{
+    unsigned char b;
+    if (getrandom(&b, 1, GRND_NONBLOCK) == 1 || errno != EAGAIN)
+        return;
+    log_notice("waiting for the kernel's random number generator to be initialized");
+    while (getrandom(&b, 1, 0) < 0 && errno == EINTR)
+        ;
+}
+
 int main(int argc, char **argv)
 {
     static struct daemon d;
@@ -282,8 +334,10 @@ int main(int argc, char **argv)
         options_free(&d.flags);
         return r > 0 ? 0 : 2;
     }
-    if ((r = load(&d.flags, &d.opt, err, sizeof(err))) < 0) {
+    if ((r = load(&d.flags, &d.opt, err, sizeof(err))) < 0 || (r = check_cgroup(&d.opt, err, sizeof(err))) < 0) {
         fprintf(stderr, "shmrefd: %s\n", r == -ENOMEM ? "out of memory" : err);
+        options_free(&d.opt);
+        options_free(&d.flags);
         return 1;
     }
     if (d.flags.check_config) {
@@ -296,6 +350,7 @@ int main(int argc, char **argv)
     if (quota_warning(&d.opt, err, sizeof(err)))
         log_warning("%s", err);
     signal(SIGPIPE, SIG_IGN);
+    wait_for_entropy();
     privs_raise_nofile();
 
     uv_loop_t *loop = uv_default_loop();
@@ -310,7 +365,11 @@ int main(int argc, char **argv)
         /* An activated socket belongs to the service manager: leave it. */
         if (!d.activated && unlink(d.opt.socket_path) < 0 && errno != ENOENT)
             log_debug("cannot remove %s: %s", d.opt.socket_path, strerror(errno));
-        code = 0;
+        code = d.server->failed ? 1 : 0;
+        uv_signal_t *sigs[] = { &d.sig_term, &d.sig_int, &d.sig_hup };
+        for (int i = 0; i < 3; i++) /* still open when the loop stopped on a failure */
+            if (!uv_is_closing((uv_handle_t *)sigs[i]))
+                uv_close((uv_handle_t *)sigs[i], NULL);
     }
     notify_stopping(&d.notify);
     server_stop(d.server);

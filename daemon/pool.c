@@ -105,12 +105,12 @@ static int class_of(const struct pool *p, uint64_t size, uint64_t *ret_size);
 /* class_of: the class index and size for size bytes, or -1 if beyond every class. */
 static int class_of(const struct pool *p, uint64_t size, uint64_t *ret_size)
 {
+    if (size > (1ULL << 46)) /* before any rounding, which could wrap around */
+        return -1;
     size = store_round(&p->store, size);
     uint64_t u = p->unit;
     if (size == 0)
         size = 1;
-    if (size > (1ULL << 46))
-        return -1;
     uint64_t n = (size + u - 1) / u * u;
     if (n <= 4 * u) {
         *ret_size = n;

@@ -255,8 +255,11 @@ int registry_publish(struct registry *r, struct registry_buf *b, uint64_t size, 
 {
     if (b->published)
         return -EALREADY;
-    if (getrandom(b->token, sizeof(b->token), 0) != (ssize_t)sizeof(b->token))
-        return -EIO;
+    /* Never blocks the loop: main waited once for the kernel's generator at start, and
+     * after that getrandom does not block (GRND_NONBLOCK only makes sure of it). */
+    ssize_t got = getrandom(b->token, sizeof(b->token), GRND_NONBLOCK);
+    if (got != (ssize_t)sizeof(b->token))
+        return got < 0 && errno == EAGAIN ? -EAGAIN : -EIO;
     uint8_t *m = NULL;
     if (meta_len) {
         if (!(m = malloc(meta_len)))

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -104,6 +105,13 @@ static void accept_one(struct server *s, int fd)
         close(fd);
         return;
     }
+    if (access_unmapped(&cred)) {
+        s->counters.refused_access++;
+        refuse(fd, &cred, EACCES, "access denied: uid %u (pid %d) is the overflow uid: its real uid is not "
+               "mapped in shmrefd's user namespace, so it cannot be told apart from other such peers",
+               (unsigned)cred.uid, (int)cred.pid);
+        return;
+    }
     if (!access_allowed(s->opt, &cred, fd)) {
         s->counters.refused_access++;
         quota_note_refusal(s->quota, cred.uid, EACCES);
@@ -133,12 +141,25 @@ static void accept_one(struct server *s, int fd)
               (unsigned)cred.uid, (unsigned)cred.gid);
 }
 
+/* listener_failed: accepting failed in a way waiting will not mend (POLLERR, or a socket
+ * shut down under us: accept then fails at once, and the poll would spin). A daemon that
+ * cannot accept must not look alive to the service manager's watchdog: stop the loop, so
+ * main exits 1 and the manager can restart the service. */
+static void listener_failed(struct server *s, const char *why)
+{
+    log_error("the listening socket failed (%s): stopping, so that the service manager can "
+              "restart shmrefd", why);
+    uv_poll_stop(&s->listen_poll);
+    s->failed = true;
+    uv_stop(s->loop);
+}
+
 static void on_accept(uv_poll_t *p, int status, int events)
 {
     struct server *s = p->data;
     (void)events;
     if (status < 0) {
-        log_error("listening socket: %s", uv_strerror(status));
+        listener_failed(s, uv_strerror(status));
         return;
     }
     for (int i = 0; i < 64; i++) {
@@ -156,7 +177,7 @@ static void on_accept(uv_poll_t *p, int status, int events)
             s->accept_retry.data = s;
             uv_timer_start(&s->accept_retry, accept_resume, 100, 0);
         } else if (errno != EAGAIN) {
-            log_error("accept: %s", strerror(errno));
+            listener_failed(s, strerror(errno));
         }
         return;
     }
@@ -168,6 +189,10 @@ static void housekeeping(uv_timer_t *t)
 {
     struct server *s = t->data;
     session_expire_hello(&s->sessions, uv_now(s->loop));
+    /* A listening socket that was shut down or broke wakes no epoll waiter: look. */
+    struct pollfd pf = { .fd = s->listen_fd, .events = POLLIN };
+    if (s->listening && !s->stopping && poll(&pf, 1, 0) == 1 && (pf.revents & (POLLERR | POLLHUP | POLLNVAL)))
+        listener_failed(s, pf.revents & POLLNVAL ? "closed" : pf.revents & POLLERR ? "error" : "shut down");
 }
 
 int server_listen_fd(struct server *s, int fd)

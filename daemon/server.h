@@ -21,6 +21,7 @@ struct server {
     struct options *opt;
     int listen_fd;
     bool listening, stopping;
+    bool failed;               /* the listening socket broke: the daemon exits 1 */
     bool created_dir;          /* server_listen_path made the socket's directory */
     uv_poll_t listen_poll;
     uv_timer_t accept_retry;   /* re-arms accepting after EMFILE */

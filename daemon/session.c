@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "text.h"
 
 #define FEATURES (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE)
 
@@ -236,12 +237,8 @@ static void do_hello(struct session *s, const struct proto_msg *m)
         session_close(s, "protocol version mismatch");
         return;
     }
-    if (m->u.hello.name_len) /* an empty name may come with no pointer at all */
-        memcpy(s->name, m->u.hello.name, m->u.hello.name_len);
-    s->name[m->u.hello.name_len] = '\0';
-    for (char *p = s->name; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            *p = '?'; /* keep log lines one line */
+    /* valid UTF-8 without control or bidi characters, for status, JSON and log lines */
+    text_clean(s->name, m->u.hello.name ? m->u.hello.name : "", m->u.hello.name_len);
     s->hello = true;
     s->fd_once = (m->u.hello.features & PROTO_FEAT_FD_ONCE) != 0;
     log_debug("client %llu pid=%d uid=%u said hello as '%s'", (unsigned long long)s->peer.id,

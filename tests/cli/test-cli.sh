@@ -52,6 +52,18 @@ check "a connect error names the socket given" grep -q "at $dir/nothing.sock: No
 check "and the default socket's path when none is given" grep -q "at $dir/default.sock: " "$dir/err2"
 check "status table prints" bash -c "'$SHMREFCTL' --socket '$sock' status | grep -q '^pool /dev/shm'"
 
+# A client's name is its comm: a program file named with a CSI, a right-to-left override
+# and bytes that are not UTF-8 shows up cleaned, and status --json stays valid JSON.
+evil=$dir/$'\e[2J\xe2\x80\xae\xff\xfeab'
+cp "$SHMREFCTL" "$evil"
+"$evil" --socket "$sock" status --json >"$dir/evil.json"
+check "status --json is valid JSON whatever a client calls itself" \
+    /usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1], encoding='utf-8'))" "$dir/evil.json"
+check "the name is valid UTF-8, without control or bidi characters" \
+    /usr/bin/python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert '[2J??ab' in [c['name'] for c in s['clients']], s['clients']" "$dir/evil.json"
+"$evil" --socket "$sock" status >"$dir/evil.txt"
+check "the status table carries no escape byte" bash -c "! grep -q \$'\\e' '$dir/evil.txt'"
+
 kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
 check "SIGTERM exits 0" test "$rc" = 0
 check "the socket is removed" test ! -e "$sock"

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -136,6 +137,34 @@ Test(pool, class_size_table)
     cr_expect_eq(pool_class_size(f.pool, UINT64_C(1) << 50), 0);
     cr_expect_eq(pool_class_size(f.pool, UINT64_MAX), 0);
     fx_close(&f);
+}
+
+/* On a huge-page pool, sizes are first rounded up to whole 2 MiB pages: a size near
+ * UINT64_MAX must be refused, not wrapped around to a small class. */
+Test(pool, class_size_huge_pool_refuses_huge_sizes)
+{
+    char dir[] = "/dev/shm/shmref-test-hugeclass-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    if (mount("shmref-test", dir, "tmpfs", 0, "size=64m,huge=within_size") < 0) {
+        rmdir(dir);
+        cr_skip_test("cannot mount a huge=within_size tmpfs: %s", strerror(errno));
+    }
+    uv_loop_t loop;
+    struct pool *p = NULL;
+    const char *why = NULL;
+    cr_assert_eq(uv_loop_init(&loop), 0);
+    cr_assert_eq(pool_new(&loop, dir, 0, false, &p, &why), 0, "pool_new: %s", why ? why : "");
+    cr_expect_eq(pool_class_size(p, 3 * MiB), 4 * MiB);
+    cr_expect_eq(pool_class_size(p, UINT64_C(1) << 46), UINT64_C(1) << 46);
+    cr_expect_eq(pool_class_size(p, (UINT64_C(1) << 46) + 1), 0);
+    cr_expect_eq(pool_class_size(p, UINT64_MAX), 0, "UINT64_MAX wrapped to class %" PRIu64,
+                 pool_class_size(p, UINT64_MAX));
+    cr_expect_eq(pool_class_size(p, UINT64_MAX - (1u << 20)), 0);
+    pool_free(p);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    cr_assert_eq(uv_loop_close(&loop), 0);
+    cr_assert_eq(umount(dir), 0);
+    cr_assert_eq(rmdir(dir), 0);
 }
 
 /* Checks one size of an increasing sweep: its class holds it, is a multiple of the page
