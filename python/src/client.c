@@ -378,8 +378,9 @@ static PyObject *publish_array(ClientObject *self, PyObject *obj, unsigned long 
     if (user != Py_None)
         PyBuffer_Release(&ub);
     if (mlen < 0)
-        return PyErr_Format(mlen == -EMSGSIZE ? PyExc_ValueError : PyExc_TypeError,
-                            "array metadata: %s (at most %d bytes with meta)", why, SHMREF_META_MAX);
+        return mlen == -EMSGSIZE
+                   ? PyErr_Format(PyExc_ValueError, "array metadata: %s (at most %d bytes with meta)", why, SHMREF_META_MAX)
+                   : PyErr_Format(PyExc_TypeError, "array metadata: %s", why);
     ConnObject *conn = client_conn(self);
     if (!conn)
         return NULL;
@@ -604,9 +605,12 @@ static PyObject *Client_release(ClientObject *self, PyObject *obj)
             return NULL;
         Py_RETURN_NONE;
     }
+    if (!PyArray_Check(obj) && !PyMemoryView_Check(obj))
+        return PyErr_Format(PyExc_TypeError, "release takes an array from shmref or a Ref, not %.100s",
+                            Py_TYPE(obj)->tp_name);
     BufferObject *owner = buffer_of(obj);
     if (!owner)
-        return PyErr_Format(PyExc_ValueError, "not an array from shmref (%.100s)", Py_TYPE(obj)->tp_name);
+        return PyErr_Format(PyExc_ValueError, "not an array from shmref");
     if (owner->conn != self->conn)
         return PyErr_Format(PyExc_ValueError, "this array belongs to another client");
     owner->released = true;
@@ -868,11 +872,12 @@ PyObject *shmrefpy_publish_buffer(PyObject *m, PyObject *args)
         return ref_new(&owner->desc);
     if (!owner->lease || !owner->layout || !owner->buf)
         return PyErr_Format(PyExc_ValueError, "not an unpublished lease");
-    const char *dtype, *order;
+    const char *dtype;
+    int order;
     PyObject *shape;
-    if (!PyArg_ParseTuple(owner->layout, "sOC", &dtype, &shape, &order))
+    if (!PyArg_ParseTuple(owner->layout, "sO!C", &dtype, &PyTuple_Type, &shape, &order))
         return NULL;
-    shmref_meta_array a = { .order = order[0] };
+    shmref_meta_array a = { .order = (char)order };
     snprintf(a.dtype, sizeof(a.dtype), "%s", dtype);
     a.ndim = (uint32_t)PyTuple_GET_SIZE(shape);
     for (uint32_t i = 0; i < a.ndim && i < SHMREF_META_MAX_DIMS; i++)
