@@ -14,7 +14,7 @@ def describe(a):
 
 def double_shared(a):
     """Returns 2*a as an array that lives in shmref (pickled back by reference)."""
-    c = shmref._default_client()
+    c = shmref.default_client()
     out = c.empty(a.shape, a.dtype)
     np.multiply(a, 2, out=out)
     return out
