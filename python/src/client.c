@@ -161,6 +161,15 @@ static ConnObject *client_conn(ClientObject *self)
     return conn;
 }
 
+static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)args, (void)kw;
+    ClientObject *self = (ClientObject *)type->tp_alloc(type, 0);
+    if (self && !(self->shares = PyDict_New()))
+        Py_CLEAR(self);
+    return (PyObject *)self;
+}
+
 static int Client_init(ClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = { "socket", "timeout_ms", NULL };
@@ -223,8 +232,6 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw)
     all_conns = conn;
     self->conn = conn;
     Py_XSETREF(self->socket, path);
-    if (!self->shares && !(self->shares = PyDict_New()))
-        return -1;
     return 0;
 }
 
@@ -852,7 +859,7 @@ PyTypeObject Client_Type = {
               "(calls are serialised; the GIL is released while one waits). Bound to the process "
               "that made it: in a forked child every call raises ChildProcessError.",
     .tp_init = (initproc)Client_init,
-    .tp_new = PyType_GenericNew,
+    .tp_new = Client_new,
     .tp_dealloc = (destructor)Client_dealloc,
     .tp_repr = (reprfunc)Client_repr,
     .tp_methods = Client_methods,

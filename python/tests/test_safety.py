@@ -268,3 +268,69 @@ def test_misuse_raises_instead_of_crashing(client, daemon):
         client.empty(1 << 50)                  # the daemon refuses: EFBIG with its message
     with pytest.raises(TypeError):
         shmref.Client(socket=3)
+
+
+def test_uninitialised_client_raises(daemon):
+    class Lazy(shmref.Client):
+        def __init__(self):  # never connects
+            pass
+
+    c = Lazy()
+    for call in (lambda: c.empty(3), lambda: c.acquire("shmref1:" + "00" * 16 + ":1"), c.ping,
+                 lambda: c.release("shmref1:" + "00" * 16 + ":1"), lambda: c.daemon_pid):
+        with pytest.raises(ValueError):
+            call()
+    assert c.shares == [] and c.closed
+    c.close()
+
+
+def test_random_sequences_never_crash(daemon):
+    """A few hundred random calls, mixing lifetimes: every array alive must keep its
+    values, whatever was released or closed before."""
+    import pickle
+    import random
+    rnd = random.Random(9)
+    clients = [shmref.connect(daemon.socket) for _ in range(2)]
+    alive = []          # (array, expected value)
+    refs = []           # (client, ref, value)
+    for step in range(400):
+        op = rnd.randrange(9)
+        c = rnd.choice(clients)
+        try:
+            if op == 0:
+                a = c.empty(rnd.randrange(0, 5000), rnd.choice(["f8", "i4", "u1"]))
+                a[...] = step % 100
+                alive.append((a, step % 100))
+            elif op == 1 and alive:
+                a, v = rnd.choice(alive)
+                refs.append((c, c.publish(a, keep_ms=rnd.choice([0, 5000])), v))
+            elif op == 2 and refs:
+                _, ref, v = rnd.choice(refs)
+                alive.append((c.acquire(ref), v))
+            elif op == 3 and alive:
+                a, _ = rnd.choice(alive)
+                c.release(a)
+            elif op == 4 and alive:
+                alive.pop(rnd.randrange(len(alive)))
+            elif op == 5:
+                k = rnd.randrange(len(clients))
+                clients[k].close()
+                clients[k] = shmref.connect(daemon.socket)
+            elif op == 6 and alive:
+                a, v = rnd.choice(alive)
+                alive.append((pickle.loads(pickle.dumps(a)), v))
+            elif op == 7:
+                ref = c.share(np.full(rnd.randrange(1, 3000), step % 50, np.int16))
+                refs.append((c, ref, step % 50))
+                if rnd.random() < 0.5:
+                    c.release(ref)
+            elif op == 8:
+                gc.collect()
+        except (OSError, ValueError):
+            pass   # refused (e.g. publish twice, acquire of a gone buffer): an exception, not a crash
+        for a, v in alive[-5:]:
+            assert a.size == 0 or (int(a.flat[0]) == v and int(a.flat[-1]) == v)
+    for a, v in alive:
+        assert a.size == 0 or int(a.flat[0]) == v
+    for c in clients:
+        c.close()
