@@ -82,6 +82,9 @@ class SharedArray(np.ndarray):
             return obj[()]
         return obj
 
+    def __reduce_ex__(self, protocol):
+        return self.__reduce__()  # every protocol, 5 included: by reference, not out-of-band
+
     def __reduce__(self):
         info = _shmref._buffer_info(self)
         dt = self.dtype
