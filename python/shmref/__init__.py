@@ -167,9 +167,7 @@ def _encode_array(a: np.ndarray, client, inline_max: int, keep_ms: int) -> dict:
         a = a.astype(a.dtype.newbyteorder("<"))
     out = {"object_type": "array", "shape": list(a.shape), "dtype": _json_dtype(a.dtype)}
     if a.nbytes <= inline_max:
-        data = np.ascontiguousarray(a)
-        out["data"] = {"buffer": base64.b64encode(data.data if data.size else b"").decode("ascii"),
-                       "encoding": "base64"}
+        out["data"] = {"buffer": base64.b64encode(a.tobytes()).decode("ascii"), "encoding": "base64"}
         return out
     c = client if client is not None else default_client()
     info = _shmref._buffer_info(a)
@@ -222,8 +220,8 @@ def _decode_array(d: dict, client) -> np.ndarray:
     if not isinstance(data, dict):
         raise ValueError("array JSON without a 'data' object")
     dtype, shape, enc = np.dtype(d["dtype"]), tuple(d["shape"]), data.get("encoding")
-    if enc == "base64":
-        raw = bytearray(base64.b64decode(data["buffer"]))
+    if enc == "base64":  # read-only over the decoded bytes, like the arrays of "shmref"
+        raw = base64.b64decode(data["buffer"])
         return np.frombuffer(raw, dtype=dtype.newbyteorder("<") if dtype.byteorder != "|" else dtype).reshape(shape)
     if enc == "json":
         return np.asarray(data["buffer"], dtype=dtype).reshape(shape)
@@ -241,8 +239,9 @@ def _decode_array(d: dict, client) -> np.ndarray:
 def decode(obj: Any, client: Optional[Client] = None) -> Any:
     """The inverse of :func:`encode`: walks dicts, lists and tuples and turns every array
     JSON object (encodings ``shmref``, ``base64`` and ``json``) into a numpy array:
-    read-only and zero-copy for ``shmref`` (acquired through client, default this
-    process's connection), a fresh writable array for the inline encodings."""
+    zero-copy for ``shmref`` (acquired through client, default this process's
+    connection), over the decoded bytes for ``base64``; read-only for both (``json``
+    gives a fresh writable array)."""
 
     def walk(x):
         if isinstance(x, dict):
