@@ -163,6 +163,7 @@ def test_threads_share_a_client(client):
 
 def test_gil_is_released_while_a_call_waits(own_daemon):
     c = shmref.connect(own_daemon.socket, timeout=1.5)
+    spare = [c.empty(10) for _ in range(5)]
     os.kill(own_daemon.proc.pid, signal.SIGSTOP)
     try:
         ticks = []
@@ -176,6 +177,10 @@ def test_gil_is_released_while_a_call_waits(own_daemon):
 
         t = threading.Thread(target=call)
         t.start()
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        del spare                               # released while the connection is busy: queued
+        assert time.monotonic() - t0 < 0.2
         t0 = time.monotonic()
         while t.is_alive() and time.monotonic() - t0 < 10:
             ticks.append(1)                     # pure Python: runs only if the GIL is free
