@@ -335,7 +335,8 @@ static PyObject *Client_empty(ClientObject *self, PyObject *args, PyObject *kw)
 }
 
 /* publish_array: publish the lease behind arr, which must be contiguous. */
-static PyObject *publish_array(ClientObject *self, PyObject *obj, unsigned long keep_ms, PyObject *user)
+static PyObject *publish_array(ClientObject *self, PyObject *obj, unsigned long keep_ms, PyObject *user,
+                               PyObject *raw)
 {
     if (!PyArray_Check(obj))
         return PyErr_Format(PyExc_TypeError, "publish takes a numpy array from Client.empty(), not %.100s",
@@ -384,6 +385,13 @@ static PyObject *publish_array(ClientObject *self, PyObject *obj, unsigned long 
     int mlen = shmref_meta_array_encode(&m, meta, sizeof(meta), &why);
     if (user != Py_None)
         PyBuffer_Release(&ub);
+    if (raw) { /* _publish_raw: the caller's bytes, whatever they say */
+        if (PyBytes_GET_SIZE(raw) > SHMREF_META_MAX)
+            return PyErr_Format(PyExc_ValueError, "metadata of %zd bytes: at most %d", PyBytes_GET_SIZE(raw),
+                                SHMREF_META_MAX);
+        mlen = (int)PyBytes_GET_SIZE(raw);
+        memcpy(meta, PyBytes_AS_STRING(raw), (size_t)mlen);
+    }
     if (mlen < 0)
         return mlen == -EMSGSIZE
                    ? PyErr_Format(PyExc_ValueError, "array metadata: %s (at most %d bytes with meta)", why, SHMREF_META_MAX)
@@ -423,7 +431,18 @@ static PyObject *Client_publish(ClientObject *self, PyObject *args, PyObject *kw
     unsigned long keep_ms = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$kO:publish", names, &arr, &keep_ms, &meta))
         return NULL;
-    return publish_array(self, arr, keep_ms, meta);
+    return publish_array(self, arr, keep_ms, meta, NULL);
+}
+
+/* _publish_raw(array, meta, keep_ms=0): publish with metadata bytes given as they are
+ * (another convention, or, in tests, a hostile producer). */
+static PyObject *Client_publish_raw(ClientObject *self, PyObject *args)
+{
+    PyObject *arr, *raw;
+    unsigned long keep_ms = 0;
+    if (!PyArg_ParseTuple(args, "OO!|k:_publish_raw", &arr, &PyBytes_Type, &raw, &keep_ms))
+        return NULL;
+    return publish_array(self, arr, keep_ms, Py_None, raw);
 }
 
 static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
@@ -459,7 +478,7 @@ static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
     Py_DECREF(conn);
     if (!dst || PyArray_CopyInto((PyArrayObject *)dst, (PyArrayObject *)src) < 0)
         goto done;
-    res = publish_array(self, dst, keep_ms, meta);
+    res = publish_array(self, dst, keep_ms, meta, NULL);
     if (res && PyDict_SetItem(self->shares, res, dst) < 0)
         Py_CLEAR(res);
 done:
@@ -812,6 +831,8 @@ static PyMethodDef Client_methods[] = {
       "its user value. The array becomes read-only. keep_ms: the daemon keeps the buffer that "
       "long with no holder, until the first acquire (so the producer may drop it first). The "
       "producer's lease stays while the array (or any view) lives." },
+    { "_publish_raw", (PyCFunction)Client_publish_raw, METH_VARARGS,
+      "_publish_raw(array, meta, keep_ms=0) -> Ref: publish with these metadata bytes, as they are." },
     { "share", (PyCFunction)(void (*)(void))Client_share, METH_VARARGS | METH_KEYWORDS,
       "share($self, /, obj, *, keep_ms=0, meta=None)\n--\n\n"
       "Copies any array-like (numpy array, torch CPU tensor, bytes, any buffer) once into a "
