@@ -369,3 +369,20 @@ def test_hostile_metadata_never_maps_outside_the_buffer(client):
     opaque = client.acquire(publish(b"\xc1 not msgpack"))
     assert opaque.dtype == np.uint8 and opaque.shape == (4096,)
     assert shmref.metadata(opaque) == b"\xc1 not msgpack"
+
+
+def test_default_client_reconnects_after_a_daemon_restart(own_daemon, monkeypatch):
+    from conftest import Daemon
+    monkeypatch.setenv("SHMREFD_SOCKET", own_daemon.socket)
+    first = shmref.shared(np.arange(10.0))
+    own_daemon.proc.kill()
+    own_daemon.proc.wait()
+    again = Daemon(socket=own_daemon.socket)       # a new shmrefd on the same socket
+    try:
+        second = shmref.shared(np.arange(5.0))     # the dead cached connection is replaced
+        np.testing.assert_array_equal(second, np.arange(5.0))
+        assert float(first.sum()) == 45.0          # the old mapping is still readable
+        j = shmref.encode(np.ones(100_000))
+        assert float(shmref.decode(j).sum()) == 100_000.0
+    finally:
+        again.stop()
