@@ -3,6 +3,7 @@
  * privilege drop, the access policy, the config file and SIGHUP reloads. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -93,6 +94,26 @@ static void remove_dir(const char *dir)
     cr_assert_eq(system(cmd), 0);
 }
 
+/* unix_listening: whether /proc/net/unix lists a listening socket (__SO_ACCEPTCON in its
+ * flags) bound at path. */
+static bool unix_listening(const char *path)
+{
+    FILE *f = fopen("/proc/net/unix", "re");
+    char line[4352];
+    bool found = false;
+    if (!f)
+        return access(path, F_OK) == 0;
+    while (!found && fgets(line, sizeof(line), f)) {
+        unsigned long flags;
+        char p[4096] = "";
+        line[strcspn(line, "\n")] = '\0';
+        if (sscanf(line, "%*s %*s %*s %lx %*s %*s %*s %4095s", &flags, p) == 2 && strcmp(p, path) == 0)
+            found = (flags & 0x10000) != 0;
+    }
+    fclose(f);
+    return found;
+}
+
 /* activate: systemd-socket-activate listening at sock (seqpacket or stream), which
  * execs shmrefd on the first connection, in the same process (so the same pid). */
 static pid_t activate(const char *dir, const char *sock, const char *notify, int seqpacket, int watchdog_usec)
@@ -127,9 +148,11 @@ static pid_t activate(const char *dir, const char *sock, const char *notify, int
         execvp(argv[0], (char *const *)argv);
         _exit(127);
     }
+    /* It binds before it listens: wait for the listening state (without connecting,
+     * which would start the daemon early), or the first connect may be refused. */
     long deadline = now_ms() + 5000;
-    while (access(sock, F_OK) < 0) {
-        cr_assert_lt(now_ms(), deadline, "systemd-socket-activate did not create %s", sock);
+    while (!unix_listening(sock)) {
+        cr_assert_lt(now_ms(), deadline, "systemd-socket-activate did not listen at %s", sock);
         usleep(5000);
     }
     return pid;
