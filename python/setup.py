@@ -7,7 +7,15 @@ Where libshmref comes from (SHMREF_LIBRARY):
       dependency is msgpack-c (Debian: libmsgpack-dev), found with pkg-config. Nothing to
       install first: `pip install ./python` from a checkout.
   system: link the installed libshmref.so found by `pkg-config shmref` (after
-      `cmake --install`); the extension then uses the system library at run time.
+      `cmake --install`); the extension then uses the system library at run time, found
+      through an RPATH to pkg-config's library directory, or by the dynamic loader's
+      search path alone with SHMREF_RPATH=0 (debian/rules: it links the library staged
+      in debian/tmp, which the package installs into the multiarch libdir).
+
+The numpy the extension is compiled against decides its numpy requirement: numpy 2.x
+headers (pyproject.toml's pin, for pip) give an extension that runs with numpy >= 1.25;
+numpy 1.x headers (Debian 12's python3-numpy 1.24) one that runs with that 1.x and later
+1.x, not with numpy 2 (numpy's ABI changed at 2.0).
 """
 import os
 import shlex
@@ -47,6 +55,12 @@ def flags(pkg):
             [f[2:] for f in libs if f.startswith("-l")])
 
 
+NUMPY_MAJOR, NUMPY_MINOR = (int(x) for x in numpy.__version__.split(".")[:2])
+if NUMPY_MAJOR >= 2:
+    requires, api = ["numpy>=1.25"], "NPY_1_25_API_VERSION"
+else:
+    requires, api = [f"numpy>={NUMPY_MAJOR}.{NUMPY_MINOR},<2"], "NPY_1_7_API_VERSION"
+
 mode = os.environ.get("SHMREF_LIBRARY", "bundled")
 sources = sorted(str(p.relative_to(HERE)) for p in (HERE / "src").glob("*.c"))
 include_dirs = ["src", numpy.get_include()]
@@ -69,17 +83,18 @@ elif mode == "system":
     include_dirs += inc
     library_dirs += ldirs
     libraries += libs
-    link_args += [f"-Wl,-rpath,{d}" for d in ldirs]
+    if os.environ.get("SHMREF_RPATH", "1") != "0":
+        link_args += [f"-Wl,-rpath,{d}" for d in ldirs]
 else:
     raise SystemExit(f"shmref: SHMREF_LIBRARY must be 'bundled' or 'system', not {mode!r}")
 
-setup(cmdclass={"build_ext": BuildAlways}, ext_modules=[Extension(
+setup(cmdclass={"build_ext": BuildAlways}, install_requires=requires, ext_modules=[Extension(
     "shmref._shmref",
     sources=sources,
     include_dirs=include_dirs,
     library_dirs=library_dirs,
     libraries=libraries,
-    define_macros=[("_GNU_SOURCE", None), ("NPY_NO_DEPRECATED_API", "NPY_1_25_API_VERSION")],
+    define_macros=[("_GNU_SOURCE", None), ("NPY_NO_DEPRECATED_API", api)],
     extra_compile_args=["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
                         "-Wno-unused-parameter", "-Wno-cast-function-type"],
     extra_link_args=link_args,

@@ -8,6 +8,10 @@
 #include "shmrefpy.h"
 
 #include <numpy/arrayobject.h>
+/* numpy 1.x (Debian 12: 1.24) has no accessor: the field is public there. */
+#ifndef PyDataType_ELSIZE
+#define PyDataType_ELSIZE(descr) ((descr)->elsize)
+#endif
 
 BufferObject *buffer_new(ConnObject *conn, shmref_buf *buf, bool lease, PyObject *socket)
 {

@@ -2,13 +2,17 @@
 # SPDX-License-Identifier: MIT
 # test-deb.sh: the Debian packages, as a user of Debian 12 gets them. In a copy of the
 # tree (the working tree stays clean): dpkg-buildpackage -us -uc -b, lintian on the
-# result (no errors, no warnings); then dpkg -i of the three packages, the sysusers.d
+# result (no errors, no warnings); then dpkg -i of the four packages, the sysusers.d
 # user, the socket enabled, the installed daemon run with the installed socket unit's
 # settings (systemd-socket-activate, since PID 1 is not systemd here; as the unit's
 # User/Group) and a put/get with the installed shmrefctl through the default socket, as
-# root and as a member of the socket's group (a non-member is refused), shmrefd
-# --check-config on /etc/shmrefd/shmrefd.conf, systemd-analyze verify on the installed
-# units; then dpkg --purge and nothing of the packages left. The user and group stay
+# root and as a member of the socket's group (a non-member is refused); python3-shmref
+# with Debian's /usr/bin/python3 (isolated: no venv, no user site): it links the installed
+# libshmref0 (no RPATH), a producer process (empty, fill, publish) and a consumer process
+# as a group member (acquire, compare bytes, dtype, shape, metadata) through the default
+# socket; shmrefd --check-config on /etc/shmrefd/shmrefd.conf, systemd-analyze verify on
+# the installed units; then dpkg --purge and nothing of the packages left (nor the
+# module's byte code; Debian's python3 no longer imports shmref). The user and group stay
 # (Debian policy: a system user may own files elsewhere; sysusers.d never deletes).
 # Needs root (it installs packages on this machine); exits 77 (skipped) when not root,
 # when dpkg-buildpackage or lintian is missing, or when shmrefd is installed already
@@ -22,9 +26,11 @@ skip() { echo "SKIP: $*"; exit 77; }
 for t in dpkg-buildpackage lintian systemd-socket-activate setpriv; do
     command -v "$t" >/dev/null || skip "$t is not installed (scripts/deps.sh installs it)"
 done
-dpkg-query -W -f='${Status}' shmrefd 2>/dev/null | grep -q "ok installed" &&
-    skip "shmrefd is installed on this machine already; this test would replace and purge it"
-PKGS="shmrefd libshmref0 libshmref-dev"
+PKGS="shmrefd libshmref0 libshmref-dev python3-shmref"
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" &&
+        skip "$p is installed on this machine already; this test would replace and purge it"
+done
 
 test_begin deb
 installed_by_us=
@@ -69,9 +75,9 @@ show "$tmp/lintian.tags"
 
 # --- install -----------------------------------------------------------------------------
 installed_by_us=1
-(cd "$tmp" && dpkg -i shmrefd_0.1.0-1_amd64.deb libshmref0_0.1.0-1_amd64.deb libshmref-dev_0.1.0-1_amd64.deb) \
-    >"$tmp/dpkg-i.log" 2>&1; rc=$?
-check "dpkg -i installs the three packages" test "$rc" = 0
+# shellcheck disable=SC2046
+(cd "$tmp" && dpkg -i $(printf '%s_0.1.0-1_amd64.deb ' $PKGS)) >"$tmp/dpkg-i.log" 2>&1; rc=$?
+check "dpkg -i installs the four packages" test "$rc" = 0
 [ "$rc" = 0 ] || show "$tmp/dpkg-i.log"
 # shellcheck disable=SC2086
 dpkg -L $PKGS 2>/dev/null | sort -u >"$tmp/files.list"
@@ -84,6 +90,13 @@ check "/etc/shmrefd/shmrefd.conf is a conffile" \
 check "the units are in Debian 12's $unitdir" test -f $unitdir/shmrefd.socket -a -f $unitdir/shmrefd.service
 check "the library is in the multiarch libdir" test -e "/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/libshmref.so.0"
 check "pkg-config finds the installed libshmref" pkg-config --exists shmref
+pyext=$(dpkg -L python3-shmref 2>/dev/null | grep '^/usr/lib/python3/dist-packages/shmref/_shmref\..*\.so$')
+check "python3-shmref's extension is in /usr/lib/python3/dist-packages/shmref" test -n "$pyext" -a -f "$pyext"
+check "it links the installed libshmref.so.0 (no private copy, no RPATH)" \
+    bash -c 'ldd "$1" | grep -Eq "libshmref\.so\.0 => (/usr)?/lib/[^/]+/libshmref\.so\.0 " &&
+             ! readelf -d "$1" | grep -q "RPATH\|RUNPATH"' _ "$pyext"
+check "python3-shmref depends on libshmref0 (shlibs) and python3-numpy" \
+    bash -c 'd=$(dpkg-query -W -f="\${Depends}" python3-shmref) && [[ $d == *libshmref0* && $d == *python3-numpy* ]]'
 
 # --- run as the units say ------------------------------------------------------------------
 unit_key() { sed -n "s/^$2=//p" "$unitdir/$1" | tail -n 1; }
@@ -112,6 +125,9 @@ else
     for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
     chgrp "$sgroup" "$sock" && chmod "$smode" "$sock"
     ctl() { env -u SHMREFD_SOCKET -u XDG_RUNTIME_DIR "$@"; }
+    # quiet CMD...: CMD with its output dropped (a redirection after check would drop
+    # check's PASS/FAIL line too).
+    quiet() { "$@" >/dev/null; }
     up=1
     for _ in $(seq 100); do ctl shmrefctl ping >/dev/null 2>&1 && { up=0; break; }; sleep 0.05; done
     check "the installed shmrefctl reaches the daemon at the default socket" test "$up" = 0
@@ -125,9 +141,42 @@ else
     check "put then get through the installed tools gives the same bytes" cmp -s "$tmp/in.bin" "$tmp/out.bin"
     show "$tmp/put.err"; show "$tmp/get.err"
     check "a member of group $sgroup may use the socket" \
-        ctl setpriv --reuid=nobody --regid=nogroup --groups="$(getent group "$sgroup" | cut -d: -f3)" shmrefctl ping >/dev/null
+        quiet ctl setpriv --reuid=nobody --regid=nogroup --groups="$(getent group "$sgroup" | cut -d: -f3)" shmrefctl ping
     check "a non-member may not (socket mode $smode)" \
         bash -c '! env -u SHMREFD_SOCKET -u XDG_RUNTIME_DIR setpriv --reuid=nobody --regid=nogroup --clear-groups shmrefctl ping 2>/dev/null'
+    # Debian's python3, isolated (-I: no PYTHON* variables, no user site; env -i: no venv,
+    # the default socket) with the installed module; the consumer runs as a group member.
+    py=(timeout 60 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin /usr/bin/python3 -I)
+    producer='
+import sys, numpy as np, shmref
+assert shmref.__file__ == "/usr/lib/python3/dist-packages/shmref/__init__.py", shmref.__file__
+with shmref.connect() as c:
+    a = c.empty((512, 1000), "float64")
+    a[:] = np.random.default_rng(int(sys.argv[1])).random(a.shape)
+    print(c.publish(a, keep_ms=30000, meta=b"deb test"))
+'
+    consumer='
+import sys, numpy as np, shmref
+want = np.random.default_rng(int(sys.argv[2])).random((512, 1000))
+with shmref.connect() as c:
+    b = c.acquire(sys.argv[1])
+    assert (b.dtype, b.shape) == (want.dtype, want.shape), (b.dtype, b.shape)
+    assert np.array_equal(b, want), "the bytes differ"
+    assert shmref.metadata(b) == b"deb test", shmref.metadata(b)
+    assert not b.flags.writeable, "an acquired array is writable"
+    del b
+print("same", want.nbytes, "bytes")
+'
+    seed=$RANDOM
+    pref=$("${py[@]}" -c "$producer" "$seed" 2>"$tmp/py-producer.err")
+    check "python3: a producer process publishes an array from Client.empty (${pref:-nothing})" \
+        bash -c '[[ $1 == shmref1:* ]]' _ "$pref"
+    show "$tmp/py-producer.err"
+    setpriv --reuid=nobody --regid=nogroup --groups="$(getent group "$sgroup" | cut -d: -f3)" -- \
+        "${py[@]}" -c "$consumer" "$pref" "$seed" >"$tmp/py-consumer.out" 2>"$tmp/py-consumer.err"
+    check "python3: a consumer process (nobody, in group $sgroup) acquires the same array" \
+        grep -qx "same 4096000 bytes" "$tmp/py-consumer.out"
+    show "$tmp/py-consumer.err"
     if [ -n "$dpid" ]; then
         kill -HUP "$dpid"; sleep 0.2 # a reload, for the trace
         kill -TERM "$dpid"
@@ -151,7 +200,8 @@ else
     fi
 fi
 check "shmrefd --check-config accepts /etc/shmrefd/shmrefd.conf (as $suser)" \
-    setpriv --reuid="$suser" --regid="$sgrp" --init-groups /usr/sbin/shmrefd --check-config --config /etc/shmrefd/shmrefd.conf >/dev/null
+    bash -c '"$@" >/dev/null' _ \
+    setpriv --reuid="$suser" --regid="$sgrp" --init-groups /usr/sbin/shmrefd --check-config --config /etc/shmrefd/shmrefd.conf
 # verify checks the man pages the units' Documentation= names when man(1) is there.
 man_opt=--man=no
 command -v man >/dev/null && man -w shmrefd.8 >/dev/null 2>&1 && man_opt=--man=yes
@@ -164,7 +214,7 @@ echo "NOTE systemd-analyze security: exposure ${score:-?} for the installed shmr
 # --- purge ---------------------------------------------------------------------------------
 # shellcheck disable=SC2086
 dpkg --purge $PKGS >"$tmp/purge.log" 2>&1; rc=$?
-check "dpkg --purge removes the three packages" test "$rc" = 0
+check "dpkg --purge removes the four packages" test "$rc" = 0
 [ "$rc" = 0 ] && installed_by_us=
 left_over() {
     local f bad=0
@@ -177,9 +227,13 @@ left_over() {
         if [ -e "$f" ] || [ -L "$f" ]; then echo "    | left: $f"; bad=1; fi
     done
     find /etc/systemd /var/lib/systemd/deb-systemd-helper-enabled -name 'shmrefd*' 2>/dev/null | sed 's/^/    | left: /' | grep . && bad=1
+    find /usr/lib/python3/dist-packages /usr/lib/python3.*/dist-packages -maxdepth 1 -name 'shmref*' 2>/dev/null |
+        sed 's/^/    | left: /' | grep . && bad=1
     return $bad
 }
-check "nothing of the packages is left: files, conffiles, unit symlinks, helper state" left_over
+check "nothing of the packages is left: files, conffiles, unit symlinks, helper state, byte code" left_over
+check "Debian's python3 no longer imports shmref" \
+    bash -c '! env -i PATH=/usr/bin:/bin /usr/bin/python3 -I -c "import shmref" 2>/dev/null'
 getent passwd shmrefd >/dev/null && echo "NOTE the user shmrefd and group shmref stay after purge (Debian policy)"
 
 test_end
