@@ -8,8 +8,9 @@
 #include "shmrefpy.h"
 
 #include <numpy/arrayobject.h>
-/* numpy 1.x (Debian 12: 1.24) has no accessor: the field is public there. */
-#ifndef PyDataType_ELSIZE
+/* numpy 1.x (Debian 12: 1.24) has no accessor: the field is public there. (numpy 2's
+ * accessor is an inline function, not a macro: hence the ABI version test.) */
+#if NPY_ABI_VERSION < 0x02000000
 #define PyDataType_ELSIZE(descr) ((descr)->elsize)
 #endif
 #include <unistd.h>
