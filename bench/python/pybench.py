@@ -368,7 +368,7 @@ def report(rows, sizes, tesseract_rows, tsizes, tgt, meta):
 
 def have_modules():
     have = {}
-    for name in ("shmref", "torch", "tesseract_core"):
+    for name in ("shmref", "torch", "tesseract_core"):  # numpy is imported above
         try:
             __import__(name)
             have[name] = True
@@ -392,6 +392,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--table")
     ap.add_argument("--shmrefd")
+    ap.add_argument("--require", type=lambda s: [x for x in s.split(",") if x], default=[],
+                    help="modules that must import (a failure otherwise, not a skipped row)")
     ap.add_argument("--serve")
     ap.add_argument("--sock")
     ap.add_argument("--ctx")
@@ -407,6 +409,10 @@ def main():
         PLAN.setdefault(n, (2, 10))
 
     have = have_modules()
+    missing = [m for m in args.require if m != "numpy" and not have.get(m)]
+    if missing:
+        log(f"pybench: required modules missing: {', '.join(missing)}")
+        return 1
     tmpdir = tempfile.mkdtemp(prefix="shmref-pybench-")
     shmdir = tempfile.mkdtemp(prefix="shmref-pybench-", dir="/dev/shm")
     ctx = {"indir": os.path.join(shmdir, "in"), "outdir": os.path.join(shmdir, "out"), "shmref_socket": None}
