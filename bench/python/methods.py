@@ -380,21 +380,40 @@ class _Shmref(Method):
 
 class ShmrefEncode(_Shmref):
     """shmref.encode / shmref.decode, tesseract-core's array JSON with encoding "shmref":
-    the client's heap array is copied once into a lease and its descriptor travels in the
-    JSON (arrays under the package's inline threshold travel as base64 instead); the
-    server decodes it to a read-only view and encodes it back; the client decodes."""
+    the client's heap array is copied once into a buffer published with retention
+    (Client.share) and its descriptor travels in the JSON (arrays up to shmref.INLINE_MAX,
+    64 KiB, travel inline as base64 instead: the 1e3 row); the server decodes it to a
+    read-only view (an acquire) and returns it with shmref.encode, which forwards an
+    acquired array's descriptor without a copy; the client decodes (acquires) it. 1 copy.
+    The package's rule for a forwarded array is that its holder keeps it alive until the
+    peer acquired it, so the server holds its last result until the next request."""
 
     name = "shmref-encode"
-    what = "shmref.encode / shmref.decode (array JSON, encoding 'shmref'; small arrays inline base64)"
+    what = "shmref.encode / shmref.decode, the server forwards what it decoded (1 copy)"
+    copy_result = False
 
     def roundtrip(self, src, produce):
         produce(src)
-        msg = orjson.dumps(self._s.encode(src))
+        msg = orjson.dumps(self._s.encode(src, self.client))
         return self._s.decode(orjson.loads(self._call(msg)), self.client)
 
     def handle(self, msg):
+        self._last = None  # the previous result: the client has it by now
         a = self._s.decode(orjson.loads(msg), self.client)
-        return orjson.dumps(self._s.encode(a))
+        if self.copy_result:
+            a = np.array(a)
+        self._last = a
+        return orjson.dumps(self._s.encode(a, self.client))
+
+
+class ShmrefEncodeCopy(ShmrefEncode):
+    """The same, with a server that returns a new array (np.array of its input), as one
+    that computes a result does: shmref.encode copies it into a new buffer published with
+    retention. 2 copies."""
+
+    name = "shmref-encode-copy"
+    what = "shmref.encode / shmref.decode, the server returns a new array (2 copies)"
+    copy_result = True
 
 
 class ShmrefZeroCopy(_Shmref):
@@ -425,7 +444,7 @@ class ShmrefZeroCopy(_Shmref):
         b = self.client.acquire(text)
         touch_pages(b)
         self.client.release(b)
-        return text
+        return msg
 
 
 ALL = [
@@ -436,6 +455,7 @@ ALL = [
     TorchQueue,
     TorchQueueShared,
     ShmrefEncode,
+    ShmrefEncodeCopy,
     ShmrefZeroCopy,
 ]
 BY_NAME = {m.name: m for m in ALL}

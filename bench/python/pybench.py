@@ -255,6 +255,74 @@ def add_ratios(rows, baseline):
             r["ratio"] = r["median_ms"] / base[r["elements"]]
 
 
+# --- paired rows and acquire + release --------------------------------------------------
+
+
+def paired(args, ctx, have, tmpdir, names, n, blocks=10, per_block=40):
+    """Two methods measured in alternating blocks (both servers up), so that a noisy
+    neighbour hits both alike: for the close call at 1e3 between base64 and encode."""
+    ms = [methods.BY_NAME[x]() for x in names]
+    if any(available(m, have) for m in ms):
+        return None
+    servers = []
+    try:
+        for m in ms:
+            srv = Server(m.name, ctx, tmpdir)
+            servers.append(srv)
+            m.sock = srv.sock
+            m.client_open(ctx)
+        samples = {m.name: [] for m in ms}
+        payload = Payload(n, False)
+        for b in range(blocks):
+            for m in ms:
+                samples[m.name] += run_row(m, payload, 5 if b == 0 else 1, per_block, ROW_BUDGET_S)
+        for m in ms:
+            m.client_close()
+    finally:
+        for srv in servers:
+            srv.stop()
+    return {name: stats(v) + (len(v),) for name, v in samples.items()}
+
+
+def acquire_release(args, ctx, have, iterations=5000, blocks=4):
+    """Client.acquire + release of one published 4 KiB float64 array on a connection of
+    its own, against the same calls from C (shmref-acqrel), in alternating blocks."""
+    if not have.get("shmref"):
+        return None
+    exe = os.path.join(os.path.dirname(os.path.abspath(args.shmrefd)), "shmref-acqrel")
+    if not os.access(exe, os.X_OK):
+        log(f"pybench: no {exe}: acquire + release not compared with C")
+        return None
+    import shmref
+
+    prod = shmref.connect(ctx["shmref_socket"], timeout=30)
+    cons = shmref.connect(ctx["shmref_socket"], timeout=30)
+    try:
+        a = prod.empty((512,), "float64")
+        a[:] = 1.0
+        ref = str(prod.publish(a))
+        py, c_meds = [], []
+        for _ in range(blocks):
+            out = subprocess.run([exe, ctx["shmref_socket"], ref, str(iterations)], capture_output=True, text=True,
+                                 timeout=120, check=True)
+            c_meds.append(json.loads(out.stdout)["median_ns"])
+            for i in range(iterations):
+                t0 = time.perf_counter_ns()
+                x = cons.acquire(ref)
+                x[0]
+                cons.release(x)
+                del x
+                py.append(time.perf_counter_ns() - t0)
+            cons.ping()
+        pm, pp = stats(py)
+        cm = sorted(c_meds)[len(c_meds) // 2] / 1e6
+        return {"python_median_us": pm * 1e3, "python_p90_us": pp * 1e3, "c_median_us": cm * 1e3,
+                "c_block_medians_us": [v / 1e3 for v in c_meds], "iterations": iterations * blocks, "ratio": pm / cm}
+    finally:
+        cons.close()
+        prod.close()
+
+
 # --- output ---------------------------------------------------------------------------
 
 
@@ -304,7 +372,7 @@ def find(rows, scenario, method, n):
     return next((r for r in rows if r["scenario"] == scenario and r["method"] == method and r["elements"] == n and "median_ms" in r), None)
 
 
-def targets(rows):
+def targets(rows, pair=None, acqrel=None):
     """Issue 9's targets, from this run's numbers."""
     out = []
     N = 10_000_000
@@ -327,14 +395,28 @@ def targets(rows):
     b64 = find(rows, "roundtrip", "base64-json", 1_000)
     enc = find(rows, "roundtrip", "shmref-encode", 1_000)
     label = "1e3 round trip: shmref.encode/decode no slower than base64 in JSON"
-    if b64 is None or enc is None:
+    if pair is None or b64 is None or enc is None:
         out.append({"target": label, "result": "NOT MEASURED", "measured": "row missing"})
     else:
-        x = enc["median_ms"] / b64["median_ms"]
+        (em, _, en), (bm, _, bn) = pair["shmref-encode"], pair["base64-json"]
+        x = em / bm
         out.append({
             "target": label,
             "result": "MET" if x <= 1.0 else "MISSED",
-            "measured": f"{x:.2f}x of base64 ({fmt_ms(enc['median_ms'])} ms vs {fmt_ms(b64['median_ms'])} ms)",
+            "measured": f"{x:.2f}x of base64 ({fmt_ms(em)} ms vs {fmt_ms(bm)} ms, medians of {en} round trips each "
+                        f"in alternating blocks; the table's rows: {enc['median_ms'] / b64['median_ms']:.2f}x)",
+            "ratio": x,
+        })
+    label = "Python overhead of acquire + release <= 2x the same calls from C"
+    if acqrel is None:
+        out.append({"target": label, "result": "NOT MEASURED", "measured": "needs shmref and shmref-acqrel"})
+    else:
+        x = acqrel["ratio"]
+        out.append({
+            "target": label,
+            "result": "MET" if x <= 2.0 else "MISSED",
+            "measured": f"{x:.2f}x ({acqrel['python_median_us']:.1f} us vs {acqrel['c_median_us']:.1f} us per pair, "
+                        f"4 KiB, {acqrel['iterations']} pairs each, alternating blocks)",
             "ratio": x,
         })
     return out
@@ -443,7 +525,18 @@ def main():
             trows = tesseract_bench.run(args, ctx, have, tsizes, Payload, run_row, stats, record, log)
             add_ratios(trows, tesseract_bench.BASELINE)
         allrows = rows + trows
-        tgt = [] if args.smoke else targets(rows)
+        pair = acqrel = None
+        if not args.smoke and not args.only:
+            log("1e3 base64 vs shmref.encode, alternating blocks:")
+            pair = paired(args, ctx, have, tmpdir, ["base64-json", "shmref-encode"], 1_000)
+            if pair:
+                for k, (med, p90, cnt) in pair.items():
+                    log(f"  {k:24s} {1000:>11,d}  {med:10.3f} ms  (p90 {p90:.3f}, {cnt} it)")
+            log("acquire + release, Python vs C:")
+            acqrel = acquire_release(args, ctx, have)
+            if acqrel:
+                log(f"  python {acqrel['python_median_us']:.1f} us, C {acqrel['c_median_us']:.1f} us per pair")
+        tgt = [] if args.smoke else targets(rows, pair, acqrel)
         pool = daemon.pool_line() if daemon else "no shmrefd"
         meta = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; Linux {platform.release()}, {os.cpu_count()} CPUs, "
                 f"Python {platform.python_version()}; load average at start {load[0]:.2f}; shmrefd {pool}")
@@ -455,7 +548,8 @@ def main():
                 versions[mod] = getattr(__import__(mod), "__version__", "?")
             except Exception:
                 versions[mod] = None
-        doc = {"meta": meta, "versions": versions, "sizes": args.sizes, "records": allrows, "targets": tgt}
+        doc = {"meta": meta, "versions": versions, "sizes": args.sizes, "records": allrows, "targets": tgt,
+               "paired_1e3": pair, "acquire_release": acqrel}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(doc, f, indent=1)

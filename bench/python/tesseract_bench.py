@@ -52,7 +52,7 @@ class TesseractCall:
     def roundtrip(self, src, produce):
         produce(src)
         if self.name == "shmref":
-            res = self.tess.apply({"ref": json.dumps(self._s.encode(src))})
+            res = self.tess.apply({"ref": json.dumps(self._s.encode(src, self.client))})
             self._res = self._s.decode(json.loads(res["ref"]), self.client)
         else:
             self._res = self.tess.apply({"a": src})["a"]

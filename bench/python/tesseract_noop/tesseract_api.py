@@ -7,7 +7,10 @@ array JSON (shmref.encode output, encoding "shmref", as JSON text): tesseract-co
 has no hook for a new array encoding, and its client decodes every dict with
 object_type "array" in a response itself (refusing an encoding it does not know), so
 the array JSON travels as a string field and this API decodes it with shmref.decode and
-encodes its result with shmref.encode. The shmref client connects to $SHMREFD_SOCKET.
+encodes its result with shmref.encode, which forwards an acquired array's descriptor
+without a copy. Its holder must keep such an array alive until the peer acquired it, so
+this API holds its last result until the next request. The shmref client connects to
+$SHMREFD_SOCKET.
 """
 
 import json
@@ -28,6 +31,7 @@ class OutputSchema(BaseModel):
 
 
 _client = None
+_last = None  # the previous shmref result, held until the client has acquired it
 
 
 def _shmref():
@@ -40,8 +44,10 @@ def _shmref():
 
 
 def apply(inputs: InputSchema) -> OutputSchema:
+    global _last
     if inputs.ref is not None:
         shmref, client = _shmref()
-        arr = shmref.decode(json.loads(inputs.ref), client)
-        return OutputSchema(ref=json.dumps(shmref.encode(arr)))
+        _last = None
+        _last = arr = shmref.decode(json.loads(inputs.ref), client)
+        return OutputSchema(ref=json.dumps(shmref.encode(arr, client)))
     return OutputSchema(a=inputs.a)
