@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "paths.h"
@@ -25,15 +27,71 @@ int client_fail(shmref_conn *conn, int err, const char *fmt, ...)
     return err;
 }
 
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int client_usable(shmref_conn *conn)
+{
+    pid_t me = getpid();
+    if (me != conn->pid)
+        return client_fail(conn, -ECHILD, "connection was opened by pid %d; this is pid %d: "
+                           "connect again in the child", (int)conn->pid, (int)me);
+    if (conn->abandoned)
+        return client_fail(conn, -ENOTCONN, "connection abandoned after %s timed out (%d ms): connect again",
+                           conn->abandoned, conn->timeout_ms);
+    return 0;
+}
+
+/* start_exchange: the deadline for what is sent now and the replies it waits for. */
+static void start_exchange(shmref_conn *conn, const char *op)
+{
+    conn->op = op;
+    conn->deadline_ms = conn->timeout_ms > 0 ? mono_ms() + conn->timeout_ms : -1;
+}
+
+/* wait_io: poll fd for events until the exchange's deadline. */
+static int wait_io(shmref_conn *conn, short events)
+{
+    for (;;) {
+        int ms = -1;
+        if (conn->deadline_ms >= 0) {
+            int64_t left = conn->deadline_ms - mono_ms();
+            if (left <= 0) {
+                conn->abandoned = conn->op;
+                return client_fail(conn, -ETIMEDOUT, "%s: no answer from shmrefd within %d ms",
+                                   conn->op, conn->timeout_ms);
+            }
+            ms = (int)left;
+        }
+        struct pollfd p = { .fd = conn->fd, .events = events };
+        int r = poll(&p, 1, ms);
+        if (r > 0)
+            return 0; /* ready, or an error/hang-up the next call reports */
+        if (r < 0 && errno != EINTR)
+            return client_fail(conn, -errno, "poll failed: %s", strerror(errno));
+    }
+}
+
 static int send_req(shmref_conn *conn, const struct proto_msg *req)
 {
     int len = proto_encode(req, conn->wbuf, sizeof(conn->wbuf));
     if (len < 0)
         return client_fail(conn, -EMSGSIZE, "request too large for one message");
     ssize_t n;
-    do
-        n = send(conn->fd, conn->wbuf, (size_t)len, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
+    for (;;) {
+        n = send(conn->fd, conn->wbuf, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n >= 0 || (errno != EINTR && errno != EAGAIN))
+            break;
+        if (errno == EAGAIN) { /* the daemon is not reading: wait, within the deadline */
+            int r = wait_io(conn, POLLOUT);
+            if (r < 0)
+                return r;
+        }
+    }
     if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
         return client_fail(conn, -ECONNRESET, "shmrefd closed the connection");
     if (n < 0)
@@ -52,9 +110,16 @@ static int recv_reply(shmref_conn *conn, size_t *ret_len, int *ret_fd)
     struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
                          .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf) };
     ssize_t n;
-    do
-        n = recvmsg(conn->fd, &mh, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
+    for (;;) {
+        n = recvmsg(conn->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        if (n >= 0 || (errno != EINTR && errno != EAGAIN))
+            break;
+        if (errno == EAGAIN) {
+            int r = wait_io(conn, POLLIN);
+            if (r < 0)
+                return r;
+        }
+    }
     /* When the daemon closes a connection it had not read to the end, the kernel reports
      * ECONNRESET once, ahead of replies still queued (its reason among them). */
     if (n < 0 && errno == ECONNRESET) {
@@ -95,10 +160,25 @@ static int recv_reply(shmref_conn *conn, size_t *ret_len, int *ret_fd)
 
 int client_send(shmref_conn *conn, struct proto_msg *req)
 {
+    int r = client_usable(conn);
+    if (r < 0)
+        return r;
+    /* A one-way message (release, forget) gets a deadline of its own for its send and
+     * leaves the exchange it may be part of (a pipelined lease) as it was. */
+    bool one_way = req->op == PROTO_OP_FORGET ||
+                   (req->op == PROTO_OP_RELEASE && (req->u.release.flags & PROTO_RELEASE_NOREPLY));
+    const char *op = conn->op;
+    int64_t deadline = conn->deadline_ms;
+    start_exchange(conn, proto_op_name(req->op));
     req->id = ++conn->next_id;
     if (req->id == 0) /* id 0 is the daemon's word about the whole connection */
         req->id = ++conn->next_id;
-    return send_req(conn, req);
+    r = send_req(conn, req);
+    if (one_way && r == 0) {
+        conn->op = op;
+        conn->deadline_ms = deadline;
+    }
+    return r;
 }
 
 int client_recv(shmref_conn *conn, struct proto_msg *rep, int *ret_fd)
@@ -106,7 +186,10 @@ int client_recv(shmref_conn *conn, struct proto_msg *rep, int *ret_fd)
     const char *why;
     size_t len = 0;
     int fd = -1;
-    int r = recv_reply(conn, &len, &fd);
+    int r = client_usable(conn);
+    if (r < 0)
+        return r;
+    r = recv_reply(conn, &len, &fd);
     if (r < 0)
         return r;
     r = proto_decode(conn->rbuf, len, sizeof(conn->rbuf), rep, &why);
@@ -181,26 +264,52 @@ int client_call(shmref_conn *conn, struct proto_msg *req, struct proto_msg *rep,
     }
 }
 
-static int connect_path(const char *path, int *ret_fd)
+/* connect_path: a non-blocking SOCK_SEQPACKET connection to path. A listener whose
+ * backlog is full answers EAGAIN: retried until the deadline. */
+static int connect_path(shmref_conn *conn, const char *path)
 {
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     if (strlen(path) >= sizeof(sa.sun_path))
-        return -ENAMETOOLONG;
+        return client_fail(conn, -ENAMETOOLONG, "socket path too long (%zu bytes, at most %zu): %s",
+                           strlen(path), sizeof(sa.sun_path) - 1, path);
     strcpy(sa.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
-        return -errno;
-    int r;
-    do
-        r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
-    while (r < 0 && errno == EINTR);
-    if (r < 0) {
-        r = -errno;
+        return client_fail(conn, -errno, "socket: %s", strerror(errno));
+    for (;;) {
+        if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+            break;
+        int e = errno;
+        if (e == EINTR)
+            continue;
+        if (e == EAGAIN && (conn->deadline_ms < 0 || mono_ms() < conn->deadline_ms)) {
+            struct timespec ts = { .tv_nsec = 2 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+            continue;
+        }
         close(fd);
-        return r;
+        if (e == EAGAIN)
+            return client_fail(conn, -ETIMEDOUT, "connect: shmrefd at %s accepted no connection within %d ms",
+                               path, conn->timeout_ms);
+        return client_fail(conn, -e, "cannot connect to shmrefd at %s: %s%s", path, strerror(e),
+                           e == ENOENT || e == ECONNREFUSED ? " (is shmrefd running?)" : "");
     }
-    *ret_fd = fd;
+    conn->fd = fd;
     return 0;
+}
+
+/* default_timeout: $SHMREF_TIMEOUT_MS when it is a number of milliseconds. */
+static int default_timeout(void)
+{
+    const char *e = getenv("SHMREF_TIMEOUT_MS");
+    if (!e || !*e)
+        return SHMREF_TIMEOUT_DEFAULT_MS;
+    char *end;
+    errno = 0;
+    long v = strtol(e, &end, 10);
+    if (errno || *end || v < 0 || v > INT32_MAX)
+        return SHMREF_TIMEOUT_DEFAULT_MS;
+    return (int)v;
 }
 
 static int hello(shmref_conn *conn)
@@ -233,34 +342,78 @@ static int hello(shmref_conn *conn)
     return 0;
 }
 
-int shmref_connect(const char *path, shmref_conn **ret_conn)
+static void copy_msg(char *errbuf, size_t errcap, const char *msg)
+{
+    if (errbuf && errcap)
+        snprintf(errbuf, errcap, "%s", msg);
+}
+
+int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_t errcap,
+                           shmref_conn **ret_conn)
 {
     char def[4096];
-    if (!ret_conn)
+    if (!ret_conn || timeout_ms < -1) {
+        copy_msg(errbuf, errcap, "connect: ret_conn must not be NULL and timeout_ms >= -1");
         return -EINVAL;
+    }
     if (!path) {
-        if (paths_default_socket(def, sizeof(def)) < 0)
+        if (paths_default_socket(def, sizeof(def)) < 0) {
+            copy_msg(errbuf, errcap, "the default socket path is too long");
             return -ENAMETOOLONG;
+        }
         path = def;
     }
     shmref_conn *conn = calloc(1, sizeof(*conn));
-    if (!conn)
+    if (!conn) {
+        copy_msg(errbuf, errcap, "out of memory");
         return -ENOMEM;
+    }
+    conn->fd = -1;
+    conn->pid = getpid();
+    conn->timeout_ms = timeout_ms < 0 ? default_timeout() : timeout_ms;
     mapcache_init(&conn->cache);
     conn->cache.on_unmap = on_unmap;
     conn->cache.ctx = conn;
-    int r = connect_path(path, &conn->fd);
+    start_exchange(conn, "connect");
+    int r = connect_path(conn, path);
+    if (r == 0 && (r = hello(conn)) < 0) {
+        char msg[sizeof(conn->errmsg)];
+        snprintf(msg, sizeof(msg), "%s", conn->errmsg);
+        client_fail(conn, r, "shmrefd at %.*s: %.*s", 200, path, (int)(sizeof(conn->errmsg) - 220), msg);
+    }
     if (r < 0) {
+        copy_msg(errbuf, errcap, conn->errmsg);
+        if (conn->fd >= 0)
+            close(conn->fd);
         free(conn);
         return r;
     }
-    if ((r = hello(conn)) < 0) {
-        close(conn->fd);
-        free(conn);
-        return r;
-    }
+    conn->errmsg[0] = '\0';
     *ret_conn = conn;
     return 0;
+}
+
+int shmref_connect(const char *path, shmref_conn **ret_conn)
+{
+    return shmref_connect_timeout(path, -1, NULL, 0, ret_conn);
+}
+
+int shmref_set_timeout(shmref_conn *conn, int timeout_ms)
+{
+    if (!conn || timeout_ms < -1)
+        return -EINVAL;
+    conn->timeout_ms = timeout_ms < 0 ? default_timeout() : timeout_ms;
+    return 0;
+}
+
+int shmref_get_timeout(const shmref_conn *conn)
+{
+    return conn ? conn->timeout_ms : -EINVAL;
+}
+
+int shmref_conn_pid(const shmref_conn *conn)
+{
+    return conn ? (int)conn->pid : -EINVAL;
 }
 
 void shmref_close(shmref_conn *conn)
@@ -274,8 +427,12 @@ void shmref_close(shmref_conn *conn)
         free(b);
     }
     conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
-    mapcache_clear(&conn->cache);
-    close(conn->fd);
+    /* In a forked child the mappings stay: arrays it inherited may still be read there;
+     * closing the child's copy of the socket leaves the parent's connection as it was. */
+    if (getpid() == conn->pid)
+        mapcache_clear(&conn->cache);
+    if (conn->fd >= 0)
+        close(conn->fd);
     free(conn->cache.v);
     free(conn);
 }

@@ -48,7 +48,12 @@ struct shmref_buf {
 };
 
 struct shmref_conn {
-    int fd;
+    int fd;                 /* non-blocking: every wait is a poll bounded by the deadline */
+    pid_t pid;              /* the process that connected: a forked child must not use fd */
+    int timeout_ms;         /* 0: no limit */
+    int64_t deadline_ms;    /* of the exchange in progress (CLOCK_MONOTONIC), -1: none */
+    const char *op;         /* its name, for the timeout message */
+    const char *abandoned;  /* the operation that timed out: the connection is unusable */
     uint32_t next_id;
     pid_t daemon_pid;
     uint64_t features, max_lease;
@@ -74,6 +79,10 @@ int client_recv(shmref_conn *conn, struct proto_msg *rep, int *ret_fd);
  * has buffer buf_id mapped (writable or not), so the next lease or acquire of it comes
  * with an fd. No reply. */
 void client_forget(shmref_conn *conn, uint64_t buf_id, bool writable);
+
+/* client_usable: 0, or -ECHILD (a forked child) / -ENOTCONN (abandoned after a timeout)
+ * with the message set. Checked before every send and receive. */
+int client_usable(shmref_conn *conn);
 
 /* client_reply_error: an error reply as -code, with its message in conn->errmsg. */
 int client_reply_error(shmref_conn *conn, const struct proto_msg *rep);

@@ -141,6 +141,74 @@ SHMREF_EXPORT int shmref_status_str(const shmref_status *status, const char *pat
 /* The number of elements of the array (or pairs of the map) at path, or -ENOENT/-EINVAL. */
 SHMREF_EXPORT int shmref_status_count(const shmref_status *status, const char *path);
 
+/* ---- Timeouts, fork detection and the array metadata convention (issue 9) ---- */
+
+/* Every call that waits for the daemon is bounded by the connection's timeout: past it
+ * the call returns -ETIMEDOUT, its message naming the operation and the milliseconds,
+ * and the connection is abandoned (the reply may still come: later calls return
+ * -ENOTCONN; connect again). The default is $SHMREF_TIMEOUT_MS if it is a number of
+ * milliseconds (0: no limit), else SHMREF_TIMEOUT_DEFAULT_MS. A connection is bound to
+ * the process that opened it: used in a forked child, every call that would touch the
+ * socket returns -ECHILD ("connection was opened by pid X; this is pid Y: connect again
+ * in the child") and sends nothing; shmref_release() and shmref_close() there free the
+ * child's copies of the handles only, the parent's connection is untouched. */
+#define SHMREF_TIMEOUT_DEFAULT_MS 30000
+
+/* shmref_connect_timeout: shmref_connect with a timeout (-1: the default above, 0: no
+ * limit, else milliseconds) for the connect, the hello and every later call, and, when
+ * errbuf is not NULL, the reason for a failure in errbuf (errcap bytes, NUL-terminated),
+ * naming the socket path: "cannot connect to shmrefd at /run/x.sock: No such file or
+ * directory (is shmrefd running?)". A daemon that does not answer fails with -ETIMEDOUT
+ * after timeout_ms. */
+SHMREF_EXPORT int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_t errcap,
+                                         shmref_conn **ret_conn);
+/* shmref_set_timeout: the timeout of later calls (-1: the default, 0: none, else ms). */
+SHMREF_EXPORT int shmref_set_timeout(shmref_conn *conn, int timeout_ms);
+/* shmref_get_timeout: the timeout in force in milliseconds (0: none), or -EINVAL. */
+SHMREF_EXPORT int shmref_get_timeout(const shmref_conn *conn);
+/* shmref_conn_pid: the pid of the process that opened conn, or -EINVAL. */
+SHMREF_EXPORT int shmref_conn_pid(const shmref_conn *conn);
+
+/* The metadata convention of proto/METADATA.md, kind "array": one n-dimensional array
+ * described by a numpy type string, a shape, an order and an offset, with an optional
+ * user value. Shared by C, Python and Arrow. */
+#define SHMREF_META_MAX_DIMS 32
+#define SHMREF_META_DTYPE_MAX 32 /* bytes of the type string, with its NUL */
+#define SHMREF_META_USER_NONE 0
+#define SHMREF_META_USER_BIN 1     /* user: the payload of a msgpack bin */
+#define SHMREF_META_USER_MSGPACK 2 /* user: one whole msgpack object (any type but ext) */
+
+typedef struct shmref_meta_array {
+    char dtype[SHMREF_META_DTYPE_MAX]; /* "<f8", "|u1", "<M8[ns]": NUL-terminated */
+    uint32_t ndim;                     /* 0 for a 0-d array */
+    uint64_t shape[SHMREF_META_MAX_DIMS];
+    char order;                        /* 'C' or 'F' */
+    uint64_t offset;                   /* bytes from the start of the buffer */
+    uint32_t user_kind;                /* SHMREF_META_USER_* */
+    const void *user;                  /* after decode: points into the decoded bytes */
+    size_t user_len;
+} shmref_meta_array;
+
+/* shmref_meta_array_encode: m as metadata bytes into buf (cap bytes; SHMREF_META_MAX
+ * always suffices for a user value that fits). Returns the length, -EINVAL (a field
+ * out of range; *ret_why, if not NULL, names it) or -EMSGSIZE. */
+SHMREF_EXPORT int shmref_meta_array_encode(const shmref_meta_array *m, void *buf, size_t cap,
+                                           const char **ret_why);
+/* shmref_meta_array_decode: metadata bytes as kind "array". 0 with *ret filled (its
+ * user points into buf); -ENOMSG: the bytes are opaque (not this convention, or another
+ * kind); -EBADMSG: malformed, or a later version. *ret_why (if not NULL) gets a static
+ * reason naming the field. The range is not checked against any buffer: see below. */
+SHMREF_EXPORT int shmref_meta_array_decode(const void *buf, size_t len, shmref_meta_array *ret,
+                                           const char **ret_why);
+/* shmref_meta_array_nbytes: offset + itemsize * prod(shape), or -EINVAL / -EOVERFLOW. */
+SHMREF_EXPORT int shmref_meta_array_nbytes(const shmref_meta_array *m, uint64_t *ret);
+/* shmref_meta_array_itemsize: the item size a type string names, or -EINVAL. */
+SHMREF_EXPORT int shmref_meta_array_itemsize(const char *dtype);
+/* shmref_buf_meta_array: decode buf's metadata and check that the array lies within
+ * shmref_buf_size(buf): 0, -ENOMSG (no metadata, or opaque), -EBADMSG (malformed, or
+ * the array would reach past the published bytes); the reason is in shmref_errmsg(). */
+SHMREF_EXPORT int shmref_buf_meta_array(const shmref_buf *buf, shmref_meta_array *ret);
+
 #ifdef __cplusplus
 }
 #endif

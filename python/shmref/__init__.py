@@ -1,0 +1,250 @@
+# SPDX-License-Identifier: MIT
+"""shmref: numpy (and torch) arrays zero-copy between processes through shmrefd.
+
+A producer writes into a lease and publishes it; any process that gets the descriptor
+(a :class:`Ref`, text ``shmref1:<token>:<size>``) acquires a read-only, zero-copy view::
+
+    import shmref
+    with shmref.connect() as c:
+        a = c.empty((1000, 1000), "float64")
+        a[:] = 1.0
+        ref = c.publish(a, keep_ms=10_000)     # str(ref) -> "shmref1:..."
+        b = c.acquire(ref)                      # read-only, same dtype and shape
+
+Arrays keep their mapping while any view exists, even after ``release()`` or
+``Client.close()``. Arrays that live in shmref pickle as their descriptor
+(:func:`shared` makes any array such an array), so ``multiprocessing`` and
+``concurrent.futures.ProcessPoolExecutor`` pass them zero-copy. :func:`encode` and
+:func:`decode` turn nested dicts and lists holding arrays into tesseract-core's array
+JSON, with the ``"shmref"`` encoding for large arrays and ``"base64"`` for small ones.
+"""
+from __future__ import annotations
+
+import base64
+import math
+import os
+import threading
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _shmref
+from ._shmref import Buffer, Client, Ref, default_socket, meta_decode, meta_encode
+
+__all__ = [
+    "Buffer", "Client", "Ref", "SharedArray", "connect", "shared", "encode", "decode", "metadata",
+    "meta_encode", "meta_decode", "default_socket", "INLINE_MAX", "PICKLE_KEEP_MS", "ENCODE_KEEP_MS",
+]
+__version__ = "0.1.0"
+
+#: Arrays of at most this many bytes are inlined by :func:`encode` as base64 (no daemon
+#: round trip); larger ones go through shmref.
+INLINE_MAX = 64 * 1024
+#: Retention (ms) of a buffer that pickling publishes, so the pickle stays good after the
+#: sender drops its array; it ends at the first acquire.
+PICKLE_KEEP_MS = 60_000
+#: Retention (ms) of the buffers :func:`encode` publishes: the JSON's only holder until
+#: the decoder acquires (the first acquire ends it).
+ENCODE_KEEP_MS = 60_000
+
+
+def connect(socket: Optional[str] = None, *, timeout: Optional[float] = None) -> Client:
+    """Connects to shmrefd and returns a :class:`Client` (a context manager).
+
+    socket: the daemon's socket path; None follows the C library's rule
+    (``$SHMREFD_SOCKET``, else ``$XDG_RUNTIME_DIR/shmrefd.sock``, else
+    ``/run/shmrefd/shmrefd.sock``). timeout: seconds that connecting and every later call
+    may wait for the daemon (``math.inf``: no limit); None takes ``$SHMREF_TIMEOUT_MS``,
+    else 30 s. A daemon that is absent fails at once (``FileNotFoundError`` or
+    ``ConnectionRefusedError`` naming the socket); one that does not answer raises
+    ``TimeoutError`` after the timeout.
+    """
+    if timeout is None:
+        ms = -1
+    elif timeout == math.inf:
+        ms = 0
+    elif timeout > 0:
+        ms = max(1, min(int(math.ceil(timeout * 1000)), 2**31 - 1))
+    else:
+        raise ValueError("timeout must be > 0 seconds, math.inf or None")
+    return Client(socket, ms)
+
+
+class SharedArray(np.ndarray):
+    """The ndarray subclass of arrays that live in shmref (from ``empty``, ``acquire``,
+    :func:`shared`). It behaves as a plain ndarray; it differs in pickling: an array
+    backed by a shmref buffer pickles as its descriptor and layout (a few dozen bytes), and
+    the receiving process acquires the same memory through its own connection. Results of
+    arithmetic on it are plain ndarrays; a copy pickles by value."""
+
+    def __array_wrap__(self, obj, context=None, return_scalar=False):
+        if return_scalar:
+            return obj[()]
+        return obj
+
+    def __reduce__(self):
+        info = _shmref._buffer_info(self)
+        dt = self.dtype
+        if info is None or dt.hasobject or dt.fields is not None or dt.subdtype is not None:
+            return np.asarray(self).view(np.ndarray).__reduce__()
+        ref = info["ref"]
+        if ref is None:  # a lease nobody published yet: publish it, retained for the receiver
+            ref = _shmref._publish_buffer(info["buffer"], PICKLE_KEEP_MS)
+            self.flags.writeable = False
+        return (_rebuild, (str(ref), dt.str, self.shape, self.strides, info["offset"], info["socket"]))
+
+
+_shmref._set_array_type(SharedArray)
+
+_defaults: dict = {}
+_defaults_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _defaults_lock
+    _shmref._after_fork_child()  # every inherited connection is closed for this process
+    _defaults_lock = threading.Lock()
+    _defaults.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _default_client(socket: Optional[str] = None) -> Client:
+    """This process's own client for socket (made on first use, again after a fork)."""
+    key = (os.getpid(), socket or default_socket())
+    with _defaults_lock:
+        c = _defaults.get(key)
+        if c is None or c.closed:
+            c = _defaults[key] = connect(key[1])
+        return c
+
+
+def _rebuild(text, dtype, shape, strides, offset, socket):
+    return _default_client(socket)._acquire_view(text, dtype, shape, strides, offset)
+
+
+def shared(array: Any, *, client: Optional[Client] = None, keep_ms: Optional[int] = None) -> SharedArray:
+    """Returns an array that pickles by reference: the array itself if it already lives in
+    shmref, else a read-only copy in a new buffer, published with ``keep_ms`` of retention
+    (default :data:`PICKLE_KEEP_MS`). The buffer lives while the returned array (or any view)
+    does, and, once it is gone, for the retention until the first acquire: a descriptor
+    pickled from it must be unpickled within that time, or while the sender still holds
+    the array. client: default, this process's connection to the default socket."""
+    if _shmref._buffer_info(array) is not None:
+        return array
+    c = client if client is not None else _default_client()
+    src = np.asarray(array)
+    dst = c.empty(src.shape, src.dtype)
+    np.copyto(dst, src)
+    c.publish(dst, keep_ms=PICKLE_KEEP_MS if keep_ms is None else keep_ms)
+    return dst
+
+
+def metadata(array: Any) -> Optional[bytes]:
+    """The user metadata (``meta=`` at publish) of an array from shmref, or None. A
+    producer's non-shmref metadata (another convention) is returned whole."""
+    info = _shmref._buffer_info(array)
+    return None if info is None else info["user"]
+
+
+def _json_dtype(dt: np.dtype) -> str:
+    return dt.name if dt.kind not in "SUV" else dt.str.lstrip("<>|=")
+
+
+def _encode_array(a: np.ndarray, client, inline_max: int, keep_ms: int) -> dict:
+    if a.dtype.hasobject or a.dtype.fields is not None:
+        raise TypeError(f"dtype {a.dtype} cannot be encoded")
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    out = {"object_type": "array", "shape": list(a.shape), "dtype": _json_dtype(a.dtype)}
+    if a.nbytes <= inline_max:
+        data = np.ascontiguousarray(a)
+        out["data"] = {"buffer": base64.b64encode(data.data if data.size else b"").decode("ascii"),
+                       "encoding": "base64"}
+        return out
+    c = client if client is not None else _default_client()
+    info = _shmref._buffer_info(a)
+    if info is not None and info["ref"] is not None and info["offset"] == 0 and a.flags.c_contiguous \
+            and info["socket"] == c.socket and a.nbytes == info["size"]:
+        ref = info["ref"]  # already published or acquired, whole: zero-copy, held by its owner
+    else:
+        ref = c.share(a, keep_ms=keep_ms)
+        c.release(ref)  # the retention holds it until the decoder's acquire
+    out["data"] = {"buffer": str(ref), "encoding": "shmref"}
+    return out
+
+
+def encode(obj: Any, client: Optional[Client] = None, *, inline_max: Optional[int] = None,
+           keep_ms: Optional[int] = None) -> Any:
+    """Walks dicts, lists and tuples and returns the same structure with every numpy array
+    (or torch CPU tensor) replaced by tesseract-core's array JSON::
+
+        {"object_type": "array", "shape": [...], "dtype": "float64",
+         "data": {"buffer": "shmref1:...", "encoding": "shmref"}}
+
+    Arrays of at most ``inline_max`` bytes (default :data:`INLINE_MAX`) are inlined with
+    tesseract's ``"base64"`` encoding instead. Large arrays are copied once into a buffer
+    published with ``keep_ms`` of retention (default :data:`ENCODE_KEEP_MS`) and nobody
+    else holding it: the decoder's acquire takes it over, so decode each reference once,
+    within the retention. The result is JSON-serialisable (tuples stay tuples)."""
+    im = INLINE_MAX if inline_max is None else inline_max
+    km = ENCODE_KEEP_MS if keep_ms is None else keep_ms
+
+    def walk(x):
+        if isinstance(x, np.ndarray):
+            return _encode_array(x, client, im, km)
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if isinstance(x, tuple):
+            return tuple(walk(v) for v in x)
+        if type(x).__module__.startswith("torch") and hasattr(x, "numpy"):
+            return _encode_array(x.detach().cpu().numpy(), client, im, km)
+        if isinstance(x, np.generic):
+            return x.item()
+        return x
+
+    return walk(obj)
+
+
+def _decode_array(d: dict, client) -> np.ndarray:
+    data = d.get("data")
+    if not isinstance(data, dict):
+        raise ValueError("array JSON without a 'data' object")
+    dtype, shape, enc = np.dtype(d["dtype"]), tuple(d["shape"]), data.get("encoding")
+    if enc == "base64":
+        raw = bytearray(base64.b64decode(data["buffer"]))
+        return np.frombuffer(raw, dtype=dtype.newbyteorder("<") if dtype.byteorder != "|" else dtype).reshape(shape)
+    if enc == "json":
+        return np.asarray(data["buffer"], dtype=dtype).reshape(shape)
+    if enc == "shmref":
+        c = client if client is not None else _default_client()
+        a = c.acquire(data["buffer"])
+        if a.dtype != dtype or a.shape != shape:
+            if a.nbytes != dtype.itemsize * math.prod(shape):
+                raise ValueError(f"{data['buffer']}: holds {a.dtype} {a.shape}, the JSON says {dtype} {shape}")
+            a = np.ascontiguousarray(a).view(dtype).reshape(shape) if a.size else a.view(dtype).reshape(shape)
+        return a
+    raise ValueError(f"unsupported array encoding {enc!r} (base64, json and shmref are)")
+
+
+def decode(obj: Any, client: Optional[Client] = None) -> Any:
+    """The inverse of :func:`encode`: walks dicts, lists and tuples and turns every array
+    JSON object (encodings ``shmref``, ``base64`` and ``json``) into a numpy array:
+    read-only and zero-copy for ``shmref`` (acquired through client, default this
+    process's connection), a fresh writable array for the inline encodings."""
+
+    def walk(x):
+        if isinstance(x, dict):
+            if x.get("object_type") == "array" and "data" in x:
+                return _decode_array(x, client)
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if isinstance(x, tuple):
+            return tuple(walk(v) for v in x)
+        return x
+
+    return walk(obj)

@@ -1,0 +1,907 @@
+/* SPDX-License-Identifier: MIT */
+/* client.c: Conn (one libshmref connection, its lock and the releases queued while it
+ * was busy) and Client (the public object: connect, empty, publish, share, acquire,
+ * release, close). Every call that can wait drops the GIL and takes the Conn's lock;
+ * the library's timeout bounds the wait. */
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL shmrefpy_ARRAY_API
+#include "shmrefpy.h"
+
+#include <numpy/arrayobject.h>
+#include <unistd.h>
+
+#define MSG_MAX 640
+
+static ConnObject *all_conns; /* guarded by the GIL */
+
+/* ---- Conn ---- */
+
+static void drain(ConnObject *conn)
+{
+    for (;;) {
+        pthread_mutex_lock(&conn->plock);
+        struct pending *p = conn->pending;
+        conn->pending = NULL;
+        pthread_mutex_unlock(&conn->plock);
+        if (!p)
+            return;
+        while (p) {
+            struct pending *next = p->next;
+            if (conn->c)
+                shmref_release(p->buf);
+            free(p);
+            p = next;
+        }
+    }
+}
+
+/* unlock: the queued releases first; one queued after our last look is picked up by
+ * its own trylock, or by us here. */
+static void unlock(ConnObject *conn)
+{
+    for (;;) {
+        drain(conn);
+        pthread_mutex_unlock(&conn->lock);
+        pthread_mutex_lock(&conn->plock);
+        bool more = conn->pending != NULL;
+        pthread_mutex_unlock(&conn->plock);
+        if (!more || pthread_mutex_trylock(&conn->lock) != 0)
+            return;
+    }
+}
+
+void conn_lock_nogil(ConnObject *conn)
+{
+    pthread_mutex_lock(&conn->lock);
+}
+
+void conn_unlock_nogil(ConnObject *conn)
+{
+    unlock(conn);
+}
+
+void conn_release_buf(ConnObject *conn, shmref_buf *buf)
+{
+    if (!conn->c || getpid() != conn->pid)
+        return; /* a forked child: the parent's handle is not ours to drop */
+    if (pthread_mutex_trylock(&conn->lock) == 0) {
+        shmref_release(buf);
+        unlock(conn);
+        return;
+    }
+    struct pending *p = malloc(sizeof(*p));
+    if (!p) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&conn->lock);
+        shmref_release(buf);
+        unlock(conn);
+        Py_END_ALLOW_THREADS
+        return;
+    }
+    p->buf = buf;
+    pthread_mutex_lock(&conn->plock);
+    p->next = conn->pending;
+    conn->pending = p;
+    pthread_mutex_unlock(&conn->plock);
+    if (pthread_mutex_trylock(&conn->lock) == 0)
+        unlock(conn);
+}
+
+static void conn_unlist(ConnObject *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else if (all_conns == c)
+        all_conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->prev = c->next = NULL;
+}
+
+static void Conn_dealloc(ConnObject *self)
+{
+    conn_unlist(self);
+    if (self->c) {
+        drain(self);
+        shmref_close(self->c); /* in a forked child: its copy of the socket only */
+    }
+    for (struct pending *p = self->pending, *n; p; p = n) {
+        n = p->next;
+        free(p);
+    }
+    pthread_mutex_destroy(&self->lock);
+    pthread_mutex_destroy(&self->plock);
+    PyObject_Free(self);
+}
+
+void conn_after_fork_child(void)
+{
+    for (ConnObject *c = all_conns; c; c = c->next) {
+        pthread_mutex_init(&c->lock, NULL); /* another thread may have held it at fork */
+        pthread_mutex_init(&c->plock, NULL);
+        for (struct pending *p = c->pending, *n; p; p = n) {
+            n = p->next;
+            free(p);
+        }
+        c->pending = NULL;
+        if (c->c)
+            shmref_close(c->c); /* the child's copy of the socket; mappings stay */
+        c->c = NULL;
+    }
+}
+
+PyTypeObject Conn_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmref._Conn",
+    .tp_basicsize = sizeof(ConnObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One connection to shmrefd, shared by a Client and the buffers it handed out.",
+    .tp_dealloc = (destructor)Conn_dealloc,
+};
+
+/* ---- Client ---- */
+
+typedef struct {
+    PyObject_HEAD
+    ConnObject *conn;   /* NULL once closed */
+    PyObject *socket;   /* str */
+    PyObject *shares;   /* dict: Ref -> the array share() copied into */
+} ClientObject;
+
+static ConnObject *client_conn(ClientObject *self)
+{
+    ConnObject *conn = self->conn;
+    if (!conn) {
+        PyErr_SetString(PyExc_ValueError, "shmref.Client is closed");
+        return NULL;
+    }
+    if (shmrefpy_forked(conn) < 0)
+        return NULL;
+    Py_INCREF(conn);
+    return conn;
+}
+
+static int Client_init(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = { "socket", "timeout_ms", NULL };
+    PyObject *sock = Py_None;
+    int timeout_ms = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Oi:Client", names, &sock, &timeout_ms))
+        return -1;
+    if (self->conn) {
+        PyErr_SetString(PyExc_RuntimeError, "Client already connected");
+        return -1;
+    }
+    PyObject *path = NULL;
+    if (sock == Py_None) {
+        PyObject *m = PyImport_ImportModule("shmref._shmref");
+        path = m ? PyObject_CallMethod(m, "default_socket", NULL) : NULL;
+        Py_XDECREF(m);
+    } else {
+        PyObject *b = PyOS_FSPath(sock);
+        path = b && PyBytes_Check(b) ? PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(b)) : b;
+        if (b && path != b)
+            Py_DECREF(b);
+    }
+    if (!path || !PyUnicode_Check(path)) {
+        Py_XDECREF(path);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "socket must be a path");
+        return -1;
+    }
+    const char *p = PyUnicode_AsUTF8(path);
+    if (!p) {
+        Py_DECREF(path);
+        return -1;
+    }
+    char msg[MSG_MAX] = "";
+    shmref_conn *c = NULL;
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = shmref_connect_timeout(p, timeout_ms, msg, sizeof(msg), &c);
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        Py_DECREF(path);
+        shmrefpy_raise(r, msg);
+        return -1;
+    }
+    ConnObject *conn = PyObject_New(ConnObject, &Conn_Type);
+    if (!conn) {
+        shmref_close(c);
+        Py_DECREF(path);
+        return -1;
+    }
+    conn->c = c;
+    conn->pid = getpid();
+    pthread_mutex_init(&conn->lock, NULL);
+    pthread_mutex_init(&conn->plock, NULL);
+    conn->pending = NULL;
+    conn->prev = NULL;
+    conn->next = all_conns;
+    if (all_conns)
+        all_conns->prev = conn;
+    all_conns = conn;
+    self->conn = conn;
+    Py_XSETREF(self->socket, path);
+    if (!self->shares && !(self->shares = PyDict_New()))
+        return -1;
+    return 0;
+}
+
+static void Client_dealloc(ClientObject *self)
+{
+    Py_XDECREF(self->shares);
+    Py_XDECREF(self->conn);
+    Py_XDECREF(self->socket);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The descriptor and shape of an array-valued argument. */
+static int parse_dtype_order(PyObject *dtype, const char *order, PyArray_Descr **ret)
+{
+    if (order[0] != 'C' && order[0] != 'F') {
+        PyErr_SetString(PyExc_ValueError, "order must be 'C' or 'F'");
+        return -1;
+    }
+    if (!PyArray_DescrConverter(dtype, ret))
+        return -1;
+    if (PyDataType_REFCHK(*ret) || PyDataType_HASFIELDS(*ret) || PyDataType_HASSUBARRAY(*ret)) {
+        PyErr_Format(PyExc_TypeError, "dtype %R cannot be described in shmref's metadata "
+                     "(objects, fields and subarrays are not)", (PyObject *)*ret);
+        Py_DECREF(*ret);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *typestr(PyArray_Descr *d)
+{
+    return PyObject_GetAttrString((PyObject *)d, "str");
+}
+
+/* lease_array: a writable array of the given layout over a fresh lease. */
+static PyObject *lease_array(ClientObject *self, ConnObject *conn, PyArray_Descr *descr, int ndim,
+                             const npy_intp *dims, char order)
+{
+    size_t n = (size_t)PyDataType_ELSIZE(descr);
+    Py_ssize_t shape[SHMREF_META_MAX_DIMS];
+    if (ndim > SHMREF_META_MAX_DIMS)
+        return PyErr_Format(PyExc_ValueError, "%d dimensions: at most %d", ndim, SHMREF_META_MAX_DIMS);
+    for (int i = 0; i < ndim; i++) {
+        if (dims[i] < 0)
+            return PyErr_Format(PyExc_ValueError, "negative dimension %zd", (Py_ssize_t)dims[i]);
+        shape[i] = dims[i];
+        if (dims[i] && n > SIZE_MAX / (size_t)dims[i])
+            return PyErr_Format(PyExc_ValueError, "array too large");
+        n *= (size_t)dims[i];
+    }
+    shmref_buf *buf = NULL;
+    char msg[MSG_MAX] = "";
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    conn_lock_nogil(conn);
+    r = shmref_lease(conn->c, n ? n : 1, &buf);
+    if (r < 0)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
+    if (r < 0)
+        return shmrefpy_raise(r, msg);
+    BufferObject *owner = buffer_new(conn, buf, true, self->socket);
+    if (!owner)
+        return NULL;
+    PyObject *ts = typestr(descr), *tshape = PyTuple_New(ndim);
+    for (int i = 0; tshape && i < ndim; i++)
+        PyTuple_SET_ITEM(tshape, i, PyLong_FromSsize_t(shape[i]));
+    if (ts && tshape)
+        owner->layout = Py_BuildValue("(OOC)", ts, tshape, order);
+    Py_XDECREF(ts);
+    Py_XDECREF(tshape);
+    PyObject *arr = NULL;
+    if (owner->layout) {
+        arr = buffer_array(owner, (PyObject *)descr, ndim, shape, NULL, order, 0);
+    }
+    Py_DECREF(owner);
+    return arr;
+}
+
+static PyObject *Client_empty(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = { "shape", "dtype", "order", NULL };
+    PyArray_Dims dims = { NULL, 0 };
+    PyObject *dtype = NULL;
+    const char *order = "C";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|Os:empty", names, PyArray_IntpConverter, &dims, &dtype, &order))
+        return NULL;
+    PyArray_Descr *descr;
+    PyObject *res = NULL;
+    if (parse_dtype_order(dtype ? dtype : Py_None, order, &descr) == 0) {
+        ConnObject *conn = client_conn(self);
+        if (conn) {
+            res = lease_array(self, conn, descr, dims.len, dims.ptr, order[0]);
+            Py_DECREF(conn);
+        }
+        Py_DECREF(descr);
+    }
+    PyDimMem_FREE(dims.ptr);
+    return res;
+}
+
+/* publish_array: publish the lease behind arr, which must be contiguous. */
+static PyObject *publish_array(ClientObject *self, PyObject *obj, unsigned long keep_ms, PyObject *user)
+{
+    if (!PyArray_Check(obj))
+        return PyErr_Format(PyExc_TypeError, "publish takes a numpy array from Client.empty(), not %.100s",
+                            Py_TYPE(obj)->tp_name);
+    PyArrayObject *arr = (PyArrayObject *)obj;
+    BufferObject *owner = buffer_of(obj);
+    if (!owner || !owner->lease || owner->conn != self->conn)
+        return PyErr_Format(PyExc_ValueError, "publish takes an array from this client's empty(); "
+                            "share() copies any array");
+    if (owner->published) {
+        char text[SHMREF_DESC_TEXT_MAX];
+        shmref_desc_to_text(&owner->desc, text, sizeof(text));
+        return PyErr_Format(PyExc_ValueError, "this buffer is already published as %s", text);
+    }
+    char order;
+    int ndim = PyArray_NDIM(arr);
+    if (PyArray_IS_C_CONTIGUOUS(arr))
+        order = 'C';
+    else if (PyArray_IS_F_CONTIGUOUS(arr))
+        order = 'F';
+    else
+        return PyErr_Format(PyExc_ValueError, "publish needs an array contiguous in C or F order; "
+                            "share() copies any array");
+    if (user != Py_None && !PyObject_CheckBuffer(user))
+        return PyErr_Format(PyExc_TypeError, "meta must be bytes-like, not %.100s", Py_TYPE(user)->tp_name);
+    size_t offset = (size_t)((char *)PyArray_DATA(arr) - owner->data);
+    size_t len = offset + (size_t)PyArray_NBYTES(arr);
+    shmref_meta_array m = { .order = order, .offset = offset, .ndim = (uint32_t)ndim };
+    PyObject *ts = typestr(PyArray_DESCR(arr));
+    if (!ts)
+        return NULL;
+    snprintf(m.dtype, sizeof(m.dtype), "%s", PyUnicode_AsUTF8(ts));
+    Py_DECREF(ts);
+    for (int i = 0; i < ndim; i++)
+        m.shape[i] = (uint64_t)PyArray_DIM(arr, i);
+    Py_buffer ub = { 0 };
+    if (user != Py_None) {
+        if (PyObject_GetBuffer(user, &ub, PyBUF_SIMPLE) < 0)
+            return NULL;
+        m.user_kind = SHMREF_META_USER_BIN;
+        m.user = ub.buf;
+        m.user_len = (size_t)ub.len;
+    }
+    char meta[SHMREF_META_MAX];
+    const char *why = "";
+    int mlen = shmref_meta_array_encode(&m, meta, sizeof(meta), &why);
+    if (user != Py_None)
+        PyBuffer_Release(&ub);
+    if (mlen < 0)
+        return PyErr_Format(mlen == -EMSGSIZE ? PyExc_ValueError : PyExc_TypeError,
+                            "array metadata: %s (at most %d bytes with meta)", why, SHMREF_META_MAX);
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return NULL;
+    shmref_desc d;
+    char msg[MSG_MAX] = "";
+    int r;
+    if (len == 0)
+        len = 1; /* an empty array still names a buffer; its metadata says 0 elements */
+    uint32_t keep = keep_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)keep_ms;
+    Py_BEGIN_ALLOW_THREADS
+    conn_lock_nogil(conn);
+    r = shmref_publish(owner->buf, len, keep, meta, (size_t)mlen, &d);
+    if (r < 0)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(conn);
+    if (r < 0)
+        return shmrefpy_raise(r, msg);
+    owner->published = true;
+    owner->has_desc = true;
+    owner->desc = d;
+    if (user != Py_None)
+        Py_XSETREF(owner->user, PyBytes_FromObject(user));
+    PyArray_CLEARFLAGS(arr, NPY_ARRAY_WRITEABLE); /* the producer must not write any more */
+    return ref_new(&d);
+}
+
+static PyObject *Client_publish(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = { "array", "keep_ms", "meta", NULL };
+    PyObject *arr, *meta = Py_None;
+    unsigned long keep_ms = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$kO:publish", names, &arr, &keep_ms, &meta))
+        return NULL;
+    return publish_array(self, arr, keep_ms, meta);
+}
+
+static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = { "obj", "keep_ms", "meta", NULL };
+    PyObject *obj, *meta = Py_None;
+    unsigned long keep_ms = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$kO:share", names, &obj, &keep_ms, &meta))
+        return NULL;
+    PyObject *src;
+    if (PyArray_Check(obj)) {
+        Py_INCREF(obj);
+        src = obj;
+    } else if (PyObject_CheckBuffer(obj)) { /* bytes, bytearray, memoryview: their own format */
+        PyObject *mv = PyMemoryView_FromObject(obj);
+        src = mv ? PyArray_FromAny(mv, NULL, 0, 0, 0, NULL) : NULL;
+        Py_XDECREF(mv);
+    } else { /* torch tensors and the like: through __array__ / __array_interface__ */
+        src = PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
+    }
+    if (!src)
+        return NULL;
+    PyArray_Descr *descr = PyArray_DESCR((PyArrayObject *)src);
+    PyObject *res = NULL, *dst = NULL;
+    if (PyDataType_REFCHK(descr) || PyDataType_HASFIELDS(descr) || PyDataType_HASSUBARRAY(descr)) {
+        PyErr_Format(PyExc_TypeError, "dtype %R cannot be described in shmref's metadata", (PyObject *)descr);
+        goto done;
+    }
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        goto done;
+    dst = lease_array(self, conn, descr, PyArray_NDIM((PyArrayObject *)src), PyArray_DIMS((PyArrayObject *)src), 'C');
+    Py_DECREF(conn);
+    if (!dst || PyArray_CopyInto((PyArrayObject *)dst, (PyArrayObject *)src) < 0)
+        goto done;
+    res = publish_array(self, dst, keep_ms, meta);
+    if (res && PyDict_SetItem(self->shares, res, dst) < 0)
+        Py_CLEAR(res);
+done:
+    Py_XDECREF(dst);
+    Py_DECREF(src);
+    return res;
+}
+
+/* acquire: the buffer (owner) and its array metadata (0, or -ENOMSG: opaque). */
+static BufferObject *acquire(ClientObject *self, PyObject *refobj, shmref_meta_array *m, int *ret_meta)
+{
+    shmref_desc d;
+    if (ref_parse(refobj, &d) < 0)
+        return NULL;
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return NULL;
+    shmref_buf *buf = NULL;
+    char msg[MSG_MAX] = "";
+    int r, mr = 0;
+    Py_BEGIN_ALLOW_THREADS
+    conn_lock_nogil(conn);
+    r = shmref_acquire(conn->c, &d, &buf);
+    if (r < 0)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    else if ((mr = shmref_buf_meta_array(buf, m)) < 0 && mr != -ENOMSG)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        Py_DECREF(conn);
+        return (BufferObject *)shmrefpy_raise(r, msg);
+    }
+    BufferObject *owner = buffer_new(conn, buf, false, self->socket);
+    Py_DECREF(conn);
+    if (!owner)
+        return NULL;
+    owner->has_desc = true;
+    owner->desc = d;
+    if (mr < 0 && mr != -ENOMSG) {
+        Py_DECREF(owner);
+        PyErr_Format(PyExc_ValueError, "%s", msg);
+        return NULL;
+    }
+    size_t ml = 0;
+    const void *raw = shmref_buf_meta(buf, &ml);
+    if (mr == 0 && m->user_kind)
+        owner->user = PyBytes_FromStringAndSize(m->user, (Py_ssize_t)m->user_len);
+    else if (mr == -ENOMSG && ml)
+        owner->user = PyBytes_FromStringAndSize(raw, (Py_ssize_t)ml); /* opaque: all of it */
+    if ((mr == 0 && m->user_kind) || (mr == -ENOMSG && ml)) {
+        if (!owner->user) {
+            Py_DECREF(owner);
+            return NULL;
+        }
+    }
+    *ret_meta = mr;
+    return owner;
+}
+
+static PyObject *Client_acquire(ClientObject *self, PyObject *ref)
+{
+    shmref_meta_array m;
+    int mr = 0;
+    BufferObject *owner = acquire(self, ref, &m, &mr);
+    if (!owner)
+        return NULL;
+    PyObject *arr;
+    if (mr == 0) {
+        Py_ssize_t shape[SHMREF_META_MAX_DIMS];
+        for (uint32_t i = 0; i < m.ndim; i++)
+            shape[i] = m.shape[i] > (uint64_t)PY_SSIZE_T_MAX ? -1 : (Py_ssize_t)m.shape[i];
+        PyObject *dt = PyUnicode_FromString(m.dtype);
+        arr = dt ? buffer_array(owner, dt, (int)m.ndim, shape, NULL, m.order, m.offset) : NULL;
+        Py_XDECREF(dt);
+    } else { /* opaque metadata: the bytes as uint8 */
+        Py_ssize_t n = (Py_ssize_t)owner->size;
+        PyObject *dt = PyUnicode_FromString("|u1");
+        arr = dt ? buffer_array(owner, dt, 1, &n, NULL, 'C', 0) : NULL;
+        Py_XDECREF(dt);
+    }
+    Py_DECREF(owner);
+    return arr;
+}
+
+/* _acquire_view(ref, dtype, shape, strides, offset): the layout given, not the metadata's
+ * (for pickles of views and for JSON whose dtype and shape are authoritative). */
+static PyObject *Client_acquire_view(ClientObject *self, PyObject *args)
+{
+    PyObject *ref, *dtype, *shape_o, *strides_o;
+    Py_ssize_t offset;
+    if (!PyArg_ParseTuple(args, "OOOOn:_acquire_view", &ref, &dtype, &shape_o, &strides_o, &offset))
+        return NULL;
+    Py_ssize_t shape[SHMREF_META_MAX_DIMS], strides[SHMREF_META_MAX_DIMS];
+    PyObject *s1 = PySequence_Fast(shape_o, "shape must be a sequence");
+    if (!s1)
+        return NULL;
+    Py_ssize_t nd = PySequence_Fast_GET_SIZE(s1);
+    PyObject *s2 = strides_o == Py_None ? NULL : PySequence_Fast(strides_o, "strides must be a sequence");
+    if ((strides_o != Py_None && !s2) || nd > SHMREF_META_MAX_DIMS || offset < 0 ||
+        (s2 && PySequence_Fast_GET_SIZE(s2) != nd)) {
+        Py_DECREF(s1);
+        Py_XDECREF(s2);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "bad layout: shape, strides and offset do not agree");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        shape[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(s1, i));
+        if (s2)
+            strides[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(s2, i));
+    }
+    Py_DECREF(s1);
+    Py_XDECREF(s2);
+    if (PyErr_Occurred())
+        return NULL;
+    shmref_meta_array m;
+    int mr = 0;
+    BufferObject *owner = acquire(self, ref, &m, &mr);
+    if (!owner)
+        return NULL;
+    PyObject *arr = buffer_array(owner, dtype, (int)nd, shape, strides_o == Py_None ? NULL : strides, 'C',
+                                 (size_t)offset);
+    Py_DECREF(owner);
+    return arr;
+}
+
+static PyObject *Client_release(ClientObject *self, PyObject *obj)
+{
+    if (PyObject_TypeCheck(obj, &Ref_Type) || PyUnicode_Check(obj)) {
+        shmref_desc d;
+        if (ref_parse(obj, &d) < 0)
+            return NULL;
+        PyObject *key = ref_new(&d);
+        if (!key)
+            return NULL;
+        PyObject *arr = PyDict_GetItemWithError(self->shares, key);
+        if (!arr) {
+            Py_DECREF(key);
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "%R was not shared by this client (release the array instead)", obj);
+            return NULL;
+        }
+        BufferObject *owner = buffer_of(arr);
+        if (owner)
+            owner->released = true;
+        int r = PyDict_DelItem(self->shares, key);
+        Py_DECREF(key);
+        if (r < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    BufferObject *owner = buffer_of(obj);
+    if (!owner)
+        return PyErr_Format(PyExc_ValueError, "not an array from shmref (%.100s)", Py_TYPE(obj)->tp_name);
+    if (owner->conn != self->conn)
+        return PyErr_Format(PyExc_ValueError, "this array belongs to another client");
+    owner->released = true;
+    if (owner->has_desc) { /* a share()d copy goes with it */
+        PyObject *key = ref_new(&owner->desc);
+        if (!key)
+            return NULL;
+        PyObject *arr = PyDict_GetItemWithError(self->shares, key);
+        if (arr && buffer_of(arr) == owner && PyDict_DelItem(self->shares, key) < 0) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        Py_DECREF(key);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Client_ping(ClientObject *self, PyObject *unused)
+{
+    (void)unused;
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return NULL;
+    char msg[MSG_MAX] = "";
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    conn_lock_nogil(conn);
+    r = shmref_ping(conn->c);
+    if (r < 0)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(conn);
+    if (r < 0)
+        return shmrefpy_raise(r, msg);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Client_status(ClientObject *self, PyObject *unused)
+{
+    (void)unused;
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return NULL;
+    char msg[MSG_MAX] = "";
+    shmref_status *st = NULL;
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    conn_lock_nogil(conn);
+    r = shmref_status_get(conn->c, &st);
+    if (r < 0)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(conn);
+    if (r < 0)
+        return shmrefpy_raise(r, msg);
+    const char *json = shmref_status_json(st);
+    PyObject *text = json ? PyUnicode_FromString(json) : PyErr_NoMemory();
+    shmref_status_free(st);
+    if (!text)
+        return NULL;
+    PyObject *mod = PyImport_ImportModule("json");
+    PyObject *res = mod ? PyObject_CallMethod(mod, "loads", "O", text) : NULL;
+    Py_XDECREF(mod);
+    Py_DECREF(text);
+    return res;
+}
+
+static PyObject *Client_close(ClientObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->shares)
+        PyDict_Clear(self->shares);
+    Py_CLEAR(self->conn); /* arrays still alive keep the connection (and their mappings) */
+    Py_RETURN_NONE;
+}
+
+static PyObject *Client_enter(ClientObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->conn) {
+        PyErr_SetString(PyExc_ValueError, "shmref.Client is closed");
+        return NULL;
+    }
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *Client_exit(ClientObject *self, PyObject *args)
+{
+    (void)args;
+    return Client_close(self, NULL);
+}
+
+static PyObject *Client_repr(ClientObject *self)
+{
+    if (!self->conn)
+        return PyUnicode_FromFormat("<shmref.Client %R closed>", self->socket ? self->socket : Py_None);
+    if (!self->conn->c || self->conn->pid != getpid())
+        return PyUnicode_FromFormat("<shmref.Client %R of pid %d (forked: unusable here)>", self->socket,
+                                    (int)self->conn->pid);
+    return PyUnicode_FromFormat("<shmref.Client %R daemon pid %d, timeout %d ms, %zd shared>", self->socket,
+                                shmref_daemon_pid(self->conn->c), shmref_get_timeout(self->conn->c),
+                                PyDict_Size(self->shares));
+}
+
+static PyObject *Client_get_closed(ClientObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(self->conn == NULL);
+}
+
+static PyObject *Client_get_socket(ClientObject *self, void *c)
+{
+    (void)c;
+    PyObject *s = self->socket ? self->socket : Py_None;
+    Py_INCREF(s);
+    return s;
+}
+
+static PyObject *Client_get_daemon_pid(ClientObject *self, void *c)
+{
+    (void)c;
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return NULL;
+    PyObject *r = PyLong_FromLong(shmref_daemon_pid(conn->c));
+    Py_DECREF(conn);
+    return r;
+}
+
+static PyObject *Client_get_timeout(ClientObject *self, void *c)
+{
+    (void)c;
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return NULL;
+    int ms = shmref_get_timeout(conn->c);
+    Py_DECREF(conn);
+    if (ms == 0)
+        return PyFloat_FromDouble(Py_HUGE_VAL);
+    return PyFloat_FromDouble(ms / 1000.0);
+}
+
+static int Client_set_timeout(ClientObject *self, PyObject *v, void *c)
+{
+    (void)c;
+    int ms = -1;
+    if (v && v != Py_None) {
+        double s = PyFloat_AsDouble(v);
+        if (s == -1.0 && PyErr_Occurred())
+            return -1;
+        if (!(s > 0)) {
+            PyErr_SetString(PyExc_ValueError, "timeout must be > 0 seconds, inf (no limit) or None (the default)");
+            return -1;
+        }
+        ms = s >= 2147483.0 ? 0 : (int)(s * 1000.0 + 0.999);
+        if (ms < 1 && s < 2147483.0)
+            ms = 1;
+    }
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return -1;
+    Py_BEGIN_ALLOW_THREADS
+    conn_lock_nogil(conn);
+    shmref_set_timeout(conn->c, ms);
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(conn);
+    return 0;
+}
+
+static PyObject *Client_get_shares(ClientObject *self, void *c)
+{
+    (void)c;
+    return PyDict_Keys(self->shares);
+}
+
+static PyMethodDef Client_methods[] = {
+    { "empty", (PyCFunction)(void (*)(void))Client_empty, METH_VARARGS | METH_KEYWORDS,
+      "empty(shape, dtype=float, order='C') -> numpy.ndarray\n\n"
+      "A writable array backed by a new lease (contents unspecified). Fill it, then publish() it." },
+    { "publish", (PyCFunction)(void (*)(void))Client_publish, METH_VARARGS | METH_KEYWORDS,
+      "publish(array, *, keep_ms=0, meta=None) -> Ref\n\n"
+      "Publishes an array from empty() (the whole array or a contiguous view of it): dtype, "
+      "shape, order and offset travel in the metadata (proto/METADATA.md), meta (bytes) as "
+      "its user value. The array becomes read-only. keep_ms: the daemon keeps the buffer that "
+      "long with no holder, until the first acquire (so the producer may drop it first). The "
+      "producer's lease stays while the array (or any view) lives." },
+    { "share", (PyCFunction)(void (*)(void))Client_share, METH_VARARGS | METH_KEYWORDS,
+      "share(obj, *, keep_ms=0, meta=None) -> Ref\n\n"
+      "Copies any array-like (numpy array, torch CPU tensor, bytes, any buffer) once into a "
+      "lease and publishes it. The client holds the copy until release(ref) or close()." },
+    { "acquire", (PyCFunction)Client_acquire, METH_O,
+      "acquire(ref) -> numpy.ndarray\n\n"
+      "A read-only, zero-copy array of a published buffer (a Ref or its text), with the "
+      "producer's dtype and shape; uint8 bytes when the metadata is not shmref's. The mapping "
+      "stays while the array or any view of it lives; the array cannot be made writable." },
+    { "_acquire_view", (PyCFunction)Client_acquire_view, METH_VARARGS,
+      "_acquire_view(ref, dtype, shape, strides, offset) -> numpy.ndarray (private)" },
+    { "release", (PyCFunction)Client_release, METH_O,
+      "release(array_or_ref) -> None\n\n"
+      "Gives up an array (from empty() or acquire()) or a Ref from share(). The daemon's "
+      "reference is dropped once no view of the buffer remains (at once if none does); views "
+      "that still exist stay valid and mapped." },
+    { "ping", (PyCFunction)Client_ping, METH_NOARGS, "ping() -> None\n\nOne round trip to the daemon." },
+    { "status", (PyCFunction)Client_status, METH_NOARGS,
+      "status() -> dict\n\nThe daemon's status snapshot (the keys of `shmrefctl status --json`)." },
+    { "close", (PyCFunction)Client_close, METH_NOARGS,
+      "close() -> None\n\n"
+      "Closes the client and drops what share() held. Arrays still alive keep the connection "
+      "(and their buffers) until they are gone; then it closes. Idempotent." },
+    { "__enter__", (PyCFunction)Client_enter, METH_NOARGS, "Returns the client." },
+    { "__exit__", (PyCFunction)Client_exit, METH_VARARGS, "Closes the client." },
+    { NULL }
+};
+
+static PyGetSetDef Client_getset[] = {
+    { "closed", (getter)Client_get_closed, NULL, "Whether close() was called.", NULL },
+    { "socket", (getter)Client_get_socket, NULL, "The daemon's socket path.", NULL },
+    { "daemon_pid", (getter)Client_get_daemon_pid, NULL, "The daemon's pid, as it said in hello.", NULL },
+    { "timeout", (getter)Client_get_timeout, (setter)Client_set_timeout,
+      "Seconds every call may wait for the daemon (inf: no limit); set None for the default "
+      "($SHMREF_TIMEOUT_MS, else 30 s).", NULL },
+    { "shares", (getter)Client_get_shares, NULL, "The Refs share() holds, as a list.", NULL },
+    { NULL }
+};
+
+PyTypeObject Client_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmref.Client",
+    .tp_basicsize = sizeof(ClientObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Client(socket=None, timeout_ms=-1)\n--\n\n"
+              "A connection to shmrefd; use shmref.connect(). Safe to share between threads "
+              "(calls are serialised; the GIL is released while one waits). Bound to the process "
+              "that made it: in a forked child every call raises ChildProcessError.",
+    .tp_init = (initproc)Client_init,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)Client_dealloc,
+    .tp_repr = (reprfunc)Client_repr,
+    .tp_methods = Client_methods,
+    .tp_getset = Client_getset,
+};
+
+/* _publish_buffer(buffer, keep_ms) -> Ref: publish a whole lease with the layout it was
+ * made with (a pickle of an unpublished array from empty()). */
+PyObject *shmrefpy_publish_buffer(PyObject *m, PyObject *args)
+{
+    (void)m;
+    BufferObject *owner;
+    unsigned long keep_ms;
+    if (!PyArg_ParseTuple(args, "O!k:_publish_buffer", &Buffer_Type, &owner, &keep_ms))
+        return NULL;
+    if (owner->has_desc)
+        return ref_new(&owner->desc);
+    if (!owner->lease || !owner->layout || !owner->buf)
+        return PyErr_Format(PyExc_ValueError, "not an unpublished lease");
+    const char *dtype, *order;
+    PyObject *shape;
+    if (!PyArg_ParseTuple(owner->layout, "sOC", &dtype, &shape, &order))
+        return NULL;
+    shmref_meta_array a = { .order = order[0] };
+    snprintf(a.dtype, sizeof(a.dtype), "%s", dtype);
+    a.ndim = (uint32_t)PyTuple_GET_SIZE(shape);
+    for (uint32_t i = 0; i < a.ndim && i < SHMREF_META_MAX_DIMS; i++)
+        a.shape[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape, i));
+    uint64_t len = 0;
+    char meta[SHMREF_META_MAX];
+    const char *why = "";
+    int mlen = shmref_meta_array_encode(&a, meta, sizeof(meta), &why);
+    if (mlen < 0 || shmref_meta_array_nbytes(&a, &len) < 0)
+        return PyErr_Format(PyExc_ValueError, "array metadata: %s", why);
+    ConnObject *conn = owner->conn;
+    if (shmrefpy_forked(conn) < 0)
+        return NULL;
+    Py_INCREF(conn);
+    shmref_desc d;
+    char msg[MSG_MAX] = "";
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    conn_lock_nogil(conn);
+    r = shmref_publish(owner->buf, len ? (size_t)len : 1, keep_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)keep_ms,
+                       meta, (size_t)mlen, &d);
+    if (r < 0)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(conn);
+    if (r < 0)
+        return shmrefpy_raise(r, msg);
+    owner->published = owner->has_desc = true;
+    owner->desc = d;
+    return ref_new(&d);
+}
