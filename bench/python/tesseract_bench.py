@@ -36,7 +36,7 @@ FORMATS = [
     ("shmref zero-copy", {"output_format": "json+base64"}),
 ]
 # Tesseract rows cost milliseconds even when empty: fewer iterations than the round trip
-PLAN = {1_000: (5, 100), 100_000: (3, 40), 10_000_000: (1, 6), 100_000_000: (1, 2)}
+PLAN = {1_000: (5, 100), 100_000: (3, 40), 10_000_000: (2, 6), 100_000_000: (2, 2)}
 ROW_BUDGET_S = 25.0
 
 
