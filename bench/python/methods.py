@@ -24,6 +24,8 @@ import numpy as np
 import orjson
 import pybase64
 
+import wire
+
 PAGE_ELEMS = 4096 // 8  # one float64 per 4 KiB page
 
 
@@ -62,8 +64,6 @@ class Method:
     sock = None
 
     def _call(self, payload):
-        import wire
-
         wire.send(self.sock, payload)
         reply = wire.recv(self.sock)
         if reply is None:
@@ -463,8 +463,6 @@ BY_NAME = {m.name: m for m in ALL}
 
 def serve(name, sock_path, ctx):
     """The server process of a socket method: bind, accept one client, answer until EOF."""
-    import wire
-
     m = BY_NAME[name]()
     m.server_open(ctx)
     ls = wire.listen(sock_path)

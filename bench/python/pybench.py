@@ -159,6 +159,7 @@ class Server:
             self.stop()
             raise RuntimeError(f"{name}: server did not start (exit {self.proc.poll()})")
         self.sock = wire.connect(self.path)
+        self.sock.settimeout(300)  # a server that hangs fails its row instead of the run
 
     def stop(self):
         if getattr(self, "sock", None) is not None:
