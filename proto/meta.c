@@ -176,8 +176,8 @@ int meta_dtype_itemsize(const char *dtype, size_t len)
     }
     if (i != len)
         return -EINVAL;
-    if (kind == 'U' && size % 4)
-        return -EINVAL;
+    if (kind == 'U') /* numpy counts UCS-4 characters there: "<U5" is 20 bytes */
+        size *= 4;
     return (int)size;
 }
 

@@ -26,7 +26,7 @@ struct meta_array {
 };
 
 /* meta_dtype_itemsize: the item size a type string names ("<f8" -> 8, "<M8[ns]" -> 8,
- * "|V16" -> 16), or -EINVAL if it is not one this convention accepts: byte order one of
+ * "|V16" -> 16, "<U5" -> 20: U counts 4-byte characters), or -EINVAL if it is not one this convention accepts: byte order one of
  * "<>|=", kind one of "biufcmMSUV" (never "O": a pointer means nothing in another
  * process), a size of 1 to 2^20 bytes, and a "[unit]" exactly for m and M. */
 int meta_dtype_itemsize(const char *dtype, size_t len);

@@ -32,7 +32,7 @@ from . import _shmref
 from ._shmref import Buffer, Client, Ref, default_socket, meta_decode, meta_encode
 
 __all__ = [
-    "Buffer", "Client", "Ref", "SharedArray", "connect", "shared", "encode", "decode", "metadata",
+    "Buffer", "Client", "Ref", "SharedArray", "connect", "default_client", "shared", "encode", "decode", "metadata",
     "meta_encode", "meta_decode", "default_socket", "INLINE_MAX", "PICKLE_KEEP_MS", "ENCODE_KEEP_MS",
 ]
 __version__ = "0.1.0"
@@ -110,8 +110,10 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _default_client(socket: Optional[str] = None) -> Client:
-    """This process's own client for socket (made on first use, again after a fork)."""
+def default_client(socket: Optional[str] = None) -> Client:
+    """This process's own client for socket (default: the C library's default socket),
+    made on first use and again in a forked child; unpickling, :func:`shared`,
+    :func:`encode` and :func:`decode` use it when given no client. Do not close it."""
     key = (os.getpid(), socket or default_socket())
     with _defaults_lock:
         c = _defaults.get(key)
@@ -120,8 +122,11 @@ def _default_client(socket: Optional[str] = None) -> Client:
         return c
 
 
+_default_client = default_client  # kept for code written against the first commit
+
+
 def _rebuild(text, dtype, shape, strides, offset, socket):
-    return _default_client(socket)._acquire_view(text, dtype, shape, strides, offset)
+    return default_client(socket)._acquire_view(text, dtype, shape, strides, offset)
 
 
 def shared(array: Any, *, client: Optional[Client] = None, keep_ms: Optional[int] = None) -> SharedArray:
@@ -133,7 +138,7 @@ def shared(array: Any, *, client: Optional[Client] = None, keep_ms: Optional[int
     the array. client: default, this process's connection to the default socket."""
     if _shmref._buffer_info(array) is not None:
         return array
-    c = client if client is not None else _default_client()
+    c = client if client is not None else default_client()
     src = np.asarray(array)
     dst = c.empty(src.shape, src.dtype)
     np.copyto(dst, src)
@@ -163,7 +168,7 @@ def _encode_array(a: np.ndarray, client, inline_max: int, keep_ms: int) -> dict:
         out["data"] = {"buffer": base64.b64encode(data.data if data.size else b"").decode("ascii"),
                        "encoding": "base64"}
         return out
-    c = client if client is not None else _default_client()
+    c = client if client is not None else default_client()
     info = _shmref._buffer_info(a)
     if info is not None and info["ref"] is not None and info["offset"] == 0 and a.flags.c_contiguous \
             and info["socket"] == c.socket and a.nbytes == info["size"]:
@@ -220,7 +225,7 @@ def _decode_array(d: dict, client) -> np.ndarray:
     if enc == "json":
         return np.asarray(data["buffer"], dtype=dtype).reshape(shape)
     if enc == "shmref":
-        c = client if client is not None else _default_client()
+        c = client if client is not None else default_client()
         a = c.acquire(data["buffer"])
         if a.dtype != dtype or a.shape != shape:
             if a.nbytes != dtype.itemsize * math.prod(shape):

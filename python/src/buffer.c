@@ -76,6 +76,31 @@ static PyBufferProcs Buffer_as_buffer = {
     .bf_releasebuffer = (releasebufferproc)Buffer_releasebuffer,
 };
 
+/* descr_of: dtype as a descriptor; type strings (what metadata carries) are cached, since
+ * parsing one costs about as much as the rest of building an array. New reference. */
+static PyArray_Descr *descr_of(PyObject *dtype)
+{
+    static PyObject *cache;
+    PyArray_Descr *descr = NULL;
+    if (!PyUnicode_Check(dtype)) {
+        return PyArray_DescrConverter(dtype, &descr) ? descr : NULL;
+    }
+    if (!cache && !(cache = PyDict_New()))
+        return NULL;
+    PyObject *hit = PyDict_GetItemWithError(cache, dtype);
+    if (hit) {
+        Py_INCREF(hit);
+        return (PyArray_Descr *)hit;
+    }
+    if (PyErr_Occurred() || !PyArray_DescrConverter(dtype, &descr))
+        return NULL;
+    if (PyDict_Size(cache) >= 256)
+        PyDict_Clear(cache);
+    if (PyDict_SetItem(cache, dtype, (PyObject *)descr) < 0)
+        PyErr_Clear();
+    return descr;
+}
+
 /* extent: the lowest and one-past-highest byte a strided layout touches. */
 static int check_extent(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides, Py_ssize_t item,
                         size_t offset, size_t size)
@@ -98,8 +123,8 @@ static int check_extent(int ndim, const Py_ssize_t *shape, const Py_ssize_t *str
 PyObject *buffer_array(BufferObject *owner, PyObject *dtype, int ndim, const Py_ssize_t *shape,
                        const Py_ssize_t *strides, char order, size_t offset)
 {
-    PyArray_Descr *descr = NULL;
-    if (!PyArray_DescrConverter(dtype, &descr))
+    PyArray_Descr *descr = descr_of(dtype);
+    if (!descr)
         return NULL;
     if (PyDataType_REFCHK(descr)) {
         Py_DECREF(descr);

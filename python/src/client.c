@@ -161,6 +161,15 @@ static ConnObject *client_conn(ClientObject *self)
     return conn;
 }
 
+static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)args, (void)kw;
+    ClientObject *self = (ClientObject *)type->tp_alloc(type, 0);
+    if (self && !(self->shares = PyDict_New()))
+        Py_CLEAR(self);
+    return (PyObject *)self;
+}
+
 static int Client_init(ClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = { "socket", "timeout_ms", NULL };
@@ -223,8 +232,6 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw)
     all_conns = conn;
     self->conn = conn;
     Py_XSETREF(self->socket, path);
-    if (!self->shares && !(self->shares = PyDict_New()))
-        return -1;
     return 0;
 }
 
@@ -378,8 +385,9 @@ static PyObject *publish_array(ClientObject *self, PyObject *obj, unsigned long 
     if (user != Py_None)
         PyBuffer_Release(&ub);
     if (mlen < 0)
-        return PyErr_Format(mlen == -EMSGSIZE ? PyExc_ValueError : PyExc_TypeError,
-                            "array metadata: %s (at most %d bytes with meta)", why, SHMREF_META_MAX);
+        return mlen == -EMSGSIZE
+                   ? PyErr_Format(PyExc_ValueError, "array metadata: %s (at most %d bytes with meta)", why, SHMREF_META_MAX)
+                   : PyErr_Format(PyExc_TypeError, "array metadata: %s", why);
     ConnObject *conn = client_conn(self);
     if (!conn)
         return NULL;
@@ -604,9 +612,12 @@ static PyObject *Client_release(ClientObject *self, PyObject *obj)
             return NULL;
         Py_RETURN_NONE;
     }
+    if (!PyArray_Check(obj) && !PyMemoryView_Check(obj))
+        return PyErr_Format(PyExc_TypeError, "release takes an array from shmref or a Ref, not %.100s",
+                            Py_TYPE(obj)->tp_name);
     BufferObject *owner = buffer_of(obj);
     if (!owner)
-        return PyErr_Format(PyExc_ValueError, "not an array from shmref (%.100s)", Py_TYPE(obj)->tp_name);
+        return PyErr_Format(PyExc_ValueError, "not an array from shmref");
     if (owner->conn != self->conn)
         return PyErr_Format(PyExc_ValueError, "this array belongs to another client");
     owner->released = true;
@@ -848,7 +859,7 @@ PyTypeObject Client_Type = {
               "(calls are serialised; the GIL is released while one waits). Bound to the process "
               "that made it: in a forked child every call raises ChildProcessError.",
     .tp_init = (initproc)Client_init,
-    .tp_new = PyType_GenericNew,
+    .tp_new = Client_new,
     .tp_dealloc = (destructor)Client_dealloc,
     .tp_repr = (reprfunc)Client_repr,
     .tp_methods = Client_methods,
@@ -868,11 +879,12 @@ PyObject *shmrefpy_publish_buffer(PyObject *m, PyObject *args)
         return ref_new(&owner->desc);
     if (!owner->lease || !owner->layout || !owner->buf)
         return PyErr_Format(PyExc_ValueError, "not an unpublished lease");
-    const char *dtype, *order;
+    const char *dtype;
+    int order;
     PyObject *shape;
-    if (!PyArg_ParseTuple(owner->layout, "sOC", &dtype, &shape, &order))
+    if (!PyArg_ParseTuple(owner->layout, "sO!C", &dtype, &PyTuple_Type, &shape, &order))
         return NULL;
-    shmref_meta_array a = { .order = order[0] };
+    shmref_meta_array a = { .order = (char)order };
     snprintf(a.dtype, sizeof(a.dtype), "%s", dtype);
     a.ndim = (uint32_t)PyTuple_GET_SIZE(shape);
     for (uint32_t i = 0; i < a.ndim && i < SHMREF_META_MAX_DIMS; i++)

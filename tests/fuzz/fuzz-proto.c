@@ -1,6 +1,6 @@
 /* fuzz-proto.c: libFuzzer target for everything in proto/ that reads untrusted bytes:
  * the message decoder (as the daemon and the library call it), the status-body check,
- * and both descriptor forms. Any crash, sanitizer report, or a decoded message that
+ * both descriptor forms, and the array metadata decoder (meta.c). Any crash, sanitizer report, or a decoded message that
  * does not survive re-encoding is a finding. Built and run by tests/fuzz/run.sh. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -9,9 +9,31 @@
 #include <errno.h>
 
 #include "desc.h"
+#include "meta.h"
 #include "proto.h"
 
 static uint8_t out[PROTO_MAX_REPLY];
+
+/* meta_roundtrip: metadata that decodes re-encodes to bytes that decode the same. */
+static void meta_roundtrip(const uint8_t *data, size_t size, const struct meta_array *m)
+{
+    static uint8_t buf[PROTO_MAX_META + 64];
+    struct meta_array again;
+    const char *why;
+    if (m->user && (m->user < data || m->user + m->user_len > data + size))
+        abort(); /* the user value lies inside the input */
+    uint64_t nb;
+    if (meta_array_nbytes(m, &nb) != 0)
+        abort(); /* the decoder checked the size */
+    int n = meta_array_encode(m, buf, sizeof(buf), &why);
+    if (n < 0)
+        abort();
+    if (meta_array_decode(buf, (size_t)n, &again, &why) != 0 || strcmp(again.dtype, m->dtype) != 0 ||
+        again.ndim != m->ndim || memcmp(again.shape, m->shape, m->ndim * sizeof(m->shape[0])) != 0 ||
+        again.order != m->order || again.offset != m->offset || again.user_kind != m->user_kind ||
+        again.user_len != m->user_len || (m->user_len && memcmp(again.user, m->user, m->user_len) != 0))
+        abort();
+}
 
 static void roundtrip(const struct proto_msg *m)
 {
@@ -36,6 +58,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     else if (!why)
         abort(); /* every refusal has a reason */
     proto_check(data, size, PROTO_MAX_DEPTH, &why);
+
+    struct meta_array ma;
+    why = NULL;
+    r = meta_array_decode(data, size, &ma, &why);
+    if (r == 0)
+        meta_roundtrip(data, size, &ma);
+    else if ((r != -ENOMSG && r != -EBADMSG) || !why)
+        abort();
 
     struct desc d;
     if (desc_unpack(data, size, &d) == 0) {

@@ -10,7 +10,7 @@ trap 'rm -rf "$tmp"' EXIT
 cflags=$(pkg-config --cflags msgpack) libs=$(pkg-config --libs msgpack)
 # shellcheck disable=SC2086
 if ! clang -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -I"$src/proto" $cflags "$src/tests/fuzz/fuzz-proto.c" "$src/proto/proto.c" "$src/proto/desc.c" \
+    -I"$src/proto" $cflags "$src/tests/fuzz/fuzz-proto.c" "$src/proto/proto.c" "$src/proto/desc.c" "$src/proto/meta.c" \
     $libs -o "$tmp/fuzz-proto" 2>"$tmp/build.log"; then
     if grep -q "libclang_rt.fuzzer\|cannot find.*fuzzer" "$tmp/build.log"; then
         echo "clang's libFuzzer runtime not installed: fuzzing skipped"; exit 77
@@ -18,6 +18,9 @@ if ! clang -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitiz
     cat "$tmp/build.log"; exit 1
 fi
 mkdir -p "$tmp/corpus"
+# A seed of the array metadata convention, so the fuzzer starts from a valid map.
+printf '\x86\xa6shmref\x01\xa4kind\xa5array\xa5dtype\xa3<f8\xa5shape\x92\x03\x04\xa5order\xa1C\xa4user\xc4\x02ab' \
+    >"$tmp/corpus/meta-array"
 "$tmp/fuzz-proto" -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=1024 -print_final_stats=1 \
     "$tmp/corpus" 2>"$tmp/fuzz.log" || { tail -60 "$tmp/fuzz.log"; echo "1 failed: see the crash above"; exit 1; }
 grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb" "$tmp/fuzz.log"

@@ -1,0 +1,194 @@
+/* SPDX-License-Identifier: MIT */
+/* test-client.c: libshmref's own robustness against a real shmrefd: every blocking call
+ * is bounded by the connection's timeout (stopped daemon, connect, the environment
+ * default), a dead or absent daemon is an error at once, and a connection used in a
+ * forked child refuses with -ECHILD without touching the parent's socket. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* published: a lease of n bytes filled with a pattern, published (kept by the lease). */
+static shmref_buf *published(shmref_conn *c, size_t n, uint32_t seed, shmref_desc *ret)
+{
+    shmref_buf *b;
+    cr_assert_eq(shmref_lease(c, n, &b), 0, "%s", shmref_errmsg(c));
+    fill_pattern(shmref_buf_data(b), n, seed);
+    cr_assert_eq(shmref_publish(b, n, 0, NULL, 0, ret), 0, "%s", shmref_errmsg(c));
+    return b;
+}
+
+/* stopped: SIGSTOP the daemon (resumed by resume()). */
+static void stopped(const struct daemon *d) { cr_assert_eq(kill(d->pid, SIGSTOP), 0); }
+static void resume(const struct daemon *d) { cr_assert_eq(kill(d->pid, SIGCONT), 0); }
+
+Test(client, stopped_daemon_times_out_naming_the_operation)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *c = connect_ok(&d);
+    cr_assert_eq(shmref_set_timeout(c, 300), 0);
+    cr_assert_eq(shmref_get_timeout(c), 300);
+    shmref_desc desc;
+    shmref_buf *b = published(c, 4096, 7, &desc);
+    stopped(&d);
+    shmref_buf *a = NULL;
+    long t0 = now_ms();
+    int r = shmref_acquire(c, &desc, &a);
+    long took = now_ms() - t0;
+    cr_assert_eq(r, -ETIMEDOUT, "%d: %s", r, shmref_errmsg(c));
+    cr_assert_str_eq(shmref_errmsg(c), "acquire: no answer from shmrefd within 300 ms");
+    cr_assert(took >= 290 && took < 3000, "took %ld ms", took);
+    /* Whatever comes later on this connection would be out of step: it is abandoned. */
+    cr_assert_eq(shmref_ping(c), -ENOTCONN);
+    cr_assert(strstr(shmref_errmsg(c), "abandoned after acquire timed out"), "%s", shmref_errmsg(c));
+    cr_assert_eq(check_pattern(shmref_buf_data(b), 4096, 7), -1); /* mapped memory stays */
+    resume(&d);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+Test(client, environment_sets_the_default_timeout)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    setenv("SHMREF_TIMEOUT_MS", "250", 1);
+    shmref_conn *c = connect_ok(&d);
+    unsetenv("SHMREF_TIMEOUT_MS");
+    cr_assert_eq(shmref_get_timeout(c), 250);
+    stopped(&d);
+    long t0 = now_ms();
+    cr_assert_eq(shmref_ping(c), -ETIMEDOUT);
+    cr_assert_lt(now_ms() - t0, 3000);
+    cr_assert(strstr(shmref_errmsg(c), "ping: no answer from shmrefd within 250 ms"), "%s", shmref_errmsg(c));
+    resume(&d);
+    shmref_close(c);
+
+    setenv("SHMREF_TIMEOUT_MS", "not a number", 1); /* ignored: the built-in default */
+    c = connect_ok(&d);
+    unsetenv("SHMREF_TIMEOUT_MS");
+    cr_assert_eq(shmref_get_timeout(c), SHMREF_TIMEOUT_DEFAULT_MS);
+    cr_assert_eq(shmref_set_timeout(c, 0), 0);      /* 0: no limit */
+    cr_assert_eq(shmref_get_timeout(c), 0);
+    cr_assert_eq(shmref_set_timeout(c, -2), -EINVAL);
+    cr_assert_eq(shmref_ping(c), 0);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+Test(client, connect_to_a_stopped_daemon_times_out_with_the_socket_path)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    stopped(&d);
+    char msg[512] = "";
+    shmref_conn *c = NULL;
+    long t0 = now_ms();
+    int r = shmref_connect_timeout(d.socket, 300, msg, sizeof(msg), &c);
+    cr_assert_eq(r, -ETIMEDOUT, "%d: %s", r, msg);
+    cr_assert_null(c);
+    cr_assert_lt(now_ms() - t0, 3000);
+    cr_assert(strstr(msg, d.socket) && strstr(msg, "300 ms"), "%s", msg);
+    resume(&d);
+    daemon_stop(&d);
+}
+
+Test(client, absent_daemon_fails_at_once_with_the_socket_path)
+{
+    char msg[512] = "";
+    shmref_conn *c = NULL;
+    const char *path = "/tmp/shmref-test-no-such-dir/shmrefd.sock";
+    long t0 = now_ms();
+    cr_assert_eq(shmref_connect_timeout(path, 5000, msg, sizeof(msg), &c), -ENOENT);
+    cr_assert_lt(now_ms() - t0, 500);
+    cr_assert_str_eq(msg, "cannot connect to shmrefd at /tmp/shmref-test-no-such-dir/shmrefd.sock: "
+                          "No such file or directory (is shmrefd running?)");
+    cr_assert_eq(shmref_connect(path, &c), -ENOENT); /* the plain call: same rule, code only */
+    cr_assert_eq(shmref_connect_timeout(path, -2, msg, sizeof(msg), &c), -EINVAL);
+}
+
+Test(client, killed_daemon_is_an_error_not_a_hang)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_desc desc;
+    shmref_buf *b = published(c, 1 << 20, 3, &desc);
+    cr_assert_eq(kill(d.pid, SIGKILL), 0);
+    int st;
+    cr_assert_eq(waitpid(d.pid, &st, 0), d.pid);
+    long t0 = now_ms();
+    shmref_buf *a;
+    cr_assert_eq(shmref_acquire(c, &desc, &a), -ECONNRESET);
+    cr_assert_str_eq(shmref_errmsg(c), "shmrefd closed the connection");
+    cr_assert_lt(now_ms() - t0, 1000);
+    cr_assert_eq(check_pattern(shmref_buf_data(b), 1 << 20, 3), -1);
+    shmref_close(c);
+    unlink(d.log);
+    unlink(d.socket);
+    rmdir(d.dir);
+}
+
+/* In the child: the inherited connection refuses everything and sends nothing. */
+struct forked {
+    shmref_conn *c;
+    shmref_buf *lease, *acq;
+    shmref_desc desc;
+    const char *socket;
+};
+
+static int child_uses_parent_connection(void *arg)
+{
+    struct forked *f = arg;
+    char want[160];
+    snprintf(want, sizeof(want), "connection was opened by pid %d; this is pid %d: connect again in the child",
+             shmref_conn_pid(f->c), (int)getpid());
+    if (shmref_ping(f->c) != -ECHILD || strcmp(shmref_errmsg(f->c), want) != 0)
+        return 10;
+    shmref_buf *b;
+    if (shmref_acquire(f->c, &f->desc, &b) != -ECHILD || shmref_lease(f->c, 10, &b) != -ECHILD)
+        return 11;
+    if (check_pattern(shmref_buf_data(f->acq), 65536, 9) != -1) /* inherited mappings are readable */
+        return 12;
+    if (shmref_release(f->acq) != -ECHILD) /* frees the child's copy only */
+        return 13;
+    const void *lease_data = shmref_buf_data(f->lease);
+    shmref_close(f->c); /* the child's copy of the socket; mappings stay for the child */
+    if (check_pattern(lease_data, 65536, 9) != -1)
+        return 14;
+    shmref_conn *mine;
+    if (shmref_connect(f->socket, &mine) != 0 || shmref_acquire(mine, &f->desc, &b) != 0)
+        return 15;
+    int ok = check_pattern(shmref_buf_data(b), 65536, 9) == -1;
+    shmref_close(mine);
+    return ok ? 0 : 16;
+}
+
+Test(client, forked_child_gets_echild_and_the_parent_keeps_its_connection)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    struct forked f = { .socket = d.socket };
+    f.c = connect_ok(&d);
+    f.lease = published(f.c, 65536, 9, &f.desc);
+    cr_assert_eq(shmref_acquire(f.c, &f.desc, &f.acq), 0);
+    cr_assert_eq(shmref_ping(f.c), 0);
+    uint64_t leases = status_u64(&d, "buffers.leases");
+    pid_t pid = child_run(child_uses_parent_connection, &f);
+    cr_assert_eq(child_wait(pid), 0);
+    /* The child's release and close reached nothing: the parent still holds both. */
+    cr_assert_eq(shmref_ping(f.c), 0);
+    cr_assert_eq(status_u64(&d, "buffers.leases"), leases);
+    shmref_buf *again;
+    cr_assert_eq(shmref_acquire(f.c, &f.desc, &again), 0, "%s", shmref_errmsg(f.c));
+    cr_assert_eq(check_pattern(shmref_buf_data(again), 65536, 9), -1);
+    cr_assert_eq(shmref_conn_pid(f.c), (int)getpid());
+    shmref_close(f.c);
+    daemon_stop(&d);
+}
