@@ -32,7 +32,8 @@ fi
 
 if [ -f python/pyproject.toml ]; then
     # The package's sources, and this tree's C library it builds over.
-    want=$(git ls-files -co --exclude-standard python client-lib proto | sort | xargs cat | sha256sum | cut -d' ' -f1)
+    want=$({ git ls-files -co --exclude-standard python client-lib proto 2>/dev/null ||
+        find python client-lib proto -type f -not -path '*/build/*'; } | sort | xargs cat | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$venv/.shmref" 2>/dev/null)" != "$want" ]; then
         echo "bench venv: installing ./python (shmref) into $venv" >&2
         pip_install --no-deps --force-reinstall ./python
