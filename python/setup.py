@@ -16,6 +16,16 @@ from pathlib import Path
 
 import numpy
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class BuildAlways(build_ext):
+    """Rebuilds every time: pip builds in this directory, and a build/ left by an earlier
+    run (another SHMREF_LIBRARY, a changed header) must not be taken as up to date."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.force = True
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -63,7 +73,7 @@ elif mode == "system":
 else:
     raise SystemExit(f"shmref: SHMREF_LIBRARY must be 'bundled' or 'system', not {mode!r}")
 
-setup(ext_modules=[Extension(
+setup(cmdclass={"build_ext": BuildAlways}, ext_modules=[Extension(
     "shmref._shmref",
     sources=sources,
     include_dirs=include_dirs,

@@ -2,7 +2,9 @@
 # this project builds and tests with, if any are missing (apt-get needs root).
 SHMREF_BUILD_PACKAGES="build-essential cmake pkg-config libuv1-dev libmsgpack-dev libcriterion-dev
     libsystemd-dev libcap-dev libinih-dev"
-SHMREF_TEST_PACKAGES="python3 python3-prometheus-client systemd clang libclang-rt-14-dev"
+# python3-venv and python3-dev: the Python package's suite builds its extension in a venv (with
+# the python3 on PATH: pyenv's where there is one, else Debian's, which needs these two).
+SHMREF_TEST_PACKAGES="python3 python3-prometheus-client systemd clang libclang-rt-14-dev python3-venv python3-dev"
 
 ensure_packages() {
     local missing=() p

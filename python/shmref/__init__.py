@@ -21,6 +21,7 @@ JSON, with the ``"shmref"`` encoding for large arrays and ``"base64"`` for small
 from __future__ import annotations
 
 import base64
+import errno
 import math
 import os
 import threading
@@ -82,6 +83,9 @@ class SharedArray(np.ndarray):
             return obj[()]
         return obj
 
+    def __reduce_ex__(self, protocol):
+        return self.__reduce__()  # every protocol, 5 included: by reference, not out-of-band
+
     def __reduce__(self):
         info = _shmref._buffer_info(self)
         dt = self.dtype
@@ -122,11 +126,41 @@ def default_client(socket: Optional[str] = None) -> Client:
         return c
 
 
+def _unusable(e: OSError) -> bool:
+    return isinstance(e, (ConnectionError, TimeoutError)) or e.errno in (errno.ENOTCONN, errno.ECONNRESET)
+
+
+def _have_default(socket) -> bool:
+    return (os.getpid(), socket or default_socket()) in _defaults
+
+
+def _on_default(socket, fn):
+    """fn() using the default client, once more on a new connection if the cached one
+    turns out dead (the daemon restarted, a timeout abandoned it)."""
+    cached = _have_default(socket)
+    try:
+        return fn()
+    except OSError as e:
+        if not _unusable(e):
+            raise
+        _drop_default(socket)
+        if not cached:
+            raise
+    return fn()
+
+
+def _drop_default(socket) -> None:
+    with _defaults_lock:
+        c = _defaults.pop((os.getpid(), socket or default_socket()), None)
+    if c is not None:
+        c.close()
+
+
 _default_client = default_client  # kept for code written against the first commit
 
 
 def _rebuild(text, dtype, shape, strides, offset, socket):
-    return default_client(socket)._acquire_view(text, dtype, shape, strides, offset)
+    return _on_default(socket, lambda: default_client(socket)._acquire_view(text, dtype, shape, strides, offset))
 
 
 def shared(array: Any, *, client: Optional[Client] = None, keep_ms: Optional[int] = None) -> SharedArray:
@@ -138,12 +172,16 @@ def shared(array: Any, *, client: Optional[Client] = None, keep_ms: Optional[int
     the array. client: default, this process's connection to the default socket."""
     if _shmref._buffer_info(array) is not None:
         return array
-    c = client if client is not None else default_client()
     src = np.asarray(array)
-    dst = c.empty(src.shape, src.dtype)
-    np.copyto(dst, src)
-    c.publish(dst, keep_ms=PICKLE_KEEP_MS if keep_ms is None else keep_ms)
-    return dst
+
+    def copy():
+        c = client if client is not None else default_client()
+        dst = c.empty(src.shape, src.dtype)
+        np.copyto(dst, src)
+        c.publish(dst, keep_ms=PICKLE_KEEP_MS if keep_ms is None else keep_ms)
+        return dst
+
+    return copy() if client is not None else _on_default(None, copy)
 
 
 def metadata(array: Any) -> Optional[bytes]:
@@ -164,9 +202,7 @@ def _encode_array(a: np.ndarray, client, inline_max: int, keep_ms: int) -> dict:
         a = a.astype(a.dtype.newbyteorder("<"))
     out = {"object_type": "array", "shape": list(a.shape), "dtype": _json_dtype(a.dtype)}
     if a.nbytes <= inline_max:
-        data = np.ascontiguousarray(a)
-        out["data"] = {"buffer": base64.b64encode(data.data if data.size else b"").decode("ascii"),
-                       "encoding": "base64"}
+        out["data"] = {"buffer": base64.b64encode(a.tobytes()).decode("ascii"), "encoding": "base64"}
         return out
     c = client if client is not None else default_client()
     info = _shmref._buffer_info(a)
@@ -211,7 +247,7 @@ def encode(obj: Any, client: Optional[Client] = None, *, inline_max: Optional[in
             return x.item()
         return x
 
-    return walk(obj)
+    return walk(obj) if client is not None else _on_default(None, lambda: walk(obj))
 
 
 def _decode_array(d: dict, client) -> np.ndarray:
@@ -219,8 +255,8 @@ def _decode_array(d: dict, client) -> np.ndarray:
     if not isinstance(data, dict):
         raise ValueError("array JSON without a 'data' object")
     dtype, shape, enc = np.dtype(d["dtype"]), tuple(d["shape"]), data.get("encoding")
-    if enc == "base64":
-        raw = bytearray(base64.b64decode(data["buffer"]))
+    if enc == "base64":  # read-only over the decoded bytes, like the arrays of "shmref"
+        raw = base64.b64decode(data["buffer"])
         return np.frombuffer(raw, dtype=dtype.newbyteorder("<") if dtype.byteorder != "|" else dtype).reshape(shape)
     if enc == "json":
         return np.asarray(data["buffer"], dtype=dtype).reshape(shape)
@@ -238,8 +274,9 @@ def _decode_array(d: dict, client) -> np.ndarray:
 def decode(obj: Any, client: Optional[Client] = None) -> Any:
     """The inverse of :func:`encode`: walks dicts, lists and tuples and turns every array
     JSON object (encodings ``shmref``, ``base64`` and ``json``) into a numpy array:
-    read-only and zero-copy for ``shmref`` (acquired through client, default this
-    process's connection), a fresh writable array for the inline encodings."""
+    zero-copy for ``shmref`` (acquired through client, default this process's
+    connection), over the decoded bytes for ``base64``; read-only for both (``json``
+    gives a fresh writable array)."""
 
     def walk(x):
         if isinstance(x, dict):
@@ -252,4 +289,4 @@ def decode(obj: Any, client: Optional[Client] = None) -> Any:
             return tuple(walk(v) for v in x)
         return x
 
-    return walk(obj)
+    return walk(obj) if client is not None else _on_default(None, lambda: walk(obj))

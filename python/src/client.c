@@ -335,7 +335,8 @@ static PyObject *Client_empty(ClientObject *self, PyObject *args, PyObject *kw)
 }
 
 /* publish_array: publish the lease behind arr, which must be contiguous. */
-static PyObject *publish_array(ClientObject *self, PyObject *obj, unsigned long keep_ms, PyObject *user)
+static PyObject *publish_array(ClientObject *self, PyObject *obj, unsigned long keep_ms, PyObject *user,
+                               PyObject *raw)
 {
     if (!PyArray_Check(obj))
         return PyErr_Format(PyExc_TypeError, "publish takes a numpy array from Client.empty(), not %.100s",
@@ -384,6 +385,13 @@ static PyObject *publish_array(ClientObject *self, PyObject *obj, unsigned long 
     int mlen = shmref_meta_array_encode(&m, meta, sizeof(meta), &why);
     if (user != Py_None)
         PyBuffer_Release(&ub);
+    if (raw) { /* _publish_raw: the caller's bytes, whatever they say */
+        if (PyBytes_GET_SIZE(raw) > SHMREF_META_MAX)
+            return PyErr_Format(PyExc_ValueError, "metadata of %zd bytes: at most %d", PyBytes_GET_SIZE(raw),
+                                SHMREF_META_MAX);
+        mlen = (int)PyBytes_GET_SIZE(raw);
+        memcpy(meta, PyBytes_AS_STRING(raw), (size_t)mlen);
+    }
     if (mlen < 0)
         return mlen == -EMSGSIZE
                    ? PyErr_Format(PyExc_ValueError, "array metadata: %s (at most %d bytes with meta)", why, SHMREF_META_MAX)
@@ -423,7 +431,18 @@ static PyObject *Client_publish(ClientObject *self, PyObject *args, PyObject *kw
     unsigned long keep_ms = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$kO:publish", names, &arr, &keep_ms, &meta))
         return NULL;
-    return publish_array(self, arr, keep_ms, meta);
+    return publish_array(self, arr, keep_ms, meta, NULL);
+}
+
+/* _publish_raw(array, meta, keep_ms=0): publish with metadata bytes given as they are
+ * (another convention, or, in tests, a hostile producer). */
+static PyObject *Client_publish_raw(ClientObject *self, PyObject *args)
+{
+    PyObject *arr, *raw;
+    unsigned long keep_ms = 0;
+    if (!PyArg_ParseTuple(args, "OO!|k:_publish_raw", &arr, &PyBytes_Type, &raw, &keep_ms))
+        return NULL;
+    return publish_array(self, arr, keep_ms, Py_None, raw);
 }
 
 static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
@@ -459,7 +478,7 @@ static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
     Py_DECREF(conn);
     if (!dst || PyArray_CopyInto((PyArrayObject *)dst, (PyArrayObject *)src) < 0)
         goto done;
-    res = publish_array(self, dst, keep_ms, meta);
+    res = publish_array(self, dst, keep_ms, meta, NULL);
     if (res && PyDict_SetItem(self->shares, res, dst) < 0)
         Py_CLEAR(res);
 done:
@@ -801,36 +820,40 @@ static PyObject *Client_get_shares(ClientObject *self, void *c)
 
 static PyMethodDef Client_methods[] = {
     { "empty", (PyCFunction)(void (*)(void))Client_empty, METH_VARARGS | METH_KEYWORDS,
-      "empty(shape, dtype=float, order='C') -> numpy.ndarray\n\n"
-      "A writable array backed by a new lease (contents unspecified). Fill it, then publish() it." },
+      "empty($self, /, shape, dtype=None, order='C')\n--\n\n"
+      "A writable numpy array (a shmref.SharedArray) backed by a new lease (contents unspecified). "
+      "dtype None means float64. Fill it, then publish() it." },
     { "publish", (PyCFunction)(void (*)(void))Client_publish, METH_VARARGS | METH_KEYWORDS,
-      "publish(array, *, keep_ms=0, meta=None) -> Ref\n\n"
-      "Publishes an array from empty() (the whole array or a contiguous view of it): dtype, "
+      "publish($self, /, array, *, keep_ms=0, meta=None)\n--\n\n"
+      "Publishes an array from empty() (the whole array or a contiguous view of it) and returns "
+      "its Ref: dtype, "
       "shape, order and offset travel in the metadata (proto/METADATA.md), meta (bytes) as "
       "its user value. The array becomes read-only. keep_ms: the daemon keeps the buffer that "
       "long with no holder, until the first acquire (so the producer may drop it first). The "
       "producer's lease stays while the array (or any view) lives." },
+    { "_publish_raw", (PyCFunction)Client_publish_raw, METH_VARARGS,
+      "_publish_raw(array, meta, keep_ms=0) -> Ref: publish with these metadata bytes, as they are." },
     { "share", (PyCFunction)(void (*)(void))Client_share, METH_VARARGS | METH_KEYWORDS,
-      "share(obj, *, keep_ms=0, meta=None) -> Ref\n\n"
+      "share($self, /, obj, *, keep_ms=0, meta=None)\n--\n\n"
       "Copies any array-like (numpy array, torch CPU tensor, bytes, any buffer) once into a "
-      "lease and publishes it. The client holds the copy until release(ref) or close()." },
+      "lease, publishes it and returns its Ref. The client holds the copy until release(ref) or close()." },
     { "acquire", (PyCFunction)Client_acquire, METH_O,
-      "acquire(ref) -> numpy.ndarray\n\n"
-      "A read-only, zero-copy array of a published buffer (a Ref or its text), with the "
+      "acquire($self, ref, /)\n--\n\n"
+      "A read-only, zero-copy numpy array (a shmref.SharedArray) of a published buffer (a Ref or its text), with the "
       "producer's dtype and shape; uint8 bytes when the metadata is not shmref's. The mapping "
       "stays while the array or any view of it lives; the array cannot be made writable." },
     { "_acquire_view", (PyCFunction)Client_acquire_view, METH_VARARGS,
       "_acquire_view(ref, dtype, shape, strides, offset) -> numpy.ndarray (private)" },
     { "release", (PyCFunction)Client_release, METH_O,
-      "release(array_or_ref) -> None\n\n"
+      "release($self, array_or_ref, /)\n--\n\n"
       "Gives up an array (from empty() or acquire()) or a Ref from share(). The daemon's "
       "reference is dropped once no view of the buffer remains (at once if none does); views "
       "that still exist stay valid and mapped." },
-    { "ping", (PyCFunction)Client_ping, METH_NOARGS, "ping() -> None\n\nOne round trip to the daemon." },
+    { "ping", (PyCFunction)Client_ping, METH_NOARGS, "ping($self, /)\n--\n\nOne round trip to the daemon." },
     { "status", (PyCFunction)Client_status, METH_NOARGS,
-      "status() -> dict\n\nThe daemon's status snapshot (the keys of `shmrefctl status --json`)." },
+      "status($self, /)\n--\n\nThe daemon's status snapshot (the keys of `shmrefctl status --json`)." },
     { "close", (PyCFunction)Client_close, METH_NOARGS,
-      "close() -> None\n\n"
+      "close($self, /)\n--\n\n"
       "Closes the client and drops what share() held. Arrays still alive keep the connection "
       "(and their buffers) until they are gone; then it closes. Idempotent." },
     { "__enter__", (PyCFunction)Client_enter, METH_NOARGS, "Returns the client." },

@@ -309,16 +309,16 @@ static PyMethodDef mod_methods[] = {
     { "_set_array_type", mod_set_array_type, METH_O, "The ndarray subclass arrays are made of." },
     { "_buffer_info", mod_buffer_info, METH_O, "What backs an array: a dict, or None if not shmref." },
     { "meta_encode", mod_meta_encode, METH_VARARGS,
-      "meta_encode(dtype, shape, order, offset=0, user=None) -> bytes\n\n"
+      "meta_encode(dtype, shape, order, offset=0, user=None, /)\n--\n\n"
       "The array metadata of proto/METADATA.md (kind 'array') as msgpack bytes; user (bytes) "
       "travels as a msgpack bin." },
     { "meta_decode", mod_meta_decode, METH_O,
-      "meta_decode(data) -> dict | None\n\n"
+      "meta_decode(data, /)\n--\n\n"
       "Metadata bytes as kind 'array': a dict with dtype, shape, order, offset, user (bytes: "
       "a bin's payload, or the raw msgpack of another type) and user_kind; None when the bytes "
       "are opaque (not this convention, or another kind); ValueError when malformed." },
     { "default_socket", mod_default_socket, METH_NOARGS,
-      "default_socket() -> str\n\nThe C library's default: $SHMREFD_SOCKET, else "
+      "default_socket()\n--\n\nThe C library's default: $SHMREFD_SOCKET, else "
       "$XDG_RUNTIME_DIR/shmrefd.sock, else /run/shmrefd/shmrefd.sock." },
     { NULL }
 };

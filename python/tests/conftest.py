@@ -15,9 +15,9 @@ import shmref
 class Daemon:
     """One shmrefd on a socket in a fresh temporary directory."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, socket=None):
         self.dir = tempfile.mkdtemp(prefix="shmref-py-")
-        self.socket = os.path.join(self.dir, "shmrefd.sock")
+        self.socket = socket or os.path.join(self.dir, "shmrefd.sock")
         self.log_path = os.path.join(self.dir, "shmrefd.log")
         binary = os.environ.get("SHMREFD_BIN")
         if not binary:

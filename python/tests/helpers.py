@@ -38,3 +38,20 @@ def torch_sum(a):
         warnings.simplefilter("ignore", UserWarning)
         t = torch.from_numpy(a)
     return (t.data_ptr() == a.ctypes.data and shmref._shmref._buffer_info(a) is not None, float(t.sum()))
+
+
+def mp(x):
+    """A minimal msgpack encoder (str, int, list, dict) for hand-made metadata."""
+    if isinstance(x, dict):
+        return bytes([0x80 | len(x)]) + b"".join(mp(k) + mp(v) for k, v in x.items())
+    if isinstance(x, list):
+        return (bytes([0x90 | len(x)]) if len(x) < 16 else b"\xdc" + len(x).to_bytes(2, "big")) + b"".join(map(mp, x))
+    if isinstance(x, str):
+        return bytes([0xa0 | len(x)]) + x.encode()
+    if isinstance(x, int):
+        if 0 <= x < 128:
+            return bytes([x])
+        if x >= 0:
+            return b"\xcf" + x.to_bytes(8, "big")
+        return b"\xd3" + x.to_bytes(8, "big", signed=True)
+    raise TypeError(x)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import shmref
+from helpers import mp
 
 DTYPES = ["float64", "float32", "float16", "int8", "uint16", "int32", "int64", "uint64", "complex64",
           "complex128", "bool", "datetime64[ns]", "timedelta64[s]", ">f8", ">i4", "U5", "S3", "V4"]
@@ -172,19 +173,6 @@ def test_opaque_metadata_from_c_is_bytes(client, tmp_path):
                           str(f)], check=True, capture_output=True, text=True).stdout.strip()
     b = client.acquire(out)
     assert b.dtype == np.uint8 and bytes(b) == f.read_bytes()
-
-
-def mp(x):
-    """A minimal msgpack encoder (str, int, list, dict) for hand-made metadata."""
-    if isinstance(x, dict):
-        return bytes([0x80 | len(x)]) + b"".join(mp(k) + mp(v) for k, v in x.items())
-    if isinstance(x, list):
-        return (bytes([0x90 | len(x)]) if len(x) < 16 else b"\xdc" + len(x).to_bytes(2, "big")) + b"".join(map(mp, x))
-    if isinstance(x, str):
-        return bytes([0xa0 | len(x)]) + x.encode()
-    if isinstance(x, int):
-        return bytes([x]) if 0 <= x < 128 else b"\xd0" + x.to_bytes(1, "big", signed=True)
-    raise TypeError(x)
 
 
 def test_meta_convention(client):

@@ -33,7 +33,7 @@ def test_layout_small_and_large(client):
     back = shmref.decode(json.loads(json.dumps(j)), client)
     np.testing.assert_array_equal(back["small"], small)
     np.testing.assert_array_equal(back["large"], large)
-    assert not back["large"].flags.writeable and back["small"].flags.writeable
+    assert not back["large"].flags.writeable and not back["small"].flags.writeable
 
 
 def test_threshold(client):

@@ -57,6 +57,8 @@ def test_pickle_is_a_reference(client):
     p = pickle.dumps(a)
     assert len(p) < 400, len(p)          # a descriptor, not 800 kB
     assert not a.flags.writeable         # pickling published it
+    for proto in range(2, pickle.HIGHEST_PROTOCOL + 1):
+        assert len(pickle.dumps(a[:10], protocol=proto)) < 400
     b = pickle.loads(p)
     assert shmref._shmref._buffer_info(b) is not None
     np.testing.assert_array_equal(b, a)

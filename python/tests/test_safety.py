@@ -163,6 +163,7 @@ def test_threads_share_a_client(client):
 
 def test_gil_is_released_while_a_call_waits(own_daemon):
     c = shmref.connect(own_daemon.socket, timeout=1.5)
+    spare = [c.empty(10) for _ in range(5)]
     os.kill(own_daemon.proc.pid, signal.SIGSTOP)
     try:
         ticks = []
@@ -176,6 +177,10 @@ def test_gil_is_released_while_a_call_waits(own_daemon):
 
         t = threading.Thread(target=call)
         t.start()
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        del spare                               # released while the connection is busy: queued
+        assert time.monotonic() - t0 < 0.2
         t0 = time.monotonic()
         while t.is_alive() and time.monotonic() - t0 < 10:
             ticks.append(1)                     # pure Python: runs only if the GIL is free
@@ -334,3 +339,50 @@ def test_random_sequences_never_crash(daemon):
         assert a.size == 0 or int(a.flat[0]) == v
     for c in clients:
         c.close()
+
+
+def test_hostile_metadata_never_maps_outside_the_buffer(client):
+    """A producer lies in its metadata (published as raw bytes, as any C producer can);
+    the consumer refuses with ValueError instead of building a view past the mapping."""
+    from helpers import mp
+
+    held = []
+
+    def publish(meta):
+        held.append(client.empty(4096, "u1"))           # a buffer of exactly 4096 bytes
+        return client._publish_raw(held[-1], meta)
+
+    base = {"shmref": 1, "kind": "array", "dtype": "<f8", "order": "C"}
+    lies = [{**base, "shape": [513]},                          # 4104 bytes of 4096
+            {**base, "shape": [8], "offset": 4090},             # offset + size past the end
+            {**base, "shape": [2 ** 40, 2 ** 40]},              # overflows on the way
+            {**base, "dtype": "|O8", "shape": [1]},             # pointers
+            {**base, "shape": [1], "shmref": 9}]                # a later version
+    for meta in lies:
+        with pytest.raises(ValueError, match="array metadata"):
+            client.acquire(publish(mp(meta)))
+    with pytest.raises(ValueError, match="too large"):         # 0 bytes, but no ndarray can say so
+        client.acquire(publish(mp({**base, "shape": [0, 2 ** 62]})))
+    assert client.acquire(publish(mp({**base, "shape": [0, 7]}))).shape == (0, 7)
+    ok = client.acquire(publish(mp({**base, "shape": [511], "offset": 8})))
+    assert ok.shape == (511,) and ok.base.nbytes == 4096
+    opaque = client.acquire(publish(b"\xc1 not msgpack"))
+    assert opaque.dtype == np.uint8 and opaque.shape == (4096,)
+    assert shmref.metadata(opaque) == b"\xc1 not msgpack"
+
+
+def test_default_client_reconnects_after_a_daemon_restart(own_daemon, monkeypatch):
+    from conftest import Daemon
+    monkeypatch.setenv("SHMREFD_SOCKET", own_daemon.socket)
+    first = shmref.shared(np.arange(10.0))
+    own_daemon.proc.kill()
+    own_daemon.proc.wait()
+    again = Daemon(socket=own_daemon.socket)       # a new shmrefd on the same socket
+    try:
+        second = shmref.shared(np.arange(5.0))     # the dead cached connection is replaced
+        np.testing.assert_array_equal(second, np.arange(5.0))
+        assert float(first.sum()) == 45.0          # the old mapping is still readable
+        j = shmref.encode(np.ones(100_000))
+        assert float(shmref.decode(j).sum()) == 100_000.0
+    finally:
+        again.stop()
