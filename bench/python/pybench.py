@@ -568,6 +568,11 @@ def main():
                 versions[mod] = getattr(__import__(mod), "__version__", "?")
             except Exception:
                 versions[mod] = None
+        try:
+            versions["tree"] = subprocess.run(["git", "-C", HERE, "describe", "--always", "--dirty"], capture_output=True,
+                                              text=True, timeout=10).stdout.strip() or None
+        except Exception:
+            versions["tree"] = None
         doc = {"meta": meta, "versions": versions, "sizes": args.sizes, "records": allrows, "targets": tgt,
                "paired_1e3": pair, "acquire_release": acqrel}
         if args.json:
