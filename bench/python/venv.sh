@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# bench/python/venv.sh VENV: make (or bring up to date) the Python benchmark's venv from
+# the `python3` on PATH: the pinned packages of bench/python/requirements.txt, then the
+# local ./python package (shmref) when this tree has one. Reinstalls only what changed
+# (a stamp per part). Prints what it installs, and pip's errors; non-zero if pip fails.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+venv=${1:?usage: bench/python/venv.sh VENV}
+req=bench/python/requirements.txt
+
+if [ ! -x "$venv/bin/python" ]; then
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+fi
+log="$venv/pip.log"
+pip_install() {
+    # pip's output goes to a log, shown only when it fails (this machine's pip
+    # configuration warns once per package about local index directories it lacks).
+    "$venv/bin/python" -m pip --disable-pip-version-check install "$@" >"$log" 2>&1 ||
+        { grep -v "^WARNING: Location 'file:" "$log" >&2; return 1; }
+}
+
+want=$(sha256sum "$req" | cut -d' ' -f1)
+if [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$want" ]; then
+    echo "bench venv: installing $req into $venv" >&2
+    # --no-deps: the file pins every package, so pip resolves nothing on its own (and
+    # cannot pick another torch build than the pinned CPU wheel).
+    pip_install --no-deps -r "$req"
+    echo "$want" >"$venv/.requirements"
+fi
+
+if [ -f python/pyproject.toml ]; then
+    # The package's sources, and this tree's C library it builds over.
+    want=$({ git ls-files -co --exclude-standard python client-lib proto 2>/dev/null ||
+        find python client-lib proto -type f -not -path '*/build/*'; } | sort | xargs cat | sha256sum | cut -d' ' -f1)
+    if [ "$(cat "$venv/.shmref" 2>/dev/null)" != "$want" ]; then
+        echo "bench venv: installing ./python (shmref) into $venv" >&2
+        pip_install --no-deps --force-reinstall ./python
+        echo "$want" >"$venv/.shmref"
+    fi
+else
+    rm -f "$venv/.shmref"
+fi
