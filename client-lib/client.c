@@ -134,6 +134,19 @@ void client_forget(shmref_conn *conn, uint64_t buf_id, bool writable)
     client_send(conn, &req); /* a failure shows at the next call */
 }
 
+/* send_release: a one-way release of a handle (see lease.c). */
+static void send_release(shmref_conn *conn, uint64_t handle)
+{
+    struct proto_msg req = { .op = PROTO_OP_RELEASE }, rep;
+    req.u.release.handle = handle;
+    if (!(conn->features & PROTO_FEAT_NOREPLY_RELEASE)) {
+        client_call(conn, &req, &rep, NULL);
+        return;
+    }
+    req.u.release.flags = PROTO_RELEASE_NOREPLY;
+    client_send(conn, &req);
+}
+
 static void on_unmap(void *ctx, uint64_t buf_id, bool writable)
 {
     client_forget(ctx, buf_id, writable);
@@ -263,21 +276,70 @@ int shmref_connect(const char *path, shmref_conn **ret_conn)
     return 0;
 }
 
-void shmref_close(shmref_conn *conn)
+/* teardown: the last of a connection: every mapping, the socket, the memory. */
+static void teardown(shmref_conn *conn)
 {
-    if (!conn)
-        return;
-    while (conn->bufs) {
-        shmref_buf *b = conn->bufs;
-        conn->bufs = b->next;
-        free(b->meta);
-        free(b);
-    }
     conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     mapcache_clear(&conn->cache);
     close(conn->fd);
     free(conn->cache.v);
     free(conn);
+}
+
+void shmref_close(shmref_conn *conn)
+{
+    if (!conn)
+        return;
+    bool pinned = atomic_load(&conn->pins) > 0;
+    while (conn->bufs) {
+        shmref_buf *b = conn->bufs;
+        conn->bufs = b->next;
+        if (b->pinned) { /* its unit's exports release it later */
+            b->prev = b->next = NULL;
+            continue;
+        }
+        if (pinned) /* the socket stays open: say so for each handle */
+            send_release(conn, b->handle);
+        free(b->meta);
+        free(b);
+    }
+    if (!pinned) {
+        teardown(conn);
+        return;
+    }
+    atomic_store(&conn->closed, true);
+}
+
+void client_pin(shmref_buf *buf)
+{
+    buf->pinned = true;
+    atomic_fetch_add(&buf->conn->pins, 1);
+}
+
+void client_unpin(shmref_buf *buf)
+{
+    shmref_conn *conn = buf->conn;
+    if (!atomic_load(&conn->closed)) {
+        buf->pinned = false;
+        atomic_fetch_sub(&conn->pins, 1);
+        shmref_release(buf);
+        return;
+    }
+    /* Closed by its owner: only pinned buffers' holders use it now, maybe from several
+     * threads, so no shared state but the atomic count (send is atomic per message). */
+    if (conn->features & PROTO_FEAT_NOREPLY_RELEASE) {
+        struct proto_msg req = { .op = PROTO_OP_RELEASE, .id = 1 };
+        uint8_t msg[64];
+        req.u.release.handle = buf->handle;
+        req.u.release.flags = PROTO_RELEASE_NOREPLY;
+        int len = proto_encode(&req, msg, sizeof(msg));
+        if (len > 0)
+            send(conn->fd, msg, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT); /* else: at close */
+    }
+    free(buf->meta);
+    free(buf);
+    if (atomic_fetch_sub(&conn->pins, 1) == 1)
+        teardown(conn);
 }
 
 const char *shmref_errmsg(const shmref_conn *conn)
