@@ -715,6 +715,14 @@ static int import(shmref_conn *conn, const struct ArrowSchema *s, const struct A
     if ((r = shmref_unit_begin(conn, size ? size : 1, &u)) < 0)
         return r;
     e = (struct emit){ .u = u, .m = u->m };
+    if (n == 0 && batches) { /* an empty stream: its schema, no batch */
+        for (int64_t i = 0; i < s->n_children && r == 0; i++) {
+            struct manifest_field *f;
+            r = emit_field(&e, s->children[i], 1, &f);
+            if (r == 0 && (r = unit_add_field(u, f)) < 0)
+                e.code = 0;
+        }
+    }
     for (size_t i = 0; i < n && r == 0; i++) {
         if (i > 0)
             r = shmref_unit_next_batch(u);

@@ -93,6 +93,22 @@ static bool fields_equal(const struct manifest_field *a, const struct manifest_f
     return !a->dictionary || fields_equal(a->dictionary, b->dictionary);
 }
 
+int unit_add_field(shmref_unit *u, struct manifest_field *f)
+{
+    if (u->n_batches > 0)
+        return client_fail(u->conn, -EINVAL, "unit_add_field: only before the first batch");
+    if (u->n_fields == u->cap_fields) {
+        uint32_t cap = u->cap_fields ? u->cap_fields * 2 : 16;
+        struct manifest_field **v = realloc(u->fields, cap * sizeof(*v));
+        if (!v)
+            return client_fail(u->conn, -ENOMEM, "out of memory");
+        u->fields = v;
+        u->cap_fields = cap;
+    }
+    u->fields[u->n_fields++] = f;
+    return 0;
+}
+
 int unit_add_column(shmref_unit *u, struct manifest_field *f, struct manifest_array *a)
 {
     struct unit_batch *b = current_batch(u);
@@ -189,8 +205,6 @@ int shmref_unit_add_buffers(shmref_unit *u, const char *name, const char *format
 static int build(shmref_unit *u)
 {
     struct manifest *m = u->m;
-    if (u->n_batches == 0 && shmref_unit_next_batch(u) < 0)
-        return -ENOMEM;
     m->n_columns = u->n_fields;
     if (u->n_fields && !(m->columns = manifest_alloc(m, u->n_fields * sizeof(*m->columns))))
         return client_fail(u->conn, -ENOMEM, "out of memory");

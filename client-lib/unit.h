@@ -49,6 +49,9 @@ void unit_holder_unref(struct unit_holder *h);
  * it against batch 0's field when this is a later batch). */
 int unit_add_column(shmref_unit *u, struct manifest_field *f, struct manifest_array *a);
 
+/* unit_add_field: a column with no batch at all (the schema of an empty stream). */
+int unit_add_field(shmref_unit *u, struct manifest_field *f);
+
 /* unit_manifest_of: the manifest of a producer or a consumer unit (NULL for a producer
  * before publish). */
 const struct manifest *unit_manifest_of(const shmref_unit *u);

@@ -701,3 +701,36 @@ Test(arrow, hostile_manifests_are_refused_naming_array_and_field)
     shmref_close(h.p);
     shmref_close(h.c);
 }
+
+Test(arrow, an_empty_stream_keeps_its_schema)
+{
+    shmref_conn *c = connect_ok(&d), *c2 = connect_ok(&d);
+    struct ArrowArrayStream st, out;
+    shmref_unit *u;
+    shmref_desc desc;
+    t_stream(0, &st);
+    cr_assert_eq(shmref_unit_import_stream(c, &st, &u), 0, "%s", shmref_errmsg(c));
+    st.release(&st);
+    cr_assert_eq(shmref_unit_publish(u, 0, &desc), 0, "%s", shmref_errmsg(c));
+    shmref_unit *v = acquire_ok(c2, &desc);
+    struct ArrowSchema s, want;
+    struct ArrowArray a;
+    int n = t_batch(ROWS, 0, 0, 0, &want, &a);
+    a.release(&a);
+    cr_assert_eq(shmref_unit_n_batches(v), 0);
+    cr_assert_eq(shmref_unit_n_columns(v), n);
+    cr_assert_eq(shmref_unit_export_stream(v, &out), 0);
+    cr_assert_eq(out.get_schema(&out, &s), 0);
+    cr_assert_eq(s.n_children, n);
+    for (int i = 0; i < n; i++)
+        cr_assert_str_eq(s.children[i]->format, want.children[i]->format);
+    cr_assert_eq(out.get_next(&out, &a), 0);
+    cr_assert_null(a.release);
+    s.release(&s);
+    want.release(&want);
+    out.release(&out);
+    shmref_unit_release(v);
+    shmref_unit_release(u);
+    shmref_close(c2);
+    shmref_close(c);
+}
