@@ -640,9 +640,25 @@ static bool is_batch(const struct ArrowSchema *s)
     return s && s->format && !strcmp(s->format, "+s");
 }
 
+/* batch_metadata: the record batch schema's own metadata becomes the unit's (the first
+ * batch's wins). */
+static int batch_metadata(struct emit *e, const struct ArrowSchema *s)
+{
+    if (!s->metadata || e->m->metadata)
+        return 0;
+    size_t n = metadata_len(s->metadata);
+    if (!(e->m->metadata = (const uint8_t *)manifest_strndup(e->m, s->metadata, n)))
+        return efail(e, -ENOMEM, "out of memory");
+    e->m->metadata_len = (uint32_t)n;
+    e->mbound += n + 8;
+    return 0;
+}
+
 /* emit_batch: a record batch's children as columns. */
 static int emit_batch(struct emit *e, const struct ArrowSchema *s, const struct ArrowArray *a)
 {
+    if (batch_metadata(e, s) < 0)
+        return e->code;
     if (!a || !a->release || a->n_children != s->n_children || (a->n_children && !a->children) || a->length < 0)
         return efail(e, -EINVAL, "record batch: the array does not match its struct schema");
     if (a->n_buffers >= 1 && a->buffers && a->buffers[0] && a->null_count != 0 &&
@@ -716,6 +732,7 @@ static int import(shmref_conn *conn, const struct ArrowSchema *s, const struct A
         return r;
     e = (struct emit){ .u = u, .m = u->m };
     if (n == 0 && batches) { /* an empty stream: its schema, no batch */
+        r = batch_metadata(&e, s);
         for (int64_t i = 0; i < s->n_children && r == 0; i++) {
             struct manifest_field *f;
             r = emit_field(&e, s->children[i], 1, &f);

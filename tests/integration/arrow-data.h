@@ -104,6 +104,33 @@ static struct ArrowSchema *t_schema(const char *format, const char *name, int64_
     return s;
 }
 
+/* t_metadata: Arrow binary metadata of one key/value pair (malloc'd). */
+static char *t_metadata(const char *k, const char *v)
+{
+    int32_t one = 1, kl = (int32_t)strlen(k), vl = (int32_t)strlen(v);
+    char *m = malloc(12 + (size_t)kl + (size_t)vl), *p = m;
+    memcpy(p, &one, 4);
+    memcpy(p + 4, &kl, 4);
+    memcpy(p + 8, k, (size_t)kl);
+    memcpy(p + 8 + kl, &vl, 4);
+    memcpy(p + 12 + kl, v, (size_t)vl);
+    return m;
+}
+
+static bool t_metadata_eq(const char *a, const char *b)
+{
+    if (!a || !b)
+        return a == b;
+    int32_t n, k;
+    size_t pos = 4;
+    memcpy(&n, a, 4);
+    for (int32_t i = 0; i < 2 * n; i++) {
+        memcpy(&k, a + pos, 4);
+        pos += 4 + (size_t)k;
+    }
+    return !memcmp(a, b, pos);
+}
+
 /* A column under construction: its schema and array. */
 struct tcol {
     struct ArrowSchema *s;
@@ -326,7 +353,9 @@ static int t_batch(int64_t rows, int64_t boff, int64_t bcut, int seed, struct Ar
         cs[i] = cols[i].s;
         ca[i] = cols[i].a;
     }
+    cols[30].s->metadata = t_metadata("unit", "metres"); /* a column's own metadata */
     struct ArrowSchema *s = t_schema("+s", "", 0, n, cs, NULL);
+    s->metadata = t_metadata("origin", "test-arrow");    /* the schema's */
     struct ArrowArray *a = t_array(rows - boff - bcut, boff, 0, 1, NULL, NULL, NULL, n, ca, NULL);
     *ret_s = *s;
     *ret_a = *a;
@@ -449,6 +478,8 @@ static void t_expect_column(const struct ArrowSchema *s, const struct ArrowArray
     cr_assert_str_eq(bs->name, s->name, "column %s", s->name);
     cr_assert_eq(bs->n_children, s->n_children, "%s", s->name);
     cr_assert_eq(!bs->dictionary, !s->dictionary, "%s", s->name);
+    cr_assert(t_metadata_eq(s->metadata, bs->metadata), "%s: metadata differs", s->name);
+    cr_assert_eq(bs->flags, s->flags, "%s: flags", s->name);
     cr_assert_eq(b->length, len, "%s: length %lld, want %lld", s->name, (long long)b->length, (long long)len);
     cr_assert_eq(b->n_buffers, a->n_buffers, "%s: n_buffers", s->name);
     cr_expect_eq(b->null_count, t_count_nulls(s, a, start, len), "%s: null_count %lld", s->name, (long long)b->null_count);

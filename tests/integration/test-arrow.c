@@ -7,6 +7,7 @@
  * hostile-manifest check refused with -EBADMSG and its message; the README example. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +166,7 @@ static void expect_batch(const void *base, size_t size, const struct ArrowSchema
     struct ArrowArray a;
     int n = t_batch(ROWS, boff, bcut, seed, &s, &a);
     cr_assert_str_eq(bs->format, "+s");
+    cr_assert(t_metadata_eq(s.metadata, bs->metadata), "the schema's metadata");
     cr_assert_eq(bs->n_children, n);
     cr_assert_eq(b->n_children, n);
     cr_assert_eq(b->length, a.length);
@@ -733,4 +735,61 @@ Test(arrow, an_empty_stream_keeps_its_schema)
     shmref_unit_release(u);
     shmref_close(c2);
     shmref_close(c);
+}
+
+/* After shmref_close, release callbacks may run on any thread, all at once. */
+struct releaser {
+    struct ArrowArray a;
+    int go;
+};
+
+static void *release_on_thread(void *p)
+{
+    struct releaser *r = p;
+    while (!__atomic_load_n(&r->go, __ATOMIC_ACQUIRE))
+        ;
+    r->a.release(&r->a);
+    return NULL;
+}
+
+Test(arrow, exports_released_from_many_threads_after_close)
+{
+    enum { T = 8 };
+    shmref_desc one = produce(BATCH, 0), two = produce(STREAM, 0);
+    shmref_conn *c = connect_ok(&d);
+    shmref_unit *u = acquire_ok(c, &one), *v = acquire_ok(c, &two);
+    static struct releaser rs[T];
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+        rs[i].go = 0;
+        cr_assert_eq(shmref_unit_export_array(i % 2 ? u : v, 0, i, NULL, &rs[i].a), 0);
+        cr_assert_eq(pthread_create(&th[i], NULL, release_on_thread, &rs[i]), 0);
+    }
+    shmref_unit_release(u);
+    shmref_unit_release(v);
+    shmref_close(c);
+    cr_assert_eq(status_u64(&d, "buffers.live"), 2);
+    for (int i = 0; i < T; i++)
+        __atomic_store_n(&rs[i].go, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < T; i++)
+        pthread_join(th[i], NULL);
+    cr_assert_eq(wait_status(&d, "buffers.live", 0, 3000), 0);
+    cr_assert_eq(wait_status(&d, "clients_total", 1, 3000), 1);
+}
+
+Test(arrow, a_consumer_unit_handle_outlives_its_connection)
+{
+    shmref_desc desc = produce(BATCH, 0);
+    shmref_conn *c = connect_ok(&d);
+    shmref_unit *u = acquire_ok(c, &desc);
+    shmref_close(c);
+    struct ArrowSchema s;
+    struct ArrowArray a;
+    cr_assert_eq(shmref_unit_export_batch(u, 0, &s, &a), 0);
+    expect_batch(shmref_unit_data(u), shmref_unit_size(u), &s, &a, 0, 0, 0);
+    shmref_unit_release(u);
+    cr_assert_eq(status_u64(&d, "buffers.live"), 1, "the exported batch still holds it");
+    a.release(&a);
+    s.release(&s);
+    cr_assert_eq(wait_status(&d, "buffers.live", 0, 3000), 0);
 }
