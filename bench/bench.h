@@ -221,5 +221,7 @@ int scenario_scale(const struct bench_opts *o);
 /* The producer's side of a unit of work against one memcpy (run by --arrow, --only arrow
  * and --smoke; not part of a default run). */
 int scenario_arrow(const struct bench_opts *o, const struct daemons *ds);
+/* Producer process makes a column, consumer sums it: in one process, and through a unit. */
+int scenario_arrow_e2e(const struct bench_opts *o, const struct daemons *ds);
 
 #endif

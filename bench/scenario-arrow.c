@@ -291,5 +291,5 @@ int scenario_arrow(const struct bench_opts *o, const struct daemons *ds)
         run_column(o, ds, &c);
         column_free(&c);
     }
-    return 0;
+    return scenario_arrow_e2e(o, ds);
 }
