@@ -568,10 +568,15 @@ static int emit_array(struct emit *e, const struct manifest_field *f, const stru
     if (e->u && len > 0) {
         if ((r = plan_node(e, f, a, w, keep_validity, true, &pl)) < 0)
             return r;
-        in_place = true;
+        /* Not vacuously: a node with no bytes of its own (a struct without nulls) takes
+         * the copy's window, or its children would be taken from slot 0. */
+        bool any = false, all = true;
         for (unsigned i = 0; i < t->n_buffers; i++)
-            if (pl.pc[i].len && !inside(e->u, pl.pc[i].src, pl.pc[i].len))
-                in_place = false;
+            if (pl.pc[i].len) {
+                any = true;
+                all = all && inside(e->u, pl.pc[i].src, pl.pc[i].len);
+            }
+        in_place = any && all;
     }
     if (!in_place) {
         int64_t o = len ? start % 8 : 0;
