@@ -14,6 +14,8 @@ d = tempfile.mkdtemp()
 sock = os.path.join(d, "s.sock")
 daemon = subprocess.Popen([os.path.join(build, "bin", "shmrefd"), "--socket", sock, "--pool-size", "256M"],
                           stderr=open(os.path.join(d, "log"), "w"))
+import atexit
+atexit.register(lambda: (daemon.terminate(), daemon.wait()))  # also when a check fails
 for _ in range(200):
     if os.path.exists(sock): break
     time.sleep(0.02)
@@ -150,5 +152,4 @@ print(f"stream: {t.num_rows} rows in {len(t.to_batches())} batches equal")
 del t, r2
 lib.shmref_unit_release(u)
 lib.shmref_close(p); lib.shmref_close(c)
-daemon.terminate(); daemon.wait()
 print("ok")
