@@ -20,6 +20,7 @@
 struct bench_opts {
     bool smoke;                       /* few iterations, full verification, small sizes */
     bool big;                         /* add the 800 MB round trip */
+    bool arrow;                       /* --arrow: the units-of-work scenario only */
     const char *only;                 /* comma list of scenarios, NULL: all */
     const char *json_path;            /* where to write the records, NULL: nowhere */
     const char *plot_path;            /* gnuplot data file of the round trips, or NULL */
@@ -217,5 +218,10 @@ int scenario_roundtrip(const struct bench_opts *o, const struct daemons *ds);
 int scenario_lease(const struct bench_opts *o, const struct daemons *ds);
 int scenario_throughput(const struct bench_opts *o, const struct daemons *ds);
 int scenario_scale(const struct bench_opts *o);
+/* The producer's side of a unit of work against one memcpy (run by --arrow, --only arrow
+ * and --smoke; not part of a default run). */
+int scenario_arrow(const struct bench_opts *o, const struct daemons *ds);
+/* Producer process makes a column, consumer sums it: in one process, and through a unit. */
+int scenario_arrow_e2e(const struct bench_opts *o, const struct daemons *ds);
 
 #endif

@@ -3,7 +3,7 @@
  * prints a table with ratios and the issue's targets, and writes the records as JSON
  * (and a gnuplot data file). It starts its own daemons and its own huge-page tmpfs, in
  * a private mount namespace when it can, so nothing outlives the run.
- *   shmref-bench [--smoke] [--big] [--only LIST] [--json FILE] [--plot-data FILE]
+ *   shmref-bench [--smoke] [--big] [--arrow] [--only LIST] [--json FILE] [--plot-data FILE]
  *                [--shmrefd PATH]
  * Exit status: 0 all measured (skips allowed), 1 a method failed or returned wrong
  * bytes, 2 usage. */
@@ -35,16 +35,18 @@ static const char usage[] =
     "\n"
     "      --smoke           2 iterations per method at small sizes, every byte checked (fast)\n"
     "      --big             add the 800 MB round trip\n"
-    "      --only LIST       scenarios to run, comma separated: roundtrip,lease,throughput,scale\n"
+    "      --arrow           units of work only: the producer's cost against one memcpy\n"
+    "      --only LIST       scenarios to run, comma separated: roundtrip,lease,throughput,scale,arrow\n"
     "      --json FILE       write the records as a JSON list\n"
     "      --plot-data FILE  write the round-trip medians for bench/plot.gp\n"
     "      --shmrefd PATH    the daemon binary (default: this build's)\n";
 
 static int parse(int argc, char **argv, struct bench_opts *o)
 {
-    enum { O_SMOKE = 256, O_BIG, O_ONLY, O_JSON, O_PLOT, O_SHMREFD };
+    enum { O_SMOKE = 256, O_BIG, O_ONLY, O_JSON, O_PLOT, O_SHMREFD, O_ARROW };
     static const struct option longopts[] = {
         { "smoke", no_argument, NULL, O_SMOKE }, { "big", no_argument, NULL, O_BIG },
+        { "arrow", no_argument, NULL, O_ARROW },
         { "only", required_argument, NULL, O_ONLY }, { "json", required_argument, NULL, O_JSON },
         { "plot-data", required_argument, NULL, O_PLOT },
         { "shmrefd", required_argument, NULL, O_SHMREFD }, { "help", no_argument, NULL, 'h' },
@@ -56,6 +58,7 @@ static int parse(int argc, char **argv, struct bench_opts *o)
         switch (c) {
         case O_SMOKE: o->smoke = true; break;
         case O_BIG: o->big = true; break;
+        case O_ARROW: o->arrow = true; o->only = "arrow"; break;
         case O_ONLY: o->only = optarg; break;
         case O_JSON: o->json_path = optarg; break;
         case O_PLOT: o->plot_path = optarg; break;
@@ -180,6 +183,8 @@ static int run(const struct bench_opts *o)
         scenario_lease(o, &ds);
     if (wanted(o, "throughput"))
         scenario_throughput(o, &ds);
+    if (o->only ? wanted(o, "arrow") : o->smoke) /* not in a default run: its own table */
+        scenario_arrow(o, &ds);
     r = 0;
     for (int i = 0; i < POOL_N; i++)
         if (stop_daemon(&ds.d[i]) < 0)

@@ -208,12 +208,48 @@ static void targets_scale(void)
     }
 }
 
+/* targets_arrow: the producer's cost per unit of work against one memcpy (issue 10). */
+static void targets_arrow(void)
+{
+    printf("\nTargets (issue 10, the C rows), from this run:\n");
+    for (size_t i = 0; i < nresults; i++) {
+        const struct result *r = &results[i];
+        if (strcmp(r->scenario, "arrow") || strcmp(r->method, "unit-import"))
+            continue;
+        char what[96];
+        bool k = measured(r) && r->ratio_vs[0];
+        snprintf(what, sizeof(what), "producer per unit <= 1.1x one memcpy (%s, %s)", r->label, r->pool);
+        verdict(what, k, k && r->ratio <= 1.1, "%.2fx (magmalake: 1.3x; %.1f ms)", k ? r->ratio : 0,
+                k ? r->median_ms : 0);
+    }
+    for (size_t i = 0; i < nresults; i++) {
+        const struct result *r = &results[i];
+        if (strcmp(r->scenario, "arrow-e2e") || strcmp(r->method, "shmref-unit"))
+            continue;
+        char what[96];
+        bool k = measured(r) && r->ratio_vs[0];
+        snprintf(what, sizeof(what), "cross-process <= 1.1x in-process C Data (%s, %s)", r->label, r->pool);
+        verdict(what, k, k && r->ratio <= 1.1, "%.2fx (magmalake: 1.26x; %.1f ms)", k ? r->ratio : 0,
+                k ? r->median_ms : 0);
+    }
+}
+
 void report_print_targets(void)
 {
-    printf("\nTargets (issue 4), from this run:\n");
-    targets_roundtrip();
-    targets_lease();
-    targets_scale();
+    bool arrow_only = true, arrow = false;
+    for (size_t i = 0; i < nresults; i++) {
+        bool a = !strncmp(results[i].scenario, "arrow", 5);
+        arrow = arrow || a;
+        arrow_only = arrow_only && a;
+    }
+    if (!arrow_only || !arrow) {
+        printf("\nTargets (issue 4), from this run:\n");
+        targets_roundtrip();
+        targets_lease();
+        targets_scale();
+    }
+    if (arrow)
+        targets_arrow();
 }
 
 /* ---- JSON ---- */

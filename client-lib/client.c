@@ -423,21 +423,9 @@ int shmref_conn_pid(const shmref_conn *conn)
     return conn ? (int)conn->pid : -EINVAL;
 }
 
-void shmref_close(shmref_conn *conn)
+/* teardown: the last of a connection: every mapping, the socket, the memory. */
+static void teardown(shmref_conn *conn)
 {
-    if (!conn)
-        return;
-    /* Release every handle first (no round trips), so the daemon sees a clean close, not
-     * a process that died holding leases. */
-    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
-    while (conn->bufs)
-        shmref_release(conn->bufs);
-    while (conn->bufs) {
-        shmref_buf *b = conn->bufs;
-        conn->bufs = b->next;
-        free(b->meta);
-        free(b);
-    }
     conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     /* In a forked child the mappings stay: arrays it inherited may still be read there;
      * closing the child's copy of the socket leaves the parent's connection as it was. */
@@ -447,6 +435,64 @@ void shmref_close(shmref_conn *conn)
         close(conn->fd);
     free(conn->cache.v);
     free(conn);
+}
+
+void shmref_close(shmref_conn *conn)
+{
+    if (!conn)
+        return;
+    bool pinned = atomic_load(&conn->pins) > 0;
+    /* Release every handle first (one-way, no round trips), so the daemon sees a clean
+     * close, not a process that died holding leases. A pinned buffer (its unit's Arrow
+     * exports are alive) stays: the last export releases it. */
+    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
+    for (shmref_buf *b = conn->bufs, *next; b; b = next) {
+        next = b->next;
+        if (!b->pinned)
+            shmref_release(b); /* unlinks and frees b */
+    }
+    while (conn->bufs) {
+        shmref_buf *b = conn->bufs;
+        conn->bufs = b->next;
+        b->prev = b->next = NULL;
+    }
+    if (!pinned) {
+        teardown(conn);
+        return;
+    }
+    atomic_store(&conn->closed, true);
+}
+
+void client_pin(shmref_buf *buf)
+{
+    buf->pinned = true;
+    atomic_fetch_add(&buf->conn->pins, 1);
+}
+
+void client_unpin(shmref_buf *buf)
+{
+    shmref_conn *conn = buf->conn;
+    if (!atomic_load(&conn->closed)) {
+        buf->pinned = false;
+        atomic_fetch_sub(&conn->pins, 1);
+        shmref_release(buf);
+        return;
+    }
+    /* Closed by its owner: only pinned buffers' holders use it now, maybe from several
+     * threads, so no shared state but the atomic count (send is atomic per message). */
+    if (conn->features & PROTO_FEAT_NOREPLY_RELEASE) {
+        struct proto_msg req = { .op = PROTO_OP_RELEASE, .id = 1 };
+        uint8_t msg[64];
+        req.u.release.handle = buf->handle;
+        req.u.release.flags = PROTO_RELEASE_NOREPLY;
+        int len = proto_encode(&req, msg, sizeof(msg));
+        if (len > 0)
+            send(conn->fd, msg, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT); /* else: at close */
+    }
+    free(buf->meta);
+    free(buf);
+    if (atomic_fetch_sub(&conn->pins, 1) == 1)
+        teardown(conn);
 }
 
 const char *shmref_errmsg(const shmref_conn *conn)

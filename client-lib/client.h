@@ -6,6 +6,7 @@
 #ifndef SHMREF_CLIENT_H
 #define SHMREF_CLIENT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -42,6 +43,7 @@ struct shmref_buf {
     void *data;
     size_t size, capacity;
     bool writable, published;
+    bool pinned;            /* held by a unit's exports: outlives shmref_close */
     void *meta;
     size_t meta_len;
     shmref_buf *prev, *next;
@@ -59,6 +61,8 @@ struct shmref_conn {
     uint64_t features, max_lease;
     struct mapcache cache;
     shmref_buf *bufs;
+    atomic_uint pins;       /* pinned buffers (client_pin) */
+    atomic_bool closed;     /* shmref_close was called while pins were held */
     char errmsg[PROTO_MAX_ERRMSG + 1];
     uint8_t wbuf[PROTO_MAX_REQUEST];
     uint8_t rbuf[PROTO_MAX_REPLY];
@@ -83,6 +87,16 @@ void client_forget(shmref_conn *conn, uint64_t buf_id, bool writable);
 /* client_usable: 0, or -ECHILD (a forked child) / -ENOTCONN (abandoned after a timeout)
  * with the message set. Checked before every send and receive. */
 int client_usable(shmref_conn *conn);
+
+/* client_pin / client_unpin: a buffer whose mapping and daemon-side reference must
+ * outlive shmref_close (an acquired unit whose Arrow exports are still alive). While a
+ * connection has pinned buffers, shmref_close releases every other handle and keeps the
+ * socket and the mappings; client_unpin then releases the buffer (on an open connection:
+ * shmref_release; after shmref_close: a one-way release encoded on the stack, so it may
+ * run on any thread), and the unpin of the last pinned buffer of a closed connection
+ * closes its socket, unmaps everything and frees it. */
+void client_pin(shmref_buf *buf);
+void client_unpin(shmref_buf *buf);
 
 /* client_reply_error: an error reply as -code, with its message in conn->errmsg. */
 int client_reply_error(shmref_conn *conn, const struct proto_msg *rep);

@@ -60,7 +60,10 @@ SHMREF_EXPORT int shmref_connect(const char *path, shmref_conn **ret_conn);
  * then closes the connection, so the daemon counts a clean close (clients_closed), not
  * a client that died holding leases (clients_died).
  * Buffers obtained from it must not be used afterwards (their mappings are unmapped);
- * their handles are freed. Accepts NULL. */
+ * their handles are freed. Accepts NULL. Exception: while Arrow structures exported from
+ * an acquired unit (shmref_unit_export_*) are alive, the connection's socket and those
+ * units' mappings stay open (every other handle is released now); the release callback
+ * of the last of them releases the unit's buffer, closes the socket and frees the rest. */
 SHMREF_EXPORT void shmref_close(shmref_conn *conn);
 
 /* shmref_errmsg: the message of the last failed call on conn (the daemon's words for a
@@ -213,6 +216,181 @@ SHMREF_EXPORT int shmref_meta_array_itemsize(const char *dtype);
  * shmref_buf_size(buf): 0, -ENOMSG (no metadata, or opaque), -EBADMSG (malformed, or
  * the array would reach past the published bytes); the reason is in shmref_errmsg(). */
 SHMREF_EXPORT int shmref_buf_meta_array(const shmref_buf *buf, shmref_meta_array *ret);
+
+/* ---- Units of work and the Arrow C Data Interface ----
+ *
+ * A unit of work is one buffer holding many Arrow arrays (columns of one or more record
+ * batches with one schema), each array's buffers at 64-byte aligned offsets of the
+ * buffer, described by a manifest (proto/manifest.h, proto/METADATA.md) that travels in
+ * the metadata, or inside the buffer when it exceeds SHMREF_META_MAX. No Arrow library
+ * is needed: the ABI structs of the Arrow C Data and C Stream Interfaces are declared
+ * here, under the specification's own guard macros.
+ *
+ * Producer: shmref_unit_begin (one lease), shmref_unit_claim ranges and write them,
+ * describe the arrays (shmref_unit_add_buffers, or shmref_unit_add_array with
+ * ArrowArray structures whose buffers point into the claimed ranges: referenced in
+ * place, anything else is copied in), shmref_unit_next_batch for a stream, then
+ * shmref_unit_publish once. Or shmref_unit_import_array / _import_stream: any Arrow
+ * data copied once into one lease sized for it, with the manifest built.
+ * Consumer: shmref_unit_acquire checks the whole manifest against the buffer (every
+ * range, offsets, child length and dictionary index; -EBADMSG naming the array and the
+ * field otherwise), then shmref_unit_export_* give zero-copy Arrow structures whose
+ * buffers point into the read-only mapping. Each exported structure holds a reference;
+ * the unit's buffer goes back to the daemon when the unit handle and the last exported
+ * structure are released, in any order, also after shmref_close (see there).
+ * Release callbacks of exported structures may run on any thread once the connection
+ * is closed; while it is open they send a release on it, so they must not run
+ * concurrently with another call on that connection. */
+
+#ifndef ARROW_C_DATA_INTERFACE
+#define ARROW_C_DATA_INTERFACE
+
+#define ARROW_FLAG_DICTIONARY_ORDERED 1
+#define ARROW_FLAG_NULLABLE 2
+#define ARROW_FLAG_MAP_KEYS_SORTED 4
+
+struct ArrowSchema {
+    /* Array type description */
+    const char *format;
+    const char *name;
+    const char *metadata;
+    int64_t flags;
+    int64_t n_children;
+    struct ArrowSchema **children;
+    struct ArrowSchema *dictionary;
+
+    /* Release callback */
+    void (*release)(struct ArrowSchema *);
+    /* Opaque producer-specific data */
+    void *private_data;
+};
+
+struct ArrowArray {
+    /* Array data description */
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+
+    /* Release callback */
+    void (*release)(struct ArrowArray *);
+    /* Opaque producer-specific data */
+    void *private_data;
+};
+
+#endif /* ARROW_C_DATA_INTERFACE */
+
+#ifndef ARROW_C_STREAM_INTERFACE
+#define ARROW_C_STREAM_INTERFACE
+
+struct ArrowArrayStream {
+    /* Callbacks providing stream functionality */
+    int (*get_schema)(struct ArrowArrayStream *, struct ArrowSchema *out);
+    int (*get_next)(struct ArrowArrayStream *, struct ArrowArray *out);
+    const char *(*get_last_error)(struct ArrowArrayStream *);
+
+    /* Release callback */
+    void (*release)(struct ArrowArrayStream *);
+
+    /* Opaque producer-specific data */
+    void *private_data;
+};
+
+#endif /* ARROW_C_STREAM_INTERFACE */
+
+typedef struct shmref_unit shmref_unit;
+
+#define SHMREF_UNIT_ALIGN 64 /* every claimed range starts at a multiple of this offset */
+
+/* shmref_unit_begin: a producer's unit of work over one lease of size bytes. Leave room
+ * for the manifest when it will not fit in SHMREF_META_MAX (about 100 bytes per array):
+ * publish then stores it inside the buffer. *ret_unit is the caller's until
+ * shmref_unit_release; it must not outlive conn. */
+SHMREF_EXPORT int shmref_unit_begin(shmref_conn *conn, size_t size, shmref_unit **ret_unit);
+
+/* shmref_unit_claim: the next len bytes of the unit, at an offset that is a multiple of
+ * SHMREF_UNIT_ALIGN: *ret_offset (from the buffer's start) and *ret_ptr (in the
+ * producer's mapping; either may be NULL). -ENOSPC when the lease is full. */
+SHMREF_EXPORT int shmref_unit_claim(shmref_unit *unit, size_t len, uint64_t *ret_offset, void **ret_ptr);
+
+/* shmref_unit_add_buffers: describe one column without children or dictionary (any
+ * primitive, bool, binary/utf8 and large forms, fixed-size binary, decimals, dates,
+ * times, timestamps, durations) of the current batch, from n_buffers claimed ranges
+ * given as offsets and lengths (validity first; offset and length 0 for no validity
+ * bitmap). n_buffers must be what the format has in the C Data Interface. */
+SHMREF_EXPORT int shmref_unit_add_buffers(shmref_unit *unit, const char *name, const char *format,
+                                          int64_t flags, int64_t length, int64_t null_count,
+                                          int n_buffers, const uint64_t *offsets, const uint64_t *lengths);
+
+/* shmref_unit_add_array: describe one column of the current batch by its C Data Interface
+ * structures (any type above, nested and dictionary-encoded too; schema->name names the
+ * column). Buffers that lie in claimed ranges of this unit, 64-byte aligned, are
+ * referenced in place (zero-copy); the others are copied into new claims. The caller
+ * keeps ownership of both structures (they are not released). */
+SHMREF_EXPORT int shmref_unit_add_array(shmref_unit *unit, const struct ArrowSchema *schema,
+                                        const struct ArrowArray *array);
+
+/* shmref_unit_add_batch: a record batch (a struct array, "+s", without nulls) as the
+ * columns of the current batch (of a new batch when the current one has columns). */
+SHMREF_EXPORT int shmref_unit_add_batch(shmref_unit *unit, const struct ArrowSchema *schema,
+                                        const struct ArrowArray *array);
+
+/* shmref_unit_next_batch: start the next record batch of a stream. Every batch must have
+ * the columns of the first (same names and formats, in order): -EINVAL otherwise. */
+SHMREF_EXPORT int shmref_unit_next_batch(shmref_unit *unit);
+
+/* shmref_unit_publish: build the manifest and publish the unit (see shmref_publish for
+ * keep_ms). Once. The unit keeps its lease until shmref_unit_release. */
+SHMREF_EXPORT int shmref_unit_publish(shmref_unit *unit, uint32_t keep_ms, shmref_desc *ret_desc);
+
+/* shmref_unit_import_array / shmref_unit_import_stream: any Arrow data, copied once into
+ * one lease sized for it (slices, i.e. non-zero offsets, are copied as the slice only),
+ * with the manifest built: a struct array ("+s", a record batch) gives its children as
+ * columns, any other array one column. A stream is read to its end (every batch one
+ * batch of the unit). The caller keeps ownership of what it passes (and releases it).
+ * The result is an unpublished producer unit: shmref_unit_publish it. -ENOTSUP for
+ * unions, run-end encoded and view types. */
+SHMREF_EXPORT int shmref_unit_import_array(shmref_conn *conn, const struct ArrowSchema *schema,
+                                           const struct ArrowArray *array, shmref_unit **ret_unit);
+SHMREF_EXPORT int shmref_unit_import_stream(shmref_conn *conn, struct ArrowArrayStream *stream,
+                                            shmref_unit **ret_unit);
+
+/* shmref_unit_acquire: acquire a published unit and check its manifest against the
+ * buffer. -EBADMSG (message in shmref_errmsg, naming the array and the field) for a
+ * manifest that is malformed or does not fit the buffer; other errors as shmref_acquire. */
+SHMREF_EXPORT int shmref_unit_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_unit **ret_unit);
+
+/* Accessors. n_batches, n_columns: counts (or -EINVAL); column_index: the first column
+ * of that name, or -ENOENT; column_name: owned by the unit (NULL if out of range);
+ * batch_length: rows of a batch (-EINVAL out of range); data, size: the buffer (the
+ * producer's writable mapping, or the consumer's read-only one) and its usable bytes. */
+SHMREF_EXPORT int shmref_unit_n_batches(const shmref_unit *unit);
+SHMREF_EXPORT int shmref_unit_n_columns(const shmref_unit *unit);
+SHMREF_EXPORT int shmref_unit_column_index(const shmref_unit *unit, const char *name);
+SHMREF_EXPORT const char *shmref_unit_column_name(const shmref_unit *unit, int column);
+SHMREF_EXPORT int64_t shmref_unit_batch_length(const shmref_unit *unit, int batch);
+SHMREF_EXPORT const void *shmref_unit_data(const shmref_unit *unit);
+SHMREF_EXPORT size_t shmref_unit_size(const shmref_unit *unit);
+
+/* shmref_unit_export_array: column `column` of batch `batch` of an acquired unit, as C
+ * Data Interface structures (either output may be NULL). shmref_unit_export_batch: the
+ * whole batch as a struct array ("+s") whose children are the columns.
+ * shmref_unit_export_stream: every batch in order. The outputs belong to the caller,
+ * who calls their release callbacks (Arrow's rules: children may be moved out); arrays
+ * and streams keep the buffer mapped and held until released, schemas hold nothing. */
+SHMREF_EXPORT int shmref_unit_export_array(shmref_unit *unit, int batch, int column,
+                                           struct ArrowSchema *ret_schema, struct ArrowArray *ret_array);
+SHMREF_EXPORT int shmref_unit_export_batch(shmref_unit *unit, int batch,
+                                           struct ArrowSchema *ret_schema, struct ArrowArray *ret_array);
+SHMREF_EXPORT int shmref_unit_export_stream(shmref_unit *unit, struct ArrowArrayStream *ret_stream);
+
+/* shmref_unit_release: drop the unit handle (a producer's lease, a consumer's reference;
+ * exported structures keep theirs). Accepts NULL. */
+SHMREF_EXPORT int shmref_unit_release(shmref_unit *unit);
 
 #ifdef __cplusplus
 }
