@@ -20,7 +20,7 @@ JSON, with the ``"shmref"`` encoding for large arrays and ``"base64"`` for small
 """
 from __future__ import annotations
 
-import base64
+import binascii
 import errno
 import math
 import os
@@ -191,8 +191,43 @@ def metadata(array: Any) -> Optional[bytes]:
     return None if info is None else info["user"]
 
 
+try:  # SIMD base64, as tesseract-core uses; the standard library's is 5-10x slower
+    import pybase64 as _pybase64
+
+    def _b64encode(a: np.ndarray) -> str:
+        return _pybase64.b64encode_as_string(a.data if a.flags.c_contiguous else a.tobytes())
+
+    def _b64decode(text: str) -> bytes:
+        return _pybase64.b64decode(text, validate=True)
+except ImportError:  # pragma: no cover - pybase64 is optional
+    def _b64encode(a: np.ndarray) -> str:
+        return binascii.b2a_base64(a.data if a.flags.c_contiguous else a.tobytes(), newline=False).decode("ascii")
+
+    def _b64decode(text: str) -> bytes:
+        return binascii.a2b_base64(text, strict_mode=True)
+
+_json_names: dict = {}   # np.dtype -> its name in tesseract's array JSON
+_json_dtypes: dict = {}  # that name -> the little-endian np.dtype the bytes are read as
+
+
 def _json_dtype(dt: np.dtype) -> str:
-    return dt.name if dt.kind not in "SUV" else dt.str.lstrip("<>|=")
+    name = _json_names.get(dt)
+    if name is None:
+        name = dt.name if dt.kind not in "SUV" else dt.str.lstrip("<>|=")
+        if len(_json_names) < 256:
+            _json_names[dt] = name
+    return name
+
+
+def _dtype_of_json(name: str) -> tuple:
+    """(dtype as named, the little-endian dtype its inline bytes are), cached."""
+    got = _json_dtypes.get(name)
+    if got is None:
+        dt = np.dtype(name)
+        got = (dt, dt.newbyteorder("<") if dt.byteorder not in "|<" else dt)
+        if len(_json_dtypes) < 256:
+            _json_dtypes[name] = got
+    return got
 
 
 def _encode_array(a: np.ndarray, client, inline_max: int, keep_ms: int) -> dict:
@@ -202,7 +237,7 @@ def _encode_array(a: np.ndarray, client, inline_max: int, keep_ms: int) -> dict:
         a = a.astype(a.dtype.newbyteorder("<"))
     out = {"object_type": "array", "shape": list(a.shape), "dtype": _json_dtype(a.dtype)}
     if a.nbytes <= inline_max:
-        out["data"] = {"buffer": base64.b64encode(a.tobytes()).decode("ascii"), "encoding": "base64"}
+        out["data"] = {"buffer": _b64encode(a), "encoding": "base64"}
         return out
     c = client if client is not None else default_client()
     info = _shmref._buffer_info(a)
@@ -254,10 +289,9 @@ def _decode_array(d: dict, client) -> np.ndarray:
     data = d.get("data")
     if not isinstance(data, dict):
         raise ValueError("array JSON without a 'data' object")
-    dtype, shape, enc = np.dtype(d["dtype"]), tuple(d["shape"]), data.get("encoding")
+    (dtype, le), shape, enc = _dtype_of_json(d["dtype"]), tuple(d["shape"]), data.get("encoding")
     if enc == "base64":  # read-only over the decoded bytes, like the arrays of "shmref"
-        raw = base64.b64decode(data["buffer"])
-        return np.frombuffer(raw, dtype=dtype.newbyteorder("<") if dtype.byteorder != "|" else dtype).reshape(shape)
+        return np.frombuffer(_b64decode(data["buffer"]), dtype=le).reshape(shape)
     if enc == "json":
         return np.asarray(data["buffer"], dtype=dtype).reshape(shape)
     if enc == "shmref":

@@ -56,6 +56,51 @@ def test_roundtrips(client, dtype, shape):
     assert isinstance(back["x"][1], tuple)
 
 
+def test_inline_codec_without_pybase64():
+    """The inline path falls back to the standard library when pybase64 is absent: the
+    same text, the same arrays back, and malformed base64 refused."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["pybase64"] = None
+        import base64, numpy as np, shmref
+        assert shmref._b64decode.__module__ == "shmref"
+        for a in (np.arange(10.0), np.arange(12, dtype=">i4").reshape(3, 4),
+                  np.asfortranarray(np.arange(6.0).reshape(2, 3)), np.array(2.5), np.zeros((0, 3))):
+            j = shmref.encode(a)
+            assert j["data"]["buffer"] == base64.b64encode(np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes()).decode()
+            b = shmref.decode(j)
+            assert b.shape == a.shape and (b == a).all()
+        try:
+            shmref.decode({"object_type": "array", "shape": [1], "dtype": "float64",
+                           "data": {"buffer": "not base64!", "encoding": "base64"}})
+        except Exception as e:
+            print("refused", type(e).__name__)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "refused" in out.stdout
+
+
+def test_inline_is_as_cheap_as_plain_base64():
+    """The inline path costs about what tesseract's json+base64 costs: pybase64 when it is
+    there (the test venv pins it), no per-call dtype parsing. A generous bound: this is a
+    guard against a slow codec coming back, not a benchmark."""
+    import timeit
+    pytest.importorskip("pybase64")
+    a = np.arange(1000, dtype=np.float64)
+
+    def plain():
+        j = tesseract_base64(a)
+        return np.frombuffer(base64.b64decode(j["data"]["buffer"]), dtype=j["dtype"])
+
+    def ours():
+        return shmref.decode(shmref.encode(a))
+
+    t_ours = min(timeit.repeat(ours, number=300, repeat=5))
+    t_plain = min(timeit.repeat(plain, number=300, repeat=5))
+    assert t_ours < 1.5 * t_plain, (t_ours, t_plain)
+
+
 def test_non_arrays_pass_through(client):
     obj = {"a": 1, "b": "two", "c": [None, True, 3.5], "d": np.float64(2.5)}
     assert shmref.decode(shmref.encode(obj, client), client) == {**obj, "d": 2.5}
