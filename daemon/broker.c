@@ -45,8 +45,14 @@ static void refuse(struct broker *bk, struct broker_peer *p, uint32_t id, int co
     default: k->refused_other++; break;
     }
     quota_note_refusal(bk->quota, p->uid, code);
-    log_notice("refused %s for client %llu pid=%d uid=%u: %s", what, (unsigned long long)p->id,
-               (int)p->pid, (unsigned)p->uid, msg);
+    unsigned held_back;
+    bool ok = log_rate_take(&p->log_rate, &held_back);
+    if (held_back)
+        log_notice("client %llu pid=%d uid=%u: suppressed %u refusal line%s in the last second",
+                   (unsigned long long)p->id, (int)p->pid, (unsigned)p->uid, held_back, held_back == 1 ? "" : "s");
+    if (ok)
+        log_notice("refused %s for client %llu pid=%d uid=%u: %s", what, (unsigned long long)p->id,
+                   (int)p->pid, (unsigned)p->uid, msg);
     p->ops->refuse(p, id, code, msg);
 }
 

@@ -25,6 +25,8 @@ struct status_src {
     const struct registry *reg;
     const struct counters *counters;
     const struct session_env *sessions;
+    bool only_uid;                 /* an unprivileged viewer: list only uid's clients, buffers, tenant */
+    uint32_t uid;
 };
 
 /* status_build: writes the map into buf. Returns its length, or -EMSGSIZE. */

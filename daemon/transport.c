@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -35,6 +37,15 @@ struct transport {
     void *ctx;
     struct transport_out *out_head, *out_tail;
     unsigned out_count;
+    /* fds in flight: fd-carrying replies sent that the peer may not have read yet (reset
+     * when SIOCOUTQ shows nothing unread), capped per transport and, through *shared,
+     * per group of transports (one uid's); at a cap the transport reads no requests. */
+    uv_timer_t recheck;
+    unsigned recheck_ms;     /* backoff of the recheck timer */
+    unsigned fd_unread, fd_cap, shared_cap;
+    unsigned *shared;
+    bool fd_wait;            /* a send met ETOOMANYREFS: the queue waits for the timer */
+    int handles;             /* open libuv handles; the last close callback frees t */
 };
 
 static uint8_t rbuf[TRANSPORT_BATCH][PROTO_MAX_REQUEST + 1]; /* +1 to see truncation */
@@ -58,7 +69,10 @@ int transport_new(uv_loop_t *loop, int fd, size_t max_message, const struct tran
         free(t);
         return r;
     }
+    uv_timer_init(loop, &t->recheck);
+    t->handles = 2;
     t->poll.data = t;
+    t->recheck.data = t;
     uv_poll_start(&t->poll, UV_READABLE | UV_DISCONNECT, on_poll);
     *ret = t;
     return 0;
@@ -72,6 +86,11 @@ bool transport_closing(const struct transport *t)
 static void on_closed(uv_handle_t *h)
 {
     struct transport *t = h->data;
+    if (--t->handles > 0)
+        return;
+    if (t->shared)
+        *t->shared -= t->fd_unread;
+    t->fd_unread = 0;
     close(t->fd);
     t->fd = -1;
     t->ops->on_close(t->ctx, t->end, t->has_why ? t->why : NULL);
@@ -97,11 +116,51 @@ static void end(struct transport *t, enum transport_end e, const char *why)
         t->has_why = true;
     }
     uv_close((uv_handle_t *)&t->poll, on_closed);
+    uv_close((uv_handle_t *)&t->recheck, on_closed);
 }
 
 void transport_close(struct transport *t, const char *why)
 {
     end(t, TRANSPORT_END_LOCAL, why);
+}
+
+/* fd_blocked: at a cap of fds in flight: read no request that could send another. */
+static bool fd_blocked(const struct transport *t)
+{
+    return (t->fd_cap && t->fd_unread >= t->fd_cap) || (t->shared && t->shared_cap && *t->shared >= t->shared_cap);
+}
+
+/* refresh_unread: a peer that has read every reply (SIOCOUTQ 0: nothing of ours is left
+ * in its receive queue) has received every fd we sent it. */
+static void refresh_unread(struct transport *t)
+{
+    int q = 0;
+    if (t->fd_unread && ioctl(t->fd, SIOCOUTQ, &q) == 0 && q == 0) {
+        if (t->shared)
+            *t->shared -= t->fd_unread;
+        t->fd_unread = 0;
+    }
+}
+
+static void on_recheck(uv_timer_t *h);
+
+/* arm_recheck: while fds are unread, blocked or waiting, look again later (backing off
+ * from 5 ms to 500 ms: a peer that keeps fds unread costs a few wake-ups a second). */
+static void arm_recheck(struct transport *t, bool reset)
+{
+    if (t->closing)
+        return;
+    if (!t->fd_unread && !t->fd_wait && !fd_blocked(t)) {
+        uv_timer_stop(&t->recheck);
+        t->recheck_ms = 0;
+        return;
+    }
+    if (reset || !t->recheck_ms)
+        t->recheck_ms = 5;
+    else if (t->recheck_ms < 500)
+        t->recheck_ms *= 2;
+    if (reset || !uv_is_active((uv_handle_t *)&t->recheck))
+        uv_timer_start(&t->recheck, on_recheck, t->recheck_ms, 0);
 }
 
 static void set_events(struct transport *t)
@@ -112,7 +171,28 @@ static void set_events(struct transport *t)
     /* (Not UV_DISCONNECT while paused: a peer's half-close is level-triggered and would
      * wake the loop forever; a full close still shows as an error when flushing.) */
     int ev = t->out_head ? UV_WRITABLE : UV_READABLE | UV_DISCONNECT;
-    uv_poll_start(&t->poll, ev, on_poll);
+    /* A send that met ETOOMANYREFS, or a cap of fds in flight: wait for the timer (the
+     * socket itself stays writable, so polling it would spin). */
+    if (t->out_head && t->fd_wait)
+        ev = 0;
+    else if (!t->out_head && fd_blocked(t))
+        ev = 0;
+    if (ev)
+        uv_poll_start(&t->poll, ev, on_poll);
+    else
+        uv_poll_stop(&t->poll);
+}
+
+void transport_set_fd_limits(struct transport *t, unsigned per_transport, unsigned *shared, unsigned shared_cap)
+{
+    t->fd_cap = per_transport;
+    t->shared = shared;
+    t->shared_cap = shared_cap;
+}
+
+unsigned transport_fds_unread(const struct transport *t)
+{
+    return t->fd_unread;
 }
 
 static ssize_t send_one(int sock, const uint8_t *data, size_t len, int fd)
@@ -138,6 +218,15 @@ static ssize_t send_one(int sock, const uint8_t *data, size_t len, int fd)
         n = sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
     return n < 0 ? -errno : n;
+}
+
+/* sent_fd: one more fd in flight to this peer. */
+static void sent_fd(struct transport *t)
+{
+    t->fd_unread++;
+    if (t->shared)
+        (*t->shared)++;
+    arm_recheck(t, false);
 }
 
 /* send_failed: a send error ends the transport; a peer that went away is no news. */
@@ -183,9 +272,17 @@ int transport_send(struct transport *t, const uint8_t *data, size_t len, int fd)
         return -EPIPE;
     if (!t->out_head) {
         ssize_t n = send_one(t->fd, data, len, fd);
-        if (n >= 0)
+        if (n >= 0) {
+            if (fd >= 0)
+                sent_fd(t);
             return 0;
-        if (n != -EAGAIN) {
+        }
+        /* ETOOMANYREFS: the daemon has as many fds in flight (to all its peers) as the
+         * kernel allows it. That is not this peer's fault: its reply waits, queued. */
+        if (n == -ETOOMANYREFS) {
+            t->fd_wait = true;
+            arm_recheck(t, true);
+        } else if (n != -EAGAIN) {
             send_failed(t, n);
             return (int)n;
         }
@@ -200,6 +297,12 @@ static void flush(struct transport *t)
         ssize_t n = send_one(t->fd, o->data, o->len, o->fd);
         if (n == -EAGAIN)
             return;
+        if (n == -ETOOMANYREFS) {
+            t->fd_wait = true;
+            arm_recheck(t, true);
+            set_events(t);
+            return;
+        }
         if (n < 0) {
             send_failed(t, n);
             return;
@@ -208,26 +311,82 @@ static void flush(struct transport *t)
         if (!t->out_head)
             t->out_tail = NULL;
         t->out_count--;
-        if (o->fd >= 0)
+        if (o->fd >= 0) {
             close(o->fd);
+            sent_fd(t);
+        }
         free(o);
     }
     set_events(t);
 }
 
-/* close_fds: closes every fd in the control data; returns how many there were. */
-static unsigned close_fds(struct msghdr *mh)
+static void on_recheck(uv_timer_t *h)
+{
+    struct transport *t = h->data;
+    if (t->closing)
+        return;
+    bool was_blocked = fd_blocked(t);
+    refresh_unread(t);
+    if (t->fd_wait) {
+        t->fd_wait = false;
+        flush(t); /* may meet ETOOMANYREFS again and re-arm */
+    } else if (was_blocked && !fd_blocked(t)) {
+        set_events(t);
+    }
+    arm_recheck(t, false);
+}
+
+/* A peer's fds are closed in libuv's thread pool: a close can take long (a TCP socket
+ * with SO_LINGER and unsent data waits up to its linger time), and the loop serves everyone. */
+struct closing_fds {
+    uv_work_t work;
+    unsigned n;
+    int fds[];
+};
+
+static void close_work(uv_work_t *w)
+{
+    struct closing_fds *c = w->data;
+    for (unsigned i = 0; i < c->n; i++)
+        close(c->fds[i]);
+}
+
+static void close_done(uv_work_t *w, int status)
+{
+    (void)status;
+    free(w->data);
+}
+
+/* close_fds: closes every fd in the control data, off the loop; returns how many there were. */
+static unsigned close_fds(uv_loop_t *loop, struct msghdr *mh)
 {
     unsigned n = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm))
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+            n += (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    if (!n)
+        return 0;
+    struct closing_fds *c = malloc(sizeof(*c) + n * sizeof(int));
+    unsigned k = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
             continue;
-        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < k; i++) {
+        size_t m = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < m; i++) {
             int fd;
             memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-            close(fd);
-            n++;
+            if (c)
+                c->fds[k++] = fd;
+            else
+                close(fd); /* no memory for the work request: close here, as before */
+        }
+    }
+    if (c) {
+        c->n = k;
+        c->work.data = c;
+        if (uv_queue_work(loop, &c->work, close_work, close_done) < 0) {
+            close_work(&c->work);
+            free(c);
         }
     }
     return n;
@@ -247,7 +406,7 @@ static void framing_fault(struct transport *t, const char *why)
 static void handle(struct transport *t, struct msghdr *mh, const uint8_t *buf, size_t n)
 {
     char why[80];
-    unsigned nfds = close_fds(mh);
+    unsigned nfds = close_fds(t->poll.loop, mh);
     if (t->closing)
         return; /* an earlier message of the batch closed it: only the fds mattered */
     if (n == 0 && !(mh->msg_flags & MSG_CTRUNC) && nfds == 0) {
@@ -314,9 +473,18 @@ static void on_poll(uv_poll_t *p, int status, int events)
     /* Nothing here frees t: a close only marks it, and frees it from the loop. */
     if (events & UV_WRITABLE)
         flush(t);
+    if (t->fd_unread) {
+        refresh_unread(t);
+        if (!t->fd_unread)
+            arm_recheck(t, false); /* stops the recheck: the peer has read everything */
+    }
     /* A few batches per wake-up at most: other clients get their turn. */
-    if (!t->closing && !t->out_head && (events & (UV_READABLE | UV_DISCONNECT))) {
-        for (int i = 0; i < 4 && read_batch(t); i++)
+    if (!t->closing && !t->out_head && !fd_blocked(t) && (events & (UV_READABLE | UV_DISCONNECT))) {
+        for (int i = 0; i < 4 && !fd_blocked(t) && read_batch(t); i++)
             ;
+    }
+    if (!t->closing && !t->out_head && fd_blocked(t)) {
+        set_events(t); /* stops reading until the recheck finds the replies read */
+        arm_recheck(t, false);
     }
 }
