@@ -29,7 +29,8 @@ static int status_of(void *arg, uint32_t uid, uint8_t *buf, size_t cap)
     struct status_src src = { .uptime_ms = uv_now(s->loop) - s->started_ms, .now_ms = uv_now(s->loop),
                               .opt = s->opt, .pool = s->pool,
                               .quota = s->quota, .reg = s->reg, .counters = &s->counters,
-                              .sessions = &s->sessions, .only_uid = !all, .uid = uid };
+                              .sessions = &s->sessions, .only_uid = !all, .uid = uid,
+                              .reserved_clients = SERVER_RESERVED_SLOTS };
     return status_build(&src, buf, cap);
 }
 

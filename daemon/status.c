@@ -203,12 +203,15 @@ static void pack_clients(msgpack_packer *pk, const struct status_src *s, unsigne
 static void pack_limits(msgpack_packer *pk, const struct status_src *s)
 {
     key(pk, "limits");
-    msgpack_pack_map(pk, 5);
+    msgpack_pack_map(pk, 8);
     kv_u64(pk, "pool_size", s->opt->pool_size);
     kv_u64(pk, "tenant_quota", s->opt->tenant_quota);
     kv_u64(pk, "max_lease_size", s->opt->max_lease_size);
     kv_u64(pk, "max_leases_per_client", s->opt->max_leases);
     kv_u64(pk, "max_clients", s->opt->max_clients);
+    kv_u64(pk, "max_clients_per_uid", s->opt->max_clients_per_uid);
+    kv_u64(pk, "reserved_clients", s->reserved_clients);
+    kv_u64(pk, "idle_timeout_s", s->opt->idle_timeout);
 }
 
 static void pack_counters(msgpack_packer *pk, const struct status_src *s)

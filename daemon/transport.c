@@ -45,6 +45,7 @@ struct transport {
     unsigned fd_unread, fd_cap, shared_cap;
     unsigned *shared;
     bool fd_wait;            /* a send met ETOOMANYREFS: the queue waits for the timer */
+    bool paused;             /* not polled at all: a cap or fd_wait; the timer resumes it */
     int handles;             /* open libuv handles; the last close callback frees t */
 };
 
@@ -150,7 +151,7 @@ static void arm_recheck(struct transport *t, bool reset)
 {
     if (t->closing)
         return;
-    if (!t->fd_unread && !t->fd_wait && !fd_blocked(t)) {
+    if (!t->fd_unread && !t->fd_wait && !t->paused && !fd_blocked(t)) {
         uv_timer_stop(&t->recheck);
         t->recheck_ms = 0;
         return;
@@ -177,6 +178,7 @@ static void set_events(struct transport *t)
         ev = 0;
     else if (!t->out_head && fd_blocked(t))
         ev = 0;
+    t->paused = ev == 0;
     if (ev)
         uv_poll_start(&t->poll, ev, on_poll);
     else
@@ -295,8 +297,11 @@ static void flush(struct transport *t)
     while (t->out_head && !t->closing) {
         struct transport_out *o = t->out_head;
         ssize_t n = send_one(t->fd, o->data, o->len, o->fd);
-        if (n == -EAGAIN)
+        if (n == -EAGAIN) {
+            if (t->paused)
+                set_events(t); /* resumed by the timer: wait for the socket now */
             return;
+        }
         if (n == -ETOOMANYREFS) {
             t->fd_wait = true;
             arm_recheck(t, true);
@@ -325,12 +330,11 @@ static void on_recheck(uv_timer_t *h)
     struct transport *t = h->data;
     if (t->closing)
         return;
-    bool was_blocked = fd_blocked(t);
     refresh_unread(t);
     if (t->fd_wait) {
         t->fd_wait = false;
         flush(t); /* may meet ETOOMANYREFS again and re-arm */
-    } else if (was_blocked && !fd_blocked(t)) {
+    } else if (t->paused && !fd_blocked(t)) {
         set_events(t);
     }
     arm_recheck(t, false);
