@@ -8,6 +8,8 @@
 #define _GNU_SOURCE
 #endif
 #include <criterion/criterion.h>
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -30,6 +32,36 @@
 
 #define WAIT_MS 5000
 #define LOG_RATE_LINES_EXPECTED 10 /* daemon/log.h LOG_RATE_LINES */
+
+/* reap_daemons: a test that fails midway leaves its daemon (its child) behind: kill it. */
+static void reap_daemons(void)
+{
+    DIR *dir = opendir("/proc");
+    struct dirent *e;
+    while (dir && (e = readdir(dir))) {
+        char path[300], buf[512];
+        if (!isdigit((unsigned char)e->d_name[0]))
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        const char *rp = strrchr(buf, ')');
+        int ppid;
+        if (rp && sscanf(rp + 1, " %*c %d", &ppid) == 1 && ppid == getpid()) {
+            pid_t pid = (pid_t)atoi(e->d_name);
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+        }
+    }
+    if (dir)
+        closedir(dir);
+}
+
+TestSuite(fairness, .fini = reap_daemons);
 
 static int become(uid_t uid)
 {
@@ -587,8 +619,13 @@ Test(fairness, a_lingering_socket_sent_to_the_daemon_stalls_nobody, .timeout = 6
     cm->cmsg_type = SCM_RIGHTS;
     cm->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(cm), &t, sizeof(int));
+    /* The daemon's copy must be the last one: it is stopped until ours is closed. */
+    cr_assert_eq(kill(d.pid, SIGSTOP), 0);
     cr_assert_eq(sendmsg(fd, &mh, MSG_NOSIGNAL), (ssize_t)len);
-    close(t); /* the daemon's copy is the last: its close lingers */
+    long t0 = now_ms();
+    close(t); /* the message holds a reference: this close does not wait */
+    cr_assert_lt(now_ms() - t0, 1000, "the test's own close lingered");
+    cr_assert_eq(kill(d.pid, SIGCONT), 0);
     long worst = ping_latency(c, 1500);
     cr_assert_geq(worst, 0, "a ping failed: %s", shmref_errmsg(c));
     cr_assert_lt(worst, 1000, "a ping took %ld ms while the daemon closed a lingering socket", worst);
