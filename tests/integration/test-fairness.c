@@ -638,3 +638,82 @@ Test(fairness, a_lingering_socket_sent_to_the_daemon_stalls_nobody, .timeout = 6
     shmref_close(c);
     daemon_stop(&d);
 }
+
+/* ---- the buffer fd budget, shared between tenants ---- */
+
+struct leaser {
+    const char *socket;
+    uid_t uid;
+    int want;        /* leases that must succeed (0: lease until refused) */
+    int got;
+};
+
+static int lease_many_small(void *arg)
+{
+    struct leaser *l = arg;
+    shmref_conn *c;
+    shmref_buf *b;
+    if (become(l->uid) < 0)
+        return 40;
+    if (shmref_connect(l->socket, &c) != 0)
+        return 41;
+    int n = 0, r;
+    while ((r = shmref_lease(c, 1, &b)) == 0 && n < 5000)
+        n++;
+    if (l->want && n < l->want) {
+        fprintf(stderr, "uid %u got %d leases of %d: %s\n", (unsigned)l->uid, n, l->want, shmref_errmsg(c));
+        return 42;
+    }
+    if (!l->want && (r != -EMFILE || !strstr(shmref_errmsg(c), "share"))) {
+        fprintf(stderr, "uid %u: %d leases, then %d (%s)\n", (unsigned)l->uid, n, r, shmref_errmsg(c));
+        return 43;
+    }
+    shmref_close(c);
+    return 0;
+}
+
+static int greedy_then_hold(void *arg)
+{
+    struct holder *h = arg; /* conns unused: the pipes say when to let go */
+    shmref_conn *c;
+    shmref_buf *b;
+    close(h->ready[0]);
+    close(h->go[1]);
+    if (become(h->uid) < 0)
+        return 40;
+    if (shmref_connect(h->socket, &c) != 0)
+        return 41;
+    int n = 0, r;
+    while ((r = shmref_lease(c, 1, &b)) == 0 && n < 5000)
+        n++;
+    if (r != -EMFILE || !strstr(shmref_errmsg(c), "share")) {
+        fprintf(stderr, "greedy uid: %d leases, then %d (%s)\n", n, r, shmref_errmsg(c));
+        return 42;
+    }
+    char x = 'r';
+    if (write(h->ready[1], &x, 1) != 1 || read(h->go[0], &x, 1) != 1)
+        return 43;
+    shmref_close(c);
+    return 0;
+}
+
+Test(fairness, one_uid_cannot_take_every_buffer_fd, .timeout = 120)
+{
+    struct daemon d;
+    start_with_nofile(&d, 400); /* an fd budget of 236: one uid may hold 118 */
+    struct holder greedy = { .socket = d.socket, .uid = 65534 };
+    cr_assert_eq(pipe(greedy.ready), 0);
+    cr_assert_eq(pipe(greedy.go), 0);
+    pid_t pg = child_run(greedy_then_hold, &greedy);
+    close(greedy.ready[1]);
+    close(greedy.go[0]);
+    char x;
+    cr_assert_eq(read(greedy.ready[0], &x, 1), 1, "the greedy uid failed: %d", child_wait(pg));
+    struct leaser other = { .socket = d.socket, .uid = 65533, .want = 100 };
+    cr_assert_eq(child_wait(child_run(lease_many_small, &other)), 0, "another uid found the fd budget taken");
+    x = 'g';
+    cr_assert_eq(write(greedy.go[1], &x, 1), 1);
+    cr_assert_eq(child_wait(pg), 0);
+    cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, WAIT_MS), 0);
+    daemon_stop(&d);
+}
