@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "units.h"
@@ -141,9 +142,12 @@ static bool leases_left(struct broker *bk, struct broker_peer *p, uint32_t id, c
 
 /* fd_share_left: every buffer is one of the daemon's fds, and the pool's fd budget
  * (three quarters of RLIMIT_NOFILE) is shared: one tenant may hold at most half of it, so
- * another tenant's lease never finds it taken by one uid's many small leases. */
+ * another tenant's lease never finds it taken by one uid's many small leases. Root and
+ * the daemon's own uid are exempt (as from the per-uid connection limit). */
 static bool fd_share_left(struct broker *bk, struct broker_peer *p, uint32_t id)
 {
+    if (p->uid == 0 || p->uid == geteuid())
+        return true;
     uint64_t share = pool_fd_budget(bk->pool) / 2, held = quota_buffers(bk->quota, p->uid);
     if (held < share)
         return true;

@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "proto.h"
 
 struct transport_out {
@@ -123,6 +124,21 @@ static void end(struct transport *t, enum transport_end e, const char *why)
 void transport_close(struct transport *t, const char *why)
 {
     end(t, TRANSPORT_END_LOCAL, why);
+}
+
+static void arm_recheck(struct transport *t, bool reset);
+
+/* too_many_refs: a send met ETOOMANYREFS: the reply waits (logged, 10 lines a second). */
+static void too_many_refs(struct transport *t)
+{
+    static struct log_rate rate;
+    unsigned held_back;
+    if (log_rate_take(&rate, &held_back))
+        log_warning("a reply's fd waits: the daemon's fds in flight are at the kernel's limit (ETOOMANYREFS, "
+                    "RLIMIT_NOFILE); retried until clients read their replies%s",
+                    held_back ? " (more such lines suppressed)" : "");
+    t->fd_wait = true;
+    arm_recheck(t, false);
 }
 
 /* fd_blocked: at a cap of fds in flight: read no request that could send another. */
@@ -282,8 +298,7 @@ int transport_send(struct transport *t, const uint8_t *data, size_t len, int fd)
         /* ETOOMANYREFS: the daemon has as many fds in flight (to all its peers) as the
          * kernel allows it. That is not this peer's fault: its reply waits, queued. */
         if (n == -ETOOMANYREFS) {
-            t->fd_wait = true;
-            arm_recheck(t, true);
+            too_many_refs(t);
         } else if (n != -EAGAIN) {
             send_failed(t, n);
             return (int)n;
@@ -303,8 +318,7 @@ static void flush(struct transport *t)
             return;
         }
         if (n == -ETOOMANYREFS) {
-            t->fd_wait = true;
-            arm_recheck(t, true);
+            too_many_refs(t); /* backing off while the kernel keeps refusing */
             set_events(t);
             return;
         }

@@ -325,6 +325,7 @@ static void start_with_nofile(struct daemon *d, rlim_t nofile)
 struct flooder {
     const char *socket;
     shmref_desc desc;
+    uid_t uid;          /* 0: 65534 */
     int conns, per_conn;
     int ready[2], go[2];
 };
@@ -338,7 +339,7 @@ static int flood_acquires(void *arg)
     uint8_t buf[256], rep[4096];
     close(f->ready[0]);
     close(f->go[1]);
-    if (become(65534) < 0)
+    if (become(f->uid ? f->uid : 65534) < 0)
         return 40;
     struct proto_msg hello = { .op = PROTO_OP_HELLO, .id = 1 };
     hello.u.hello.version = PROTO_VERSION;
@@ -715,5 +716,66 @@ Test(fairness, one_uid_cannot_take_every_buffer_fd, .timeout = 120)
     cr_assert_eq(write(greedy.go[1], &x, 1), 1);
     cr_assert_eq(child_wait(pg), 0);
     cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, WAIT_MS), 0);
+    daemon_stop(&d);
+}
+
+static int victim_waits(void *arg)
+{
+    struct flooder *f = arg;
+    shmref_conn *c;
+    shmref_buf *b;
+    if (become(65528) < 0)
+        return 40;
+    if (shmref_connect(f->socket, &c) != 0)
+        return 41;
+    shmref_set_timeout(c, 20000);
+    int r = shmref_acquire(c, &f->desc, &b);
+    if (r != 0) {
+        fprintf(stderr, "the waiting victim's acquire: %s (%s)\n", strerror(-r), shmref_errmsg(c));
+        return 42;
+    }
+    shmref_release(b);
+    shmref_close(c);
+    return 0;
+}
+
+Test(fairness, fds_in_flight_at_the_kernel_limit_wait_and_close_nobody, .timeout = 120)
+{
+    struct daemon d;
+    start_with_nofile(&d, 400); /* 100 unread per uid: six uids pass the kernel's 400 */
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b;
+    shmref_desc desc;
+    cr_assert_eq(shmref_lease(c, 4096, &b), 0);
+    cr_assert_eq(shmref_publish(b, 4096, 0, NULL, 0, &desc), 0);
+    struct flooder f[6];
+    pid_t pids[6];
+    for (int i = 0; i < 6; i++) {
+        f[i] = (struct flooder){ .socket = d.socket, .desc = desc, .uid = (uid_t)(65529 + i), .conns = 2,
+                                 .per_conn = 120 };
+        cr_assert_eq(pipe(f[i].ready), 0);
+        cr_assert_eq(pipe(f[i].go), 0);
+        pids[i] = child_run(flood_acquires, &f[i]);
+        close(f[i].ready[1]);
+        close(f[i].go[0]);
+        char x;
+        cr_assert_eq(read(f[i].ready[0], &x, 1), 1, "flooder %d failed: %d", i, child_wait(pids[i]));
+    }
+    usleep(500 * 1000);
+    cr_assert(daemon_log_contains(&d, "ETOOMANYREFS"), "the kernel's limit was not reached: the test tests nothing");
+    struct flooder v = { .socket = d.socket, .desc = desc };
+    pid_t victim = child_run(victim_waits, &v);
+    usleep(300 * 1000);
+    for (int i = 0; i < 6; i++) { /* the flooders read: fds drain, the victim's reply goes */
+        char x = 'g';
+        cr_assert_eq(write(f[i].go[1], &x, 1), 1);
+    }
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(child_wait(pids[i]), 0, "flooder %d lost replies", i);
+    cr_assert_eq(child_wait(victim), 0, "the victim was not served once the fds drained");
+    cr_assert(!daemon_log_contains(&d, "send failed"), "the daemon closed a connection on a failed send");
+    cr_assert_eq(status_u64(&d, "counters.slow_clients"), 0);
+    shmref_release(b);
+    shmref_close(c);
     daemon_stop(&d);
 }
