@@ -141,10 +141,19 @@ static void too_many_refs(struct transport *t)
     arm_recheck(t, false);
 }
 
-/* fd_blocked: at a cap of fds in flight: read no request that could send another. */
+/* shared_full: the group's (uid's) unread fds are at its cap. */
+static bool shared_full(const struct transport *t)
+{
+    return t->shared && t->shared_cap && *t->shared >= t->shared_cap;
+}
+
+/* fd_blocked: at a cap of fds in flight: read no request that could send another. At
+ * the group's cap, a transport with no unread fd of its own is still read, one message
+ * at a time (its peer reads what it gets: a well-behaved client of a uid whose other
+ * connections hoard fds goes on, one fd at most in flight). */
 static bool fd_blocked(const struct transport *t)
 {
-    return (t->fd_cap && t->fd_unread >= t->fd_cap) || (t->shared && t->shared_cap && *t->shared >= t->shared_cap);
+    return (t->fd_cap && t->fd_unread >= t->fd_cap) || (t->fd_unread && shared_full(t));
 }
 
 /* refresh_unread: a peer that has read every reply (SIOCOUTQ 0: nothing of ours is left
@@ -449,7 +458,7 @@ static void handle(struct transport *t, struct msghdr *mh, const uint8_t *buf, s
 
 /* read_batch: receive up to TRANSPORT_BATCH messages with one recvmmsg and handle them
  * all (they are off the socket). Returns 1 if there may be more to read now. */
-static int read_batch(struct transport *t)
+static int read_batch(struct transport *t, unsigned max)
 {
     struct mmsghdr mm[TRANSPORT_BATCH];
     struct iovec iov[TRANSPORT_BATCH];
@@ -465,7 +474,7 @@ static int read_batch(struct transport *t)
     }
     int n;
     do
-        n = recvmmsg(t->fd, mm, TRANSPORT_BATCH, MSG_DONTWAIT | MSG_CMSG_CLOEXEC, NULL);
+        n = recvmmsg(t->fd, mm, max, MSG_DONTWAIT | MSG_CMSG_CLOEXEC, NULL);
     while (n < 0 && errno == EINTR);
     if (n < 0) {
         if (errno == ECONNRESET)
@@ -476,7 +485,7 @@ static int read_batch(struct transport *t)
     }
     for (int i = 0; i < n; i++)
         handle(t, &mm[i].msg_hdr, rbuf[i], mm[i].msg_len);
-    return n == TRANSPORT_BATCH && !t->closing && !t->out_head;
+    return n == (int)max && !t->closing && !t->out_head;
 }
 
 static void on_poll(uv_poll_t *p, int status, int events)
@@ -498,7 +507,7 @@ static void on_poll(uv_poll_t *p, int status, int events)
     }
     /* A few batches per wake-up at most: other clients get their turn. */
     if (!t->closing && !t->out_head && !fd_blocked(t) && (events & (UV_READABLE | UV_DISCONNECT))) {
-        for (int i = 0; i < 4 && !fd_blocked(t) && read_batch(t); i++)
+        for (int i = 0; i < 4 && !fd_blocked(t) && read_batch(t, shared_full(t) ? 1 : TRANSPORT_BATCH); i++)
             ;
     }
     if (!t->closing && !t->out_head && fd_blocked(t)) {

@@ -350,7 +350,7 @@ static int flood_acquires(void *arg)
         if (rawclient_call(fds[i], buf, len, rep, sizeof(rep), WAIT_MS) <= 0)
             return 42;
     }
-    /* (Hellos first: once the uid's unread fds reach its cap, none of its connections is read.) */
+    /* (Hellos first, then the floods: every connection gets its share of fds in flight.) */
     for (int i = 0; i < f->conns; i++) {
         for (int k = 0; k < f->per_conn; k++) {
             size_t len;

@@ -319,16 +319,29 @@ Test(transport, unread_fds_at_the_cap_stop_reading_until_the_peer_reads)
     cr_assert_eq(f.messages, 1, "reading did not resume once every reply was read");
     cr_assert_eq(transport_fds_unread(f.t), 0);
     cr_assert_eq(shared, 0);
-    /* the shared cap: another transport's unread fds stop this one too */
+    /* the shared cap: other transports' unread fds reached it. This one, with none of
+     * its own unread, is still read, one message at a time... */
     shared = 100;
     cr_assert_eq(rawclient_send(f.peer, "req2", 4), 0);
+    cr_assert_eq(rawclient_send(f.peer, "req3", 4), 0);
     run_ms(&f, 30);
-    cr_assert_eq(f.messages, 1, "read past the shared cap");
-    shared = 99;
-    for (int i = 0; i < 1000 && f.messages < 2; i++)
+    cr_assert_eq(f.messages, 3, "a transport with nothing unread was not read at the shared cap");
+    /* ...until it has an fd unread itself */
+    cr_assert_eq(transport_send(f.t, (const uint8_t *)"c", 1, fd), 0);
+    cr_assert_eq(shared, 101);
+    cr_assert_eq(rawclient_send(f.peer, "req4", 4), 0);
+    run_ms(&f, 30);
+    cr_assert_eq(f.messages, 3, "read past the shared cap with an fd of its own unread");
+    shared = 99; /* the others read theirs; ours (1) is still unread: under the cap now */
+    for (int i = 0; i < 1000 && f.messages < 4; i++)
         run_ms(&f, 1);
-    cr_assert_eq(f.messages, 2, "reading did not resume below the shared cap");
+    cr_assert_eq(f.messages, 4, "reading did not resume below the shared cap");
+    cr_assert_eq(rawclient_recv(f.peer, buf, sizeof(buf), &got), 1);
+    close(got);
+    for (int i = 0; i < 1000 && shared != 98; i++)
+        run_ms(&f, 1);
+    cr_assert_eq(shared, 98, "the read fd was not taken off the shared count");
     close(fd);
     fx_close(&f);
-    cr_assert_eq(shared, 99, "a closed transport left its count behind");
+    cr_assert_eq(shared, 98, "a closed transport left its count behind");
 }
