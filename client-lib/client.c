@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -146,12 +147,19 @@ static int recv_reply(shmref_conn *conn, size_t *ret_len, int *ret_fd)
                 close(f); /* more than one fd: never sent by shmrefd */
         }
     }
-    if (n == 0 && fd < 0)
+    if (n == 0 && fd < 0 && !(mh.msg_flags & MSG_CTRUNC))
         return client_fail(conn, -ECONNRESET, "shmrefd closed the connection");
-    if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+    if (mh.msg_flags & MSG_TRUNC) {
         if (fd >= 0)
             close(fd);
         return client_fail(conn, -EPROTO, "reply from shmrefd was truncated");
+    }
+    /* Only the control data was cut: the fd did not fit in this process (RLIMIT_NOFILE).
+     * The reply itself is whole; client_recv undoes what it gave us. */
+    conn->fd_lost = (mh.msg_flags & MSG_CTRUNC) != 0;
+    if (conn->fd_lost && fd >= 0) {
+        close(fd);
+        fd = -1;
     }
     *ret_len = (size_t)n;
     *ret_fd = fd;
@@ -181,6 +189,37 @@ int client_send(shmref_conn *conn, struct proto_msg *req)
     return r;
 }
 
+/* fd_lost: a lease or acquire reply whose fd this process could not receive (it is at
+ * its open-file limit). The daemon holds a handle for us and counts the fd as sent
+ * (fd-once): release the handle and forget the buffer (one-way, in order, so the next
+ * request sees both done), and turn the reply into an EMFILE error for its request. */
+static void fd_lost(shmref_conn *conn, struct proto_msg *rep)
+{
+    bool writable = rep->op == PROTO_OP_LEASE + PROTO_OP_REPLY;
+    uint64_t handle = rep->u.lease_reply.handle, buf_id = rep->u.lease_reply.buf_id;
+    struct proto_msg rel = { .op = PROTO_OP_RELEASE };
+    rel.u.release.handle = handle;
+    rel.u.release.flags = PROTO_RELEASE_NOREPLY; /* without the feature: a stray reply, skipped */
+    struct rlimit rl;
+    unsigned long long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (unsigned long long)rl.rlim_cur : 0;
+    int n = snprintf(conn->lost_msg, sizeof(conn->lost_msg),
+                     "the %s's fd could not be received: this process is at its open-file limit "
+                     "(RLIMIT_NOFILE %llu); the %s was released", writable ? "lease" : "acquired buffer",
+                     lim, writable ? "lease" : "buffer");
+    client_send(conn, &rel);
+    if (conn->features & PROTO_FEAT_FD_ONCE) {
+        struct proto_msg fg = { .op = PROTO_OP_FORGET };
+        fg.u.forget.buf_id = buf_id;
+        fg.u.forget.writable = writable;
+        client_send(conn, &fg);
+    }
+    conn->fd_lost = false;
+    rep->op = PROTO_OP_ERROR;
+    rep->u.error.code = EMFILE;
+    rep->u.error.msg = conn->lost_msg;
+    rep->u.error.msg_len = n > 0 ? (uint32_t)strnlen(conn->lost_msg, sizeof(conn->lost_msg)) : 0;
+}
+
 int client_recv(shmref_conn *conn, struct proto_msg *rep, int *ret_fd)
 {
     const char *why;
@@ -198,6 +237,8 @@ int client_recv(shmref_conn *conn, struct proto_msg *rep, int *ret_fd)
             close(fd);
         return client_fail(conn, -EPROTO, "bad reply from shmrefd: %s", why);
     }
+    if (conn->fd_lost && (rep->op == PROTO_OP_LEASE + PROTO_OP_REPLY || rep->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY))
+        fd_lost(conn, rep);
     if (rep->op == PROTO_OP_ERROR && rep->id == 0) { /* about the connection, not a request */
         if (fd >= 0)
             close(fd);

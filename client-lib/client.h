@@ -64,6 +64,8 @@ struct shmref_conn {
     atomic_uint pins;       /* pinned buffers (client_pin) */
     atomic_bool closed;     /* shmref_close was called while pins were held */
     char errmsg[PROTO_MAX_ERRMSG + 1];
+    bool fd_lost;           /* the last message's fd did not fit (MSG_CTRUNC) */
+    char lost_msg[192];     /* the EMFILE message a lost fd's reply becomes */
     uint8_t wbuf[PROTO_MAX_REQUEST];
     uint8_t rbuf[PROTO_MAX_REPLY];
 };

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "units.h"
@@ -45,8 +46,14 @@ static void refuse(struct broker *bk, struct broker_peer *p, uint32_t id, int co
     default: k->refused_other++; break;
     }
     quota_note_refusal(bk->quota, p->uid, code);
-    log_notice("refused %s for client %llu pid=%d uid=%u: %s", what, (unsigned long long)p->id,
-               (int)p->pid, (unsigned)p->uid, msg);
+    unsigned held_back;
+    bool ok = log_rate_take(&p->log_rate, &held_back);
+    if (held_back)
+        log_notice("client %llu pid=%d uid=%u: suppressed %u refusal line%s in the last second",
+                   (unsigned long long)p->id, (int)p->pid, (unsigned)p->uid, held_back, held_back == 1 ? "" : "s");
+    if (ok)
+        log_notice("refused %s for client %llu pid=%d uid=%u: %s", what, (unsigned long long)p->id,
+                   (int)p->pid, (unsigned)p->uid, msg);
     p->ops->refuse(p, id, code, msg);
 }
 
@@ -133,6 +140,26 @@ static bool leases_left(struct broker *bk, struct broker_peer *p, uint32_t id, c
     return false;
 }
 
+/* fd_share_left: every buffer is one of the daemon's fds, and the pool's fd budget
+ * (three quarters of RLIMIT_NOFILE) is shared: one tenant may hold at most half of it, so
+ * another tenant's lease never finds it taken by one uid's many small leases. Root and
+ * the daemon's own uid are exempt (as from the per-uid connection limit). */
+static bool fd_share_left(struct broker *bk, struct broker_peer *p, uint32_t id)
+{
+    if (p->uid == 0 || p->uid == geteuid())
+        return true;
+    uint64_t share = pool_fd_budget(bk->pool) / 2, held = quota_buffers(bk->quota, p->uid);
+    if (held < share)
+        return true;
+    char msg[PROTO_MAX_ERRMSG];
+    snprintf(msg, sizeof(msg),
+             "uid %u holds %llu buffers, its share of the daemon's fd budget (half of %llu, three quarters "
+             "of RLIMIT_NOFILE); release buffers or raise LimitNOFILE",
+             (unsigned)p->uid, (unsigned long long)held, (unsigned long long)pool_fd_budget(bk->pool));
+    refuse(bk, p, id, EMFILE, "lease", msg);
+    return false;
+}
+
 /* lease_refused: the pool said no to a charged lease (its charge is already back). */
 static void lease_refused(struct broker *bk, struct broker_peer *p, uint32_t id, int r, uint64_t csize)
 {
@@ -179,6 +206,8 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
         refuse(bk, p, m->id, EFBIG, "lease", "lease size beyond every size class");
         return;
     }
+    if (!fd_share_left(bk, p, m->id))
+        return;
     struct quota_ticket charge;
     int r = quota_take(bk->quota, p->uid, cls.size, &charge, msg, sizeof(msg));
     if (r < 0) {

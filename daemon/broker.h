@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "counters.h"
+#include "log.h"
 #include "options.h"
 #include "pool.h"
 #include "proto.h"
@@ -40,6 +41,7 @@ struct broker_peer {
     bool closing;
     unsigned pending;               /* leases waiting for a new buffer */
     struct registry_holder holder;  /* the handle table */
+    struct log_rate log_rate;       /* its refusal lines: LOG_RATE_LINES a second */
 };
 
 struct broker {

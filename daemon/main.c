@@ -329,6 +329,7 @@ int main(int argc, char **argv)
 {
     static struct daemon d;
     char err[512];
+    log_init(); /* before the first line: logging never blocks the loop */
     int r = options_parse_args(argc, argv, &d.flags);
     if (r != 0) {
         options_free(&d.flags);
@@ -381,6 +382,7 @@ int main(int argc, char **argv)
     free(d.server);
     if (code == 0)
         log_info("stopped");
+    log_flush();
     options_free(&d.opt);
     options_free(&d.flags);
     return code;

@@ -17,7 +17,7 @@
 #include "paths.h"
 #include "units.h"
 
-enum type { T_STR, T_MODE, T_SIZE, T_COUNT, T_BOOL, T_TRI, T_UIDS, T_GIDS };
+enum type { T_STR, T_MODE, T_SIZE, T_COUNT, T_BOOL, T_TRI, T_UIDS, T_GIDS, T_COUNT0 /* 0 allowed */ };
 
 struct key {
     const char *name;
@@ -44,6 +44,10 @@ static const struct key keys[] = {
     { "user", 'u', T_STR, OFF(user), "run as this user after setup, when started as root" },
     { "allow-users", 0, T_UIDS, OFF(allow_uids), "uids or names allowed to connect (all)" },
     { "allow-groups", 0, T_GIDS, OFF(allow_gids), "gids or names allowed to connect (all)" },
+    { "max-clients-per-uid", 0, T_COUNT, OFF(max_clients_per_uid),
+      "connections of one uid, root and the daemon's own uid exempt (half of max-clients)" },
+    { "idle-timeout", 0, T_COUNT0, OFF(idle_timeout),
+      "seconds a connection holding nothing may stay silent; 0: forever (600)" },
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 #define FIELD(o, k, T) ((T *)((char *)(o) + (k)->off))
@@ -147,6 +151,10 @@ static int set_key(struct options *o, unsigned i, const char *value, char *err, 
             return errf(err, len, "%s: '%s' is not a number of at least 1", k->name, value);
         break;
     }
+    case T_COUNT0:
+        if (parse_count(value, 10, UINT32_MAX, FIELD(o, k, uint32_t)) < 0)
+            return errf(err, len, "%s: '%s' is not a number", k->name, value);
+        break;
     case T_BOOL:
         if (parse_bool(value, FIELD(o, k, bool)) < 0)
             return errf(err, len, "%s: '%s' is not yes or no", k->name, value);
@@ -348,6 +356,7 @@ static int copy_key(struct options *dst, const struct options *src, unsigned i)
         break;
     }
     case T_MODE:
+    case T_COUNT0:
     case T_COUNT: *FIELD(dst, k, uint32_t) = *FIELD(src, k, const uint32_t); break;
     case T_SIZE: *FIELD(dst, k, uint64_t) = *FIELD(src, k, const uint64_t); break;
     case T_BOOL: *FIELD(dst, k, bool) = *FIELD(src, k, const bool); break;
@@ -408,6 +417,10 @@ int options_resolve(struct options *o, uint64_t dir_available)
         o->max_leases = OPTIONS_DEFAULT_MAX_LEASES;
     if (!o->max_clients)
         o->max_clients = OPTIONS_DEFAULT_MAX_CLIENTS;
+    if (!o->max_clients_per_uid)
+        o->max_clients_per_uid = o->max_clients > 1 ? o->max_clients / 2 : 1;
+    if (!options_given(o, "idle-timeout"))
+        o->idle_timeout = OPTIONS_DEFAULT_IDLE_TIMEOUT;
     if (!o->pool_size) {
         o->pool_size = OPTIONS_DEFAULT_POOL_MAX;
         if (dir_available / 2 < o->pool_size)
@@ -433,6 +446,7 @@ void options_print(const struct options *o, FILE *f)
             break;
         }
         case T_MODE: fprintf(f, "%04o", *FIELD(o, k, const uint32_t)); break;
+        case T_COUNT0:
         case T_COUNT: fprintf(f, "%u", *FIELD(o, k, const uint32_t)); break;
         case T_SIZE: fprintf(f, "%llu", (unsigned long long)*FIELD(o, k, const uint64_t)); break;
         case T_BOOL: fprintf(f, "%s", *FIELD(o, k, const bool) ? "yes" : "no"); break;

@@ -16,6 +16,7 @@
 #define OPTIONS_DEFAULT_POOL_MAX (1ULL << 30)
 #define OPTIONS_DEFAULT_MAX_LEASES 4096
 #define OPTIONS_DEFAULT_MAX_CLIENTS 1024
+#define OPTIONS_DEFAULT_IDLE_TIMEOUT 600 /* seconds */
 
 enum { OPTIONS_HUGE_AUTO = 0, OPTIONS_HUGE_YES = 1, OPTIONS_HUGE_NO = 2 };
 
@@ -45,6 +46,8 @@ struct options {
     bool verbose;
     char *user;               /* switch to this user after setup (when root) */
     struct options_list allow_uids, allow_gids; /* both empty: anyone who can open the socket */
+    uint32_t max_clients_per_uid; /* default: half of max_clients; root, the daemon's uid exempt */
+    uint32_t idle_timeout;    /* seconds; 0: never (default OPTIONS_DEFAULT_IDLE_TIMEOUT) */
     struct options_quota *quotas;      /* [quota] uid = bytes */
     unsigned n_quotas;
     /* Command line only. */

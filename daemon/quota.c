@@ -64,6 +64,12 @@ static struct entry *get(struct quota *q, uint32_t uid)
     return e;
 }
 
+uint32_t quota_buffers(const struct quota *q, uint32_t uid)
+{
+    const struct entry *e = find(q, uid);
+    return e ? e->t.buffers : 0;
+}
+
 static bool refused_any(const struct entry *e)
 {
     return e->t.refused_quota || e->t.refused_space || e->t.refused_limit || e->t.refused_access ||

@@ -61,4 +61,7 @@ void quota_note_refusal(struct quota *q, uint32_t uid, int code);
 unsigned quota_tenants(const struct quota *q, struct quota_tenant *ret, unsigned max);
 unsigned quota_count(const struct quota *q);
 
+/* quota_buffers: live buffers charged to uid (each is one of the daemon's fds). */
+uint32_t quota_buffers(const struct quota *q, uint32_t uid);
+
 #endif

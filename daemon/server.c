@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -20,14 +21,30 @@
 #include "units.h"
 
 /* status_of: the status map, from every layer's numbers (sessions call it). */
-static int status_of(void *arg, uint8_t *buf, size_t cap)
+static int status_of(void *arg, uint32_t uid, uint8_t *buf, size_t cap)
 {
     struct server *s = arg;
+    /* Root and the daemon's uid see everyone; others see their own clients and buffers. */
+    bool all = uid == 0 || uid == geteuid();
     struct status_src src = { .uptime_ms = uv_now(s->loop) - s->started_ms, .now_ms = uv_now(s->loop),
                               .opt = s->opt, .pool = s->pool,
                               .quota = s->quota, .reg = s->reg, .counters = &s->counters,
-                              .sessions = &s->sessions };
+                              .sessions = &s->sessions, .only_uid = !all, .uid = uid,
+                              .reserved_clients = SERVER_RESERVED_SLOTS };
     return status_build(&src, buf, cap);
+}
+
+/* server_fd_caps: fds in flight (sent, not yet received) count against the daemon's
+ * RLIMIT_NOFILE in the kernel (ETOOMANYREFS past it). One uid's connections may have a
+ * quarter of it unread, one connection at most SERVER_FDS_PER_CONN: a tenant that never
+ * reads its replies stalls itself, not the fds of others. */
+static void server_fd_caps(struct session_env *env)
+{
+    struct rlimit rl;
+    uint64_t lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 1048576;
+    uint64_t uid_cap = lim / 4 > 16 ? lim / 4 : 16;
+    env->fd_cap_uid = uid_cap > UINT32_MAX ? UINT32_MAX : (unsigned)uid_cap;
+    env->fd_cap_conn = env->fd_cap_uid < SERVER_FDS_PER_CONN ? env->fd_cap_uid : SERVER_FDS_PER_CONN;
 }
 
 int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
@@ -54,6 +71,7 @@ int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
                                  .counters = &s->counters };
     s->sessions = (struct session_env){ .loop = loop, .opt = opt, .broker = &s->broker,
                                         .counters = &s->counters, .status = status_of, .status_arg = s };
+    server_fd_caps(&s->sessions);
     return 0;
 }
 
@@ -91,8 +109,15 @@ static void refuse(int fd, const struct ucred *cred, int code, const char *fmt, 
     int n = proto_encode_error(0, code, buf, sizeof(buf), "%s", msg);
     if (n > 0 && send(fd, buf, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
         log_debug("could not tell pid %d it was refused: %s", (int)cred->pid, strerror(errno));
-    log_notice("refused client pid=%d uid=%u gid=%u: %s", (int)cred->pid, (unsigned)cred->uid,
-               (unsigned)cred->gid, msg);
+    /* One source for every refused connect: a peer that reconnects in a loop is limited too. */
+    static struct log_rate rate;
+    unsigned held_back;
+    bool ok = log_rate_take(&rate, &held_back);
+    if (held_back)
+        log_notice("suppressed %u refused-connection line%s in the last second", held_back, held_back == 1 ? "" : "s");
+    if (ok)
+        log_notice("refused client pid=%d uid=%u gid=%u: %s", (int)cred->pid, (unsigned)cred->uid,
+                   (unsigned)cred->gid, msg);
     close(fd);
 }
 
@@ -119,11 +144,23 @@ static void accept_one(struct server *s, int fd)
                (unsigned)cred.uid, (int)cred.pid);
         return;
     }
-    if (s->sessions.n >= s->opt->max_clients && session_count_open(&s->sessions) >= s->opt->max_clients) {
+    /* Root and the daemon's own uid have SERVER_RESERVED_SLOTS above --max-clients (an
+     * operator's status works when others took every slot) and no per-uid limit. */
+    bool privileged = cred.uid == 0 || cred.uid == geteuid();
+    uint32_t slots = s->opt->max_clients + (privileged ? SERVER_RESERVED_SLOTS : 0);
+    if (s->sessions.n >= slots && session_count_open(&s->sessions) >= slots) {
         s->counters.refused_limit++;
         quota_note_refusal(s->quota, cred.uid, EUSERS);
-        refuse(fd, &cred, EUSERS, "too many clients: %u connected, limit %u", session_count_open(&s->sessions),
-               s->opt->max_clients);
+        refuse(fd, &cred, EUSERS, "too many clients: %u connected, limit %u (and %u reserved for root and the "
+               "daemon's user)", session_count_open(&s->sessions), s->opt->max_clients, SERVER_RESERVED_SLOTS);
+        return;
+    }
+    uint32_t mine = session_uid_conns(&s->sessions, cred.uid);
+    if (!privileged && mine >= s->opt->max_clients_per_uid) {
+        s->counters.refused_limit++;
+        quota_note_refusal(s->quota, cred.uid, EUSERS);
+        refuse(fd, &cred, EUSERS, "too many clients of uid %u: %u connected, limit %u per uid", (unsigned)cred.uid,
+               mine, s->opt->max_clients_per_uid);
         return;
     }
     /* Room for the largest reply (status) in one datagram. */
@@ -189,6 +226,8 @@ static void housekeeping(uv_timer_t *t)
 {
     struct server *s = t->data;
     session_expire_hello(&s->sessions, uv_now(s->loop));
+    session_expire_idle(&s->sessions, uv_now(s->loop), (uint64_t)s->opt->idle_timeout * 1000);
+    log_flush(); /* lines that waited for a full stderr */
     /* A listening socket that was shut down or broke wakes no epoll waiter: look. */
     struct pollfd pf = { .fd = s->listen_fd, .events = POLLIN };
     if (s->listening && !s->stopping && poll(&pf, 1, 0) == 1 && (pf.revents & (POLLERR | POLLHUP | POLLNVAL)))
@@ -311,6 +350,7 @@ void server_free(struct server *s)
     s->quota = NULL;
     pool_free(s->pool);
     s->pool = NULL;
+    session_free_env(&s->sessions);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     s->listen_fd = -1;

@@ -81,6 +81,51 @@ static void peer_unref(struct broker_peer *p)
 
 static const struct broker_peer_ops peer_ops = { peer_reply, peer_refuse, peer_ref, peer_unref };
 
+/* ---- tenants: what one uid's sessions share ----------------------------------------- */
+
+static struct session_tenant *tenant_get(struct session_env *env, uint32_t uid)
+{
+    for (struct session_tenant *t = env->tenants; t; t = t->next)
+        if (t->uid == uid)
+            return t;
+    struct session_tenant *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->uid = uid;
+    t->next = env->tenants;
+    env->tenants = t;
+    return t;
+}
+
+static void tenant_put(struct session_env *env, struct session_tenant *t)
+{
+    if (--t->conns > 0)
+        return;
+    for (struct session_tenant **pp = &env->tenants; *pp; pp = &(*pp)->next)
+        if (*pp == t) {
+            *pp = t->next;
+            break;
+        }
+    free(t);
+}
+
+uint32_t session_uid_conns(const struct session_env *env, uint32_t uid)
+{
+    for (const struct session_tenant *t = env->tenants; t; t = t->next)
+        if (t->uid == uid)
+            return t->conns;
+    return 0;
+}
+
+void session_free_env(struct session_env *env)
+{
+    while (env->tenants) {
+        struct session_tenant *t = env->tenants;
+        env->tenants = t->next;
+        free(t);
+    }
+}
+
 /* ---- lifecycle --------------------------------------------------------------------- */
 
 int session_new(struct session_env *env, int fd, const struct ucred *cred, struct session **ret)
@@ -95,12 +140,19 @@ int session_new(struct session_env *env, int fd, const struct ucred *cred, struc
     s->gid = cred->gid;
     s->env = env;
     s->refs = 1; /* the transport's, dropped in session_disconnected */
-    s->accepted_ms = uv_now(env->loop);
+    s->accepted_ms = s->last_ms = uv_now(env->loop);
+    if (!(s->tenant = tenant_get(env, cred->uid))) {
+        free(s);
+        return -ENOMEM;
+    }
+    s->tenant->conns++;
     int r = transport_new(env->loop, fd, PROTO_MAX_REQUEST, &transport_ops, s, &s->transport);
     if (r < 0) {
+        tenant_put(env, s->tenant);
         free(s);
         return r;
     }
+    transport_set_fd_limits(s->transport, env->fd_cap_conn, &s->tenant->fds_unread, env->fd_cap_uid);
     s->next = env->head;
     if (env->head)
         env->head->prev = s;
@@ -131,6 +183,10 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
     else if (end == TRANSPORT_END_FRAMING)
         env->counters->protocol_errors++;
     uint32_t held = s->peer.holder.leases;
+    if (s->peer.log_rate.suppressed)
+        log_notice("client %llu pid=%d uid=%u: suppressed %u refusal line%s before it left",
+                   (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid,
+                   s->peer.log_rate.suppressed, s->peer.log_rate.suppressed == 1 ? "" : "s");
     uint32_t n = broker_disconnect(env->broker, &s->peer);
     broker_check(env->broker);
     /* The peer went away (why == NULL): with nothing held it closed cleanly (libshmref
@@ -154,6 +210,8 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
     if (s->prev) s->prev->next = s->next; else env->head = s->next;
     if (s->next) s->next->prev = s->prev;
     env->n--;
+    tenant_put(env, s->tenant); /* the transport has taken its unread fds off the count */
+    s->tenant = NULL;
     session_unref(s);
 }
 
@@ -169,6 +227,20 @@ void session_expire_hello(struct session_env *env, uint64_t now_ms)
             env->counters->protocol_errors++;
             session_fail(s, 0, ETIMEDOUT, "no hello within %d ms", SESSION_HELLO_MS);
             session_close(s, "no hello within 10 s");
+        }
+    }
+}
+
+void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle_ms)
+{
+    if (!idle_ms)
+        return;
+    for (struct session *s = env->head; s; s = s->next) {
+        if (s->hello && !s->peer.closing && !s->peer.holder.leases && !s->peer.pending &&
+            now_ms - s->last_ms >= idle_ms) {
+            session_fail(s, 0, ETIMEDOUT, "idle for %llu s holding nothing (idle-timeout %llu s): closed",
+                         (unsigned long long)((now_ms - s->last_ms) / 1000), (unsigned long long)(idle_ms / 1000));
+            session_close(s, "idle, holding nothing");
         }
     }
 }
@@ -256,7 +328,7 @@ static void do_hello(struct session *s, const struct proto_msg *m)
 
 static void do_status(struct session *s, const struct proto_msg *m)
 {
-    int n = s->env->status(s->env->status_arg, status_body, sizeof(status_body));
+    int n = s->env->status(s->env->status_arg, s->peer.uid, status_body, sizeof(status_body));
     if (n < 0) {
         session_fail(s, m->id, EMSGSIZE, "status does not fit in one reply");
         return;
@@ -273,7 +345,7 @@ static void dispatch(struct session *s, const struct proto_msg *m)
     switch (m->op) {
     case PROTO_OP_HELLO:
         if (s->hello)
-            session_fail(s, m->id, EPROTO, "hello was already said");
+            protocol_error(s, m->id, "hello was already said");
         else
             do_hello(s, m);
         return;
@@ -302,6 +374,7 @@ static void on_message(void *ctx, const uint8_t *data, size_t len)
     const char *why = NULL;
     if (s->peer.closing)
         return;
+    s->last_ms = uv_now(s->env->loop);
     int r = proto_decode(data, len, PROTO_MAX_REQUEST, &m, &why);
     if (!s->hello && (r == -EOPNOTSUPP || (r == 0 && m.op != PROTO_OP_HELLO))) {
         protocol_error(s, m.id, "the first message must be hello");

@@ -25,18 +25,33 @@
 
 #define SESSION_HELLO_MS 10000   /* a connection that says no hello by then is closed */
 
+/* session_tenant: what one uid's connections share: how many there are (for
+ * --max-clients-per-uid) and how many fd-carrying replies they have not read yet (each
+ * transport adds its own; the cap on the sum keeps one uid from taking every fd the
+ * kernel lets the daemon have in flight). Freed with the uid's last session. */
+struct session_tenant {
+    uint32_t uid;
+    uint32_t conns;
+    unsigned fds_unread;
+    struct session_tenant *next;
+};
+
 /* session_env: what every session shares; owned by the server. */
 struct session_env {
     uv_loop_t *loop;
     const struct options *opt;
     struct broker *broker;
     struct counters *counters;
-    /* status: writes the status map into buf; returns its length or -EMSGSIZE. */
-    int (*status)(void *arg, uint8_t *buf, size_t cap);
+    /* status: writes the status map, as uid may see it, into buf; returns its length or
+     * -EMSGSIZE. */
+    int (*status)(void *arg, uint32_t uid, uint8_t *buf, size_t cap);
     void *status_arg;
     struct session *head;        /* every session not yet disconnected, newest first */
     uint32_t n;
     uint64_t next_id;
+    struct session_tenant *tenants; /* one per uid with a session */
+    unsigned fd_cap_conn;        /* unread fd-carrying replies per connection (0: none) */
+    unsigned fd_cap_uid;         /* the same, summed over one uid's connections (0: none) */
 };
 
 struct session {
@@ -47,6 +62,8 @@ struct session {
     bool fd_once;                /* PROTO_FEAT_FD_ONCE agreed in hello */
     struct idset known;          /* buf_id << 1 | writable: fds this client was sent */
     uint64_t accepted_ms;        /* uv_now at accept, for the hello deadline */
+    uint64_t last_ms;            /* uv_now at its last request, for --idle-timeout */
+    struct session_tenant *tenant;
     unsigned refs;
     struct session_env *env;
     struct transport *transport; /* NULL once disconnected */
@@ -70,6 +87,17 @@ void session_close(struct session *s, const char *why);
 
 /* session_expire_hello: closes sessions that said no hello within SESSION_HELLO_MS. */
 void session_expire_hello(struct session_env *env, uint64_t now_ms);
+
+/* session_expire_idle: closes (ETIMEDOUT) sessions that hold nothing (no lease, none
+ * pending) and sent nothing for idle_ms; 0 disables. A session holding leases never
+ * idles out. */
+void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle_ms);
+
+/* session_uid_conns: how many sessions uid has (closing ones included until they end). */
+uint32_t session_uid_conns(const struct session_env *env, uint32_t uid);
+
+/* session_free_env: frees what the env allocated (after every session ended). */
+void session_free_env(struct session_env *env);
 
 /* session_count_open: sessions not closing (one that is closing no longer counts against
  * --max-clients, though it is released only at the end of this loop iteration). */

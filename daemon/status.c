@@ -88,6 +88,13 @@ static void pack_buffer(msgpack_packer *pk, const struct status_src *s, const st
     kv_u64(pk, "retention_left_ms", b->retained && b->deadline > now ? b->deadline - now : 0);
 }
 
+/* visible: whether the viewer may see what uid owns (status privacy: an unprivileged
+ * viewer sees its own uid's clients, buffers and tenant; totals stay global). */
+static bool visible(const struct status_src *s, uint32_t uid)
+{
+    return !s->only_uid || s->uid == uid;
+}
+
 /* writing: whether l is a producer's handle on a buffer not yet published (each such
  * buffer has exactly one: its producer's). */
 static bool writing(const struct registry_lease *l)
@@ -100,11 +107,20 @@ static bool writing(const struct registry_lease *l)
 static void pack_buffer_list(msgpack_packer *pk, const struct status_src *s, unsigned max)
 {
     static const struct registry_buf *pub[LIST_MAX];
-    unsigned npub = registry_published(s->reg, pub, max), nwr = 0, total = 0;
+    unsigned npub = registry_published(s->reg, pub, s->only_uid ? LIST_MAX : max), nwr = 0, total = 0;
     for (const struct session *c = s->sessions->head; c; c = c->next)
         for (uint32_t i = 0; i < c->peer.holder.nslots; i++)
-            total += writing(&c->peer.holder.slots[i]);
-    total += (unsigned)registry_stats(s->reg).published;
+            total += writing(&c->peer.holder.slots[i]) && visible(s, c->peer.holder.slots[i].buf->tenant);
+    if (s->only_uid) {
+        unsigned k = 0;
+        for (unsigned i = 0; i < npub; i++)
+            if (visible(s, pub[i]->tenant))
+                pub[k++] = pub[i];
+        npub = k < max ? k : max;
+        total += k;
+    } else {
+        total += (unsigned)registry_stats(s->reg).published;
+    }
     nwr = total - npub < max - npub ? total - npub : max - npub;
     kv_u64(pk, "list_total", total);
     key(pk, "list");
@@ -114,7 +130,7 @@ static void pack_buffer_list(msgpack_packer *pk, const struct status_src *s, uns
     unsigned done = 0;
     for (const struct session *c = s->sessions->head; c && done < nwr; c = c->next)
         for (uint32_t i = 0; i < c->peer.holder.nslots && done < nwr; i++)
-            if (writing(&c->peer.holder.slots[i])) {
+            if (writing(&c->peer.holder.slots[i]) && visible(s, c->peer.holder.slots[i].buf->tenant)) {
                 pack_buffer(pk, s, c->peer.holder.slots[i].buf);
                 done++;
             }
@@ -137,8 +153,12 @@ static void pack_buffers(msgpack_packer *pk, const struct status_src *s, unsigne
 static void pack_tenants(msgpack_packer *pk, const struct status_src *s, unsigned max)
 {
     static struct quota_tenant t[LIST_MAX];
-    unsigned n = quota_tenants(s->quota, t, max);
-    kv_u64(pk, "tenants_total", quota_count(s->quota));
+    unsigned n = quota_tenants(s->quota, t, s->only_uid ? LIST_MAX : max), k = 0;
+    for (unsigned i = 0; i < n; i++)
+        if (visible(s, t[i].uid))
+            t[k++] = t[i];
+    n = k < max ? k : max;
+    kv_u64(pk, "tenants_total", s->only_uid ? k : quota_count(s->quota));
     key(pk, "tenants");
     msgpack_pack_array(pk, n);
     for (unsigned i = 0; i < n; i++) {
@@ -157,13 +177,18 @@ static void pack_tenants(msgpack_packer *pk, const struct status_src *s, unsigne
 
 static void pack_clients(msgpack_packer *pk, const struct status_src *s, unsigned max)
 {
-    uint32_t total = s->sessions->n;
+    uint32_t total = 0;
+    for (const struct session *c = s->sessions->head; c; c = c->next)
+        total += visible(s, c->peer.uid);
     unsigned n = total < max ? total : max;
     kv_u64(pk, "clients_total", total);
     key(pk, "clients");
     msgpack_pack_array(pk, n);
     const struct session *c = s->sessions->head;
-    for (unsigned i = 0; i < n && c; i++, c = c->next) {
+    for (unsigned i = 0; i < n && c; c = c->next) {
+        if (!visible(s, c->peer.uid))
+            continue;
+        i++;
         msgpack_pack_map(pk, 7);
         kv_u64(pk, "id", c->peer.id);
         kv_u64(pk, "pid", (uint64_t)c->peer.pid);
@@ -178,12 +203,15 @@ static void pack_clients(msgpack_packer *pk, const struct status_src *s, unsigne
 static void pack_limits(msgpack_packer *pk, const struct status_src *s)
 {
     key(pk, "limits");
-    msgpack_pack_map(pk, 5);
+    msgpack_pack_map(pk, 8);
     kv_u64(pk, "pool_size", s->opt->pool_size);
     kv_u64(pk, "tenant_quota", s->opt->tenant_quota);
     kv_u64(pk, "max_lease_size", s->opt->max_lease_size);
     kv_u64(pk, "max_leases_per_client", s->opt->max_leases);
     kv_u64(pk, "max_clients", s->opt->max_clients);
+    kv_u64(pk, "max_clients_per_uid", s->opt->max_clients_per_uid);
+    kv_u64(pk, "reserved_clients", s->reserved_clients);
+    kv_u64(pk, "idle_timeout_s", s->opt->idle_timeout);
 }
 
 static void pack_counters(msgpack_packer *pk, const struct status_src *s)

@@ -11,9 +11,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "proto.h"
 
 struct transport_out {
@@ -35,6 +38,16 @@ struct transport {
     void *ctx;
     struct transport_out *out_head, *out_tail;
     unsigned out_count;
+    /* fds in flight: fd-carrying replies sent that the peer may not have read yet (reset
+     * when SIOCOUTQ shows nothing unread), capped per transport and, through *shared,
+     * per group of transports (one uid's); at a cap the transport reads no requests. */
+    uv_timer_t recheck;
+    unsigned recheck_ms;     /* backoff of the recheck timer */
+    unsigned fd_unread, fd_cap, shared_cap;
+    unsigned *shared;
+    bool fd_wait;            /* a send met ETOOMANYREFS: the queue waits for the timer */
+    bool paused;             /* not polled at all: a cap or fd_wait; the timer resumes it */
+    int handles;             /* open libuv handles; the last close callback frees t */
 };
 
 static uint8_t rbuf[TRANSPORT_BATCH][PROTO_MAX_REQUEST + 1]; /* +1 to see truncation */
@@ -58,7 +71,10 @@ int transport_new(uv_loop_t *loop, int fd, size_t max_message, const struct tran
         free(t);
         return r;
     }
+    uv_timer_init(loop, &t->recheck);
+    t->handles = 2;
     t->poll.data = t;
+    t->recheck.data = t;
     uv_poll_start(&t->poll, UV_READABLE | UV_DISCONNECT, on_poll);
     *ret = t;
     return 0;
@@ -72,6 +88,11 @@ bool transport_closing(const struct transport *t)
 static void on_closed(uv_handle_t *h)
 {
     struct transport *t = h->data;
+    if (--t->handles > 0)
+        return;
+    if (t->shared)
+        *t->shared -= t->fd_unread;
+    t->fd_unread = 0;
     close(t->fd);
     t->fd = -1;
     t->ops->on_close(t->ctx, t->end, t->has_why ? t->why : NULL);
@@ -97,11 +118,75 @@ static void end(struct transport *t, enum transport_end e, const char *why)
         t->has_why = true;
     }
     uv_close((uv_handle_t *)&t->poll, on_closed);
+    uv_close((uv_handle_t *)&t->recheck, on_closed);
 }
 
 void transport_close(struct transport *t, const char *why)
 {
     end(t, TRANSPORT_END_LOCAL, why);
+}
+
+static void arm_recheck(struct transport *t, bool reset);
+
+/* too_many_refs: a send met ETOOMANYREFS: the reply waits (logged, 10 lines a second). */
+static void too_many_refs(struct transport *t)
+{
+    static struct log_rate rate;
+    unsigned held_back;
+    if (log_rate_take(&rate, &held_back))
+        log_warning("a reply's fd waits: the daemon's fds in flight are at the kernel's limit (ETOOMANYREFS, "
+                    "RLIMIT_NOFILE); retried until clients read their replies%s",
+                    held_back ? " (more such lines suppressed)" : "");
+    t->fd_wait = true;
+    arm_recheck(t, false);
+}
+
+/* shared_full: the group's (uid's) unread fds are at its cap. */
+static bool shared_full(const struct transport *t)
+{
+    return t->shared && t->shared_cap && *t->shared >= t->shared_cap;
+}
+
+/* fd_blocked: at a cap of fds in flight: read no request that could send another. At
+ * the group's cap, a transport with no unread fd of its own is still read, one message
+ * at a time (its peer reads what it gets: a well-behaved client of a uid whose other
+ * connections hoard fds goes on, one fd at most in flight). */
+static bool fd_blocked(const struct transport *t)
+{
+    return (t->fd_cap && t->fd_unread >= t->fd_cap) || (t->fd_unread && shared_full(t));
+}
+
+/* refresh_unread: a peer that has read every reply (SIOCOUTQ 0: nothing of ours is left
+ * in its receive queue) has received every fd we sent it. */
+static void refresh_unread(struct transport *t)
+{
+    int q = 0;
+    if (t->fd_unread && ioctl(t->fd, SIOCOUTQ, &q) == 0 && q == 0) {
+        if (t->shared)
+            *t->shared -= t->fd_unread;
+        t->fd_unread = 0;
+    }
+}
+
+static void on_recheck(uv_timer_t *h);
+
+/* arm_recheck: while fds are unread, blocked or waiting, look again later (backing off
+ * from 5 ms to 500 ms: a peer that keeps fds unread costs a few wake-ups a second). */
+static void arm_recheck(struct transport *t, bool reset)
+{
+    if (t->closing)
+        return;
+    if (!t->fd_unread && !t->fd_wait && !t->paused && !fd_blocked(t)) {
+        uv_timer_stop(&t->recheck);
+        t->recheck_ms = 0;
+        return;
+    }
+    if (reset || !t->recheck_ms)
+        t->recheck_ms = 5;
+    else if (t->recheck_ms < 500)
+        t->recheck_ms *= 2;
+    if (reset || !uv_is_active((uv_handle_t *)&t->recheck))
+        uv_timer_start(&t->recheck, on_recheck, t->recheck_ms, 0);
 }
 
 static void set_events(struct transport *t)
@@ -112,7 +197,29 @@ static void set_events(struct transport *t)
     /* (Not UV_DISCONNECT while paused: a peer's half-close is level-triggered and would
      * wake the loop forever; a full close still shows as an error when flushing.) */
     int ev = t->out_head ? UV_WRITABLE : UV_READABLE | UV_DISCONNECT;
-    uv_poll_start(&t->poll, ev, on_poll);
+    /* A send that met ETOOMANYREFS, or a cap of fds in flight: wait for the timer (the
+     * socket itself stays writable, so polling it would spin). */
+    if (t->out_head && t->fd_wait)
+        ev = 0;
+    else if (!t->out_head && fd_blocked(t))
+        ev = 0;
+    t->paused = ev == 0;
+    if (ev)
+        uv_poll_start(&t->poll, ev, on_poll);
+    else
+        uv_poll_stop(&t->poll);
+}
+
+void transport_set_fd_limits(struct transport *t, unsigned per_transport, unsigned *shared, unsigned shared_cap)
+{
+    t->fd_cap = per_transport;
+    t->shared = shared;
+    t->shared_cap = shared_cap;
+}
+
+unsigned transport_fds_unread(const struct transport *t)
+{
+    return t->fd_unread;
 }
 
 static ssize_t send_one(int sock, const uint8_t *data, size_t len, int fd)
@@ -138,6 +245,15 @@ static ssize_t send_one(int sock, const uint8_t *data, size_t len, int fd)
         n = sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
     return n < 0 ? -errno : n;
+}
+
+/* sent_fd: one more fd in flight to this peer. */
+static void sent_fd(struct transport *t)
+{
+    t->fd_unread++;
+    if (t->shared)
+        (*t->shared)++;
+    arm_recheck(t, false);
 }
 
 /* send_failed: a send error ends the transport; a peer that went away is no news. */
@@ -183,9 +299,16 @@ int transport_send(struct transport *t, const uint8_t *data, size_t len, int fd)
         return -EPIPE;
     if (!t->out_head) {
         ssize_t n = send_one(t->fd, data, len, fd);
-        if (n >= 0)
+        if (n >= 0) {
+            if (fd >= 0)
+                sent_fd(t);
             return 0;
-        if (n != -EAGAIN) {
+        }
+        /* ETOOMANYREFS: the daemon has as many fds in flight (to all its peers) as the
+         * kernel allows it. That is not this peer's fault: its reply waits, queued. */
+        if (n == -ETOOMANYREFS) {
+            too_many_refs(t);
+        } else if (n != -EAGAIN) {
             send_failed(t, n);
             return (int)n;
         }
@@ -198,8 +321,16 @@ static void flush(struct transport *t)
     while (t->out_head && !t->closing) {
         struct transport_out *o = t->out_head;
         ssize_t n = send_one(t->fd, o->data, o->len, o->fd);
-        if (n == -EAGAIN)
+        if (n == -EAGAIN) {
+            if (t->paused)
+                set_events(t); /* resumed by the timer: wait for the socket now */
             return;
+        }
+        if (n == -ETOOMANYREFS) {
+            too_many_refs(t); /* backing off while the kernel keeps refusing */
+            set_events(t);
+            return;
+        }
         if (n < 0) {
             send_failed(t, n);
             return;
@@ -208,26 +339,81 @@ static void flush(struct transport *t)
         if (!t->out_head)
             t->out_tail = NULL;
         t->out_count--;
-        if (o->fd >= 0)
+        if (o->fd >= 0) {
             close(o->fd);
+            sent_fd(t);
+        }
         free(o);
     }
     set_events(t);
 }
 
-/* close_fds: closes every fd in the control data; returns how many there were. */
-static unsigned close_fds(struct msghdr *mh)
+static void on_recheck(uv_timer_t *h)
+{
+    struct transport *t = h->data;
+    if (t->closing)
+        return;
+    refresh_unread(t);
+    if (t->fd_wait) {
+        t->fd_wait = false;
+        flush(t); /* may meet ETOOMANYREFS again and re-arm */
+    } else if (t->paused && !fd_blocked(t)) {
+        set_events(t);
+    }
+    arm_recheck(t, false);
+}
+
+/* A peer's fds are closed in libuv's thread pool: a close can take long (a TCP socket
+ * with SO_LINGER and unsent data waits up to its linger time), and the loop serves everyone. */
+struct closing_fds {
+    uv_work_t work;
+    unsigned n;
+    int fds[];
+};
+
+static void close_work(uv_work_t *w)
+{
+    struct closing_fds *c = w->data;
+    for (unsigned i = 0; i < c->n; i++)
+        close(c->fds[i]);
+}
+
+static void close_done(uv_work_t *w, int status)
+{
+    (void)status;
+    free(w->data);
+}
+
+/* close_fds: closes every fd in the control data, off the loop; returns how many there were. */
+static unsigned close_fds(uv_loop_t *loop, struct msghdr *mh)
 {
     unsigned n = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm))
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+            n += (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    if (!n)
+        return 0;
+    struct closing_fds *c = malloc(sizeof(*c) + n * sizeof(int));
+    unsigned k = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
             continue;
-        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < k; i++) {
+        size_t m = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < m; i++) {
             int fd;
             memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-            close(fd);
-            n++;
+            if (c)
+                c->fds[k++] = fd;
+            else
+                close(fd); /* no memory for the work request: close here, as before */
+        }
+    }
+    if (c) {
+        c->n = k;
+        c->work.data = c;
+        if (uv_queue_work(loop, &c->work, close_work, close_done) < 0) {
+            close_work(&c->work);
+            free(c);
         }
     }
     return n;
@@ -247,7 +433,7 @@ static void framing_fault(struct transport *t, const char *why)
 static void handle(struct transport *t, struct msghdr *mh, const uint8_t *buf, size_t n)
 {
     char why[80];
-    unsigned nfds = close_fds(mh);
+    unsigned nfds = close_fds(t->poll.loop, mh);
     if (t->closing)
         return; /* an earlier message of the batch closed it: only the fds mattered */
     if (n == 0 && !(mh->msg_flags & MSG_CTRUNC) && nfds == 0) {
@@ -272,7 +458,7 @@ static void handle(struct transport *t, struct msghdr *mh, const uint8_t *buf, s
 
 /* read_batch: receive up to TRANSPORT_BATCH messages with one recvmmsg and handle them
  * all (they are off the socket). Returns 1 if there may be more to read now. */
-static int read_batch(struct transport *t)
+static int read_batch(struct transport *t, unsigned max)
 {
     struct mmsghdr mm[TRANSPORT_BATCH];
     struct iovec iov[TRANSPORT_BATCH];
@@ -288,7 +474,7 @@ static int read_batch(struct transport *t)
     }
     int n;
     do
-        n = recvmmsg(t->fd, mm, TRANSPORT_BATCH, MSG_DONTWAIT | MSG_CMSG_CLOEXEC, NULL);
+        n = recvmmsg(t->fd, mm, max, MSG_DONTWAIT | MSG_CMSG_CLOEXEC, NULL);
     while (n < 0 && errno == EINTR);
     if (n < 0) {
         if (errno == ECONNRESET)
@@ -299,7 +485,7 @@ static int read_batch(struct transport *t)
     }
     for (int i = 0; i < n; i++)
         handle(t, &mm[i].msg_hdr, rbuf[i], mm[i].msg_len);
-    return n == TRANSPORT_BATCH && !t->closing && !t->out_head;
+    return n == (int)max && !t->closing && !t->out_head;
 }
 
 static void on_poll(uv_poll_t *p, int status, int events)
@@ -314,9 +500,18 @@ static void on_poll(uv_poll_t *p, int status, int events)
     /* Nothing here frees t: a close only marks it, and frees it from the loop. */
     if (events & UV_WRITABLE)
         flush(t);
+    if (t->fd_unread) {
+        refresh_unread(t);
+        if (!t->fd_unread)
+            arm_recheck(t, false); /* stops the recheck: the peer has read everything */
+    }
     /* A few batches per wake-up at most: other clients get their turn. */
-    if (!t->closing && !t->out_head && (events & (UV_READABLE | UV_DISCONNECT))) {
-        for (int i = 0; i < 4 && read_batch(t); i++)
+    if (!t->closing && !t->out_head && !fd_blocked(t) && (events & (UV_READABLE | UV_DISCONNECT))) {
+        for (int i = 0; i < 4 && !fd_blocked(t) && read_batch(t, shared_full(t) ? 1 : TRANSPORT_BATCH); i++)
             ;
+    }
+    if (!t->closing && !t->out_head && fd_blocked(t)) {
+        set_events(t); /* stops reading until the recheck finds the replies read */
+        arm_recheck(t, false);
     }
 }

@@ -58,4 +58,15 @@ void transport_close(struct transport *t, const char *why);
 
 bool transport_closing(const struct transport *t);
 
+/* transport_set_fd_limits: caps on fd-carrying replies the peer has not read yet: at
+ * per_transport of its own, or when *shared (a counter several transports add their
+ * unread fds to, e.g. one uid's) reaches shared_cap, the transport reads no requests
+ * until the peer has read its replies (SIOCOUTQ shows nothing unread). 0: no cap. A send
+ * that meets ETOOMANYREFS (the daemon's fds in flight at the kernel's limit) is queued
+ * and retried, never a reason to close. */
+void transport_set_fd_limits(struct transport *t, unsigned per_transport, unsigned *shared, unsigned shared_cap);
+
+/* transport_fds_unread: fds sent that the peer may not have received yet. */
+unsigned transport_fds_unread(const struct transport *t);
+
 #endif

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -156,6 +157,14 @@ static int child_uses_parent_connection(void *arg)
         return 11;
     if (check_pattern(shmref_buf_data(f->acq), 65536, 9) != -1) /* inherited mappings are readable */
         return 12;
+    /* every other entry point that talks to the daemon refuses too */
+    shmref_desc d2;
+    shmref_status *st = NULL;
+    shmref_buf *many[2] = { NULL, NULL };
+    size_t sizes[2] = { 10, 20 };
+    if (shmref_publish(f->lease, 10, 0, NULL, 0, &d2) != -ECHILD || shmref_status_get(f->c, &st) != -ECHILD ||
+        st != NULL || shmref_lease_many(f->c, sizes, 2, many) != -ECHILD || many[0] || many[1])
+        return 17;
     if (shmref_release(f->acq) != -ECHILD) /* frees the child's copy only */
         return 13;
     const void *lease_data = shmref_buf_data(f->lease);
@@ -190,5 +199,84 @@ Test(client, forked_child_gets_echild_and_the_parent_keeps_its_connection)
     cr_assert_eq(check_pattern(shmref_buf_data(again), 65536, 9), -1);
     cr_assert_eq(shmref_conn_pid(f.c), (int)getpid());
     shmref_close(f.c);
+    daemon_stop(&d);
+}
+
+/* ---- a reply whose fd cannot be received (the process at its RLIMIT_NOFILE) ---- */
+
+struct at_limit {
+    const char *socket;
+    shmref_desc desc;
+};
+
+/* fill_fds: dup until EMFILE; returns how many, their numbers in fds. */
+static int fill_fds(int *fds, int cap)
+{
+    int n = 0;
+    while (n < cap && (fds[n] = dup(0)) >= 0)
+        n++;
+    return errno == EMFILE ? n : -1;
+}
+
+static int leases_at_fd_limit(void *arg)
+{
+    struct at_limit *a = arg;
+    static int fds[256];
+    shmref_conn *c;
+    shmref_buf *b, *acq;
+    shmref_status *st;
+    uint64_t leases = 0;
+    struct rlimit rl = { 64, 64 };
+    if (shmref_connect(a->socket, &c) != 0 || setrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return 40;
+    int n = fill_fds(fds, 256);
+    if (n < 1)
+        return 41;
+    for (int i = 0; i < 16; i++) { /* every one refused, none left charged */
+        int r = shmref_lease(c, 4096, &b);
+        if (r != -EMFILE || !strstr(shmref_errmsg(c), "open-file limit")) {
+            fprintf(stderr, "lease at the fd limit: %d (%s)\n", r, shmref_errmsg(c));
+            return 42;
+        }
+    }
+    if (shmref_acquire(c, &a->desc, &acq) != -EMFILE)
+        return 43;
+    if (shmref_status_get(c, &st) != 0)
+        return 44;
+    shmref_status_u64(st, "buffers.leases", &leases);
+    shmref_status_free(st);
+    if (leases != 1) { /* the publisher's only */
+        fprintf(stderr, "%llu leases held after the refusals\n", (unsigned long long)leases);
+        return 45;
+    }
+    close(fds[--n]); /* room for one fd: the next calls work */
+    if (shmref_lease(c, 4096, &b) != 0) {
+        fprintf(stderr, "lease after freeing an fd: %s\n", shmref_errmsg(c));
+        return 46;
+    }
+    if (shmref_acquire(c, &a->desc, &acq) != 0) { /* the same buffer, same connection */
+        fprintf(stderr, "acquire after freeing an fd: %s\n", shmref_errmsg(c));
+        return 47;
+    }
+    if (check_pattern(shmref_buf_data(acq), 65536, 3) != -1)
+        return 48;
+    shmref_release(acq);
+    shmref_release(b);
+    shmref_close(c);
+    return 0;
+}
+
+Test(client, a_reply_fd_that_does_not_fit_is_emfile_and_leaks_no_lease)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d);
+    struct at_limit a = { .socket = d.socket };
+    shmref_buf *pub = published(p, 65536, 3, &a.desc);
+    cr_assert_eq(child_wait(child_run(leases_at_fd_limit, &a)), 0);
+    cr_assert_eq(wait_status(&d, "buffers.leases", 1, 5000), 1);
+    shmref_release(pub);
+    shmref_close(p);
+    cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, 5000), 0);
     daemon_stop(&d);
 }

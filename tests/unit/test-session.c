@@ -34,9 +34,10 @@ struct fx {
     unsigned status_calls;
 };
 
-static int fake_status(void *arg, uint8_t *buf, size_t cap)
+static int fake_status(void *arg, uint32_t uid, uint8_t *buf, size_t cap)
 {
     struct fx *f = arg;
+    (void)uid;
     f->status_calls++;
     cr_assert_geq(cap, 1);
     buf[0] = 0x80; /* an empty msgpack map */
@@ -187,11 +188,6 @@ Test(session, hello_then_requests)
     cr_assert_eq(r.op, PROTO_OP_STATUS + PROTO_OP_REPLY);
     cr_assert_eq(r.u.status_reply.body_len, 1);
     cr_assert_eq(f.status_calls, 1);
-    struct proto_msg again = { .op = PROTO_OP_HELLO, .id = 11 };
-    again.u.hello.version = PROTO_VERSION;
-    r = exchange(&f, &again, rep, sizeof(rep), NULL);
-    cr_assert_eq(r.op, PROTO_OP_ERROR, "a second hello is an error");
-    cr_assert_eq(r.u.error.code, EPROTO);
     /* a well-formed request with an op nobody knows: refused, the session stays */
     const uint8_t unknown[] = { 0x92, 50, 12 }; /* [50, 12] */
     ssize_t n = exchange_raw(&f, unknown, sizeof(unknown), rep, sizeof(rep), NULL);
@@ -202,6 +198,66 @@ Test(session, hello_then_requests)
     r = exchange(&f, &ping, rep, sizeof(rep), NULL);
     cr_assert_eq(r.op, PROTO_OP_PING + PROTO_OP_REPLY);
     cr_assert_eq(f.counters.protocol_errors, 0);
+    fx_close(&f);
+}
+
+Test(session, a_second_hello_closes)
+{
+    struct fx f;
+    uint8_t rep[512];
+    fx_open(&f);
+    hello(&f, 0);
+    struct proto_msg again = { .op = PROTO_OP_HELLO, .id = 11 };
+    again.u.hello.version = PROTO_VERSION;
+    struct proto_msg r = exchange(&f, &again, rep, sizeof(rep), NULL);
+    cr_assert_eq(r.op, PROTO_OP_ERROR, "a second hello is an error");
+    cr_assert_eq(r.u.error.code, EPROTO);
+    cr_assert_eq(r.id, 11);
+    for (int i = 0; i < 50 && f.env.n; i++)
+        uv_run(&f.loop, UV_RUN_NOWAIT);
+    cr_assert_eq(f.env.n, 0, "the connection stays after a second hello");
+    cr_assert(rawclient_closed(f.peer, 1000), "the peer sees no EOF");
+    cr_assert_eq(f.counters.protocol_errors, 1);
+    fx_close(&f);
+}
+
+Test(session, idle_connection_holding_nothing_is_closed)
+{
+    struct fx f;
+    uint8_t rep[512];
+    fx_open(&f);
+    hello(&f, 0);
+    uint64_t id;
+    bool came;
+    uint64_t h = lease(&f, 4096, &id, &came);
+    session_expire_idle(&f.env, uv_now(&f.loop) + 60000, 1000);
+    uv_run(&f.loop, UV_RUN_NOWAIT);
+    cr_assert_eq(f.env.n, 1, "a session holding a lease idled out");
+    struct proto_msg rel = { .op = PROTO_OP_RELEASE, .id = 3 };
+    rel.u.release.handle = h;
+    struct proto_msg r = exchange(&f, &rel, rep, sizeof(rep), NULL);
+    cr_assert_eq(r.op, PROTO_OP_RELEASE + PROTO_OP_REPLY);
+    uint64_t base = f.s->last_ms;
+    session_expire_idle(&f.env, base + 500, 1000);
+    uv_run(&f.loop, UV_RUN_NOWAIT);
+    cr_assert_eq(f.env.n, 1, "closed before the idle time");
+    session_expire_idle(&f.env, base + 1000, 0);
+    uv_run(&f.loop, UV_RUN_NOWAIT);
+    cr_assert_eq(f.env.n, 1, "0 disables the idle limit");
+    session_expire_idle(&f.env, base + 1000, 1000);
+    ssize_t n = -EAGAIN;
+    for (int i = 0; i < 1000 && n == -EAGAIN; i++) {
+        uv_run(&f.loop, UV_RUN_NOWAIT);
+        n = rawclient_recv(f.peer, rep, sizeof(rep), NULL);
+    }
+    const char *why;
+    cr_assert_gt(n, 0);
+    cr_assert_eq(proto_decode(rep, (size_t)n, sizeof(rep), &r, &why), 0);
+    cr_assert_eq(r.u.error.code, ETIMEDOUT);
+    cr_assert(memmem(r.u.error.msg, r.u.error.msg_len, "idle", 4));
+    for (int i = 0; i < 50 && f.env.n; i++)
+        uv_run(&f.loop, UV_RUN_NOWAIT);
+    cr_assert_eq(f.env.n, 0, "an idle session holding nothing stays");
     fx_close(&f);
 }
 

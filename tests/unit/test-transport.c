@@ -282,3 +282,66 @@ Test(transport, too_many_queued_replies_end_it_as_slow)
     cr_assert(strstr(f.why, "does not read"), "reason: %s", f.why);
     fx_close(&f);
 }
+
+/* run_ms: loop turns for about ms milliseconds (timers included). */
+static void run_ms(struct fx *f, int ms)
+{
+    for (int i = 0; i < ms; i++) {
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+        usleep(1000);
+    }
+}
+
+Test(transport, unread_fds_at_the_cap_stop_reading_until_the_peer_reads)
+{
+    struct fx f;
+    unsigned shared = 0;
+    uint8_t buf[64];
+    fx_open(&f, PROTO_MAX_REQUEST);
+    transport_set_fd_limits(f.t, 2, &shared, 100);
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    cr_assert_eq(transport_send(f.t, (const uint8_t *)"a", 1, fd), 0);
+    cr_assert_eq(transport_send(f.t, (const uint8_t *)"b", 1, fd), 0);
+    cr_assert_eq(transport_fds_unread(f.t), 2);
+    cr_assert_eq(shared, 2, "the shared count");
+    cr_assert_eq(rawclient_send(f.peer, "req", 3), 0);
+    run_ms(&f, 30);
+    cr_assert_eq(f.messages, 0, "a request was read with 2 fds unread at a cap of 2");
+    int got = -1;
+    cr_assert_eq(rawclient_recv(f.peer, buf, sizeof(buf), &got), 1);
+    close(got);
+    run_ms(&f, 30);
+    cr_assert_eq(f.messages, 0, "one reply is still unread");
+    cr_assert_eq(rawclient_recv(f.peer, buf, sizeof(buf), &got), 1);
+    close(got);
+    for (int i = 0; i < 1000 && f.messages < 1; i++) /* the recheck backs off up to 500 ms */
+        run_ms(&f, 1);
+    cr_assert_eq(f.messages, 1, "reading did not resume once every reply was read");
+    cr_assert_eq(transport_fds_unread(f.t), 0);
+    cr_assert_eq(shared, 0);
+    /* the shared cap: other transports' unread fds reached it. This one, with none of
+     * its own unread, is still read, one message at a time... */
+    shared = 100;
+    cr_assert_eq(rawclient_send(f.peer, "req2", 4), 0);
+    cr_assert_eq(rawclient_send(f.peer, "req3", 4), 0);
+    run_ms(&f, 30);
+    cr_assert_eq(f.messages, 3, "a transport with nothing unread was not read at the shared cap");
+    /* ...until it has an fd unread itself */
+    cr_assert_eq(transport_send(f.t, (const uint8_t *)"c", 1, fd), 0);
+    cr_assert_eq(shared, 101);
+    cr_assert_eq(rawclient_send(f.peer, "req4", 4), 0);
+    run_ms(&f, 30);
+    cr_assert_eq(f.messages, 3, "read past the shared cap with an fd of its own unread");
+    shared = 99; /* the others read theirs; ours (1) is still unread: under the cap now */
+    for (int i = 0; i < 1000 && f.messages < 4; i++)
+        run_ms(&f, 1);
+    cr_assert_eq(f.messages, 4, "reading did not resume below the shared cap");
+    cr_assert_eq(rawclient_recv(f.peer, buf, sizeof(buf), &got), 1);
+    close(got);
+    for (int i = 0; i < 1000 && shared != 98; i++)
+        run_ms(&f, 1);
+    cr_assert_eq(shared, 98, "the read fd was not taken off the shared count");
+    close(fd);
+    fx_close(&f);
+    cr_assert_eq(shared, 98, "a closed transport left its count behind");
+}
