@@ -57,6 +57,9 @@ void fill_pattern(void *p, size_t len, uint32_t seed);
 ssize_t check_pattern(const void *p, size_t len, uint32_t seed);
 
 /* child_run: fork a process that runs fn(arg) and _exits with its return value. */
+/* reap_children: kills and reaps every child of this process (a suite's .fini: after a
+ * failed assertion, daemon_stop never ran). */
+void reap_children(void);
 pid_t child_run(int (*fn)(void *), void *arg);
 /* child_wait: waits for pid; returns its exit status, or 128+signal. */
 int child_wait(pid_t pid);

@@ -33,35 +33,7 @@
 #define WAIT_MS 5000
 #define LOG_RATE_LINES_EXPECTED 10 /* daemon/log.h LOG_RATE_LINES */
 
-/* reap_daemons: a test that fails midway leaves its daemon (its child) behind: kill it. */
-static void reap_daemons(void)
-{
-    DIR *dir = opendir("/proc");
-    struct dirent *e;
-    while (dir && (e = readdir(dir))) {
-        char path[300], buf[512];
-        if (!isdigit((unsigned char)e->d_name[0]))
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue;
-        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = '\0';
-        const char *rp = strrchr(buf, ')');
-        int ppid;
-        if (rp && sscanf(rp + 1, " %*c %d", &ppid) == 1 && ppid == getpid()) {
-            pid_t pid = (pid_t)atoi(e->d_name);
-            kill(pid, SIGKILL);
-            waitpid(pid, NULL, 0);
-        }
-    }
-    if (dir)
-        closedir(dir);
-}
-
-TestSuite(fairness, .fini = reap_daemons);
+TestSuite(fairness, .fini = reap_children);
 
 static int become(uid_t uid)
 {

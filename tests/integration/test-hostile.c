@@ -359,38 +359,7 @@ static int mentions_number(const char *text, unsigned long v)
     return 0;
 }
 
-/* reap_daemons: after a failed assertion, daemon_stop never ran: kill and reap this test
- * process's own children (the daemon) so a failure leaves nothing running. Their
- * directories and logs stay, for the post-mortem. */
-static void reap_daemons(void)
-{
-    DIR *dir = opendir("/proc");
-    if (!dir)
-        return;
-    struct dirent *e;
-    while ((e = readdir(dir))) {
-        char path[300], buf[512];
-        if (!isdigit((unsigned char)e->d_name[0]))
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue;
-        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = '\0';
-        const char *rp = strrchr(buf, ')');
-        int ppid;
-        if (rp && sscanf(rp + 1, " %*c %d", &ppid) == 1 && ppid == getpid()) {
-            pid_t pid = (pid_t)atoi(e->d_name);
-            kill(pid, SIGKILL);
-            waitpid(pid, NULL, 0);
-        }
-    }
-    closedir(dir);
-}
-
-TestSuite(hostile, .fini = reap_daemons);
+TestSuite(hostile, .fini = reap_children);
 
 /* ---- 1. junk before anything ------------------------------------------------------- */
 
