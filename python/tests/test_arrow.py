@@ -175,3 +175,61 @@ def test_consumer_process(daemon, pool, client):
     """The reverse direction: published here, acquired and checked in another process."""
     ref = client.publish_batch(arrow_cases.multi_batch())
     assert pool.submit(arrow_cases.check_in_child, daemon.socket, str(ref)).result(timeout=120) == []
+
+
+def test_python_generator_stream(client):
+    """A stream whose callbacks run Python (a pyarrow reader over a generator): they take
+    the GIL that publish_batch released around the copy."""
+    schema = pa.schema([("n", pa.int64()), ("s", pa.string())])
+
+    def gen():
+        for i in range(4):
+            yield pa.record_batch([pa.array(range(i * 10, i * 10 + 10)), pa.array([str(j) for j in range(10)])],
+                                  schema=schema)
+
+    ref = client.publish_batch(pa.RecordBatchReader.from_batches(schema, gen()))
+    with client.acquire_batch(ref) as b:
+        assert b.num_batches == 4 and b.num_rows == 40
+        assert pa.table(b).column("n").to_pylist() == list(range(40))
+
+
+def test_threads(client):
+    """Threads publishing and acquiring on one client; arrays freed on other threads."""
+    from concurrent.futures import ThreadPoolExecutor
+    want = arrow_cases.all_types()
+
+    def work(_):
+        ref = client.publish_batch(want)
+        with client.acquire_batch(ref) as b:
+            got = b.to_pyarrow()
+        client.release(ref)
+        return got
+
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(work, range(32)))
+    assert all(g.equals(want) for g in got)
+    with ThreadPoolExecutor(4) as ex:     # the last references dropped on other threads
+        list(ex.map(lambda i: got.__setitem__(i, None), range(len(got))))
+
+
+def test_forked_child(client):
+    import os
+    ref = client.publish_batch(pa.table({"x": [1, 2, 3]}))
+    b = client.acquire_batch(ref)
+    t = b.to_pyarrow()
+    pid = os.fork()
+    if pid == 0:        # the child: the parent's Batch is not usable, its arrays are readable
+        code = 0
+        try:
+            b.to_pyarrow()
+            code = 1
+        except ChildProcessError:
+            pass
+        if t.column(0).to_pylist() != [1, 2, 3]:
+            code = 2
+        b.release()     # leaves the parent's reference alone
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert b.to_pyarrow().equals(t)   # the parent's handle still works
+    b.release()
