@@ -233,3 +233,22 @@ def test_forked_child(client):
     assert os.waitstatus_to_exitcode(status) == 0
     assert b.to_pyarrow().equals(t)   # the parent's handle still works
     b.release()
+
+
+def test_bench_arrow_smoke(tmp_path):
+    """./scripts/bench --arrow's pyarrow rows (bench/python/arrow_bench.py) at small sizes:
+    every method runs and every consumer's sum equals the floor's."""
+    import json
+    import os
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "python", "arrow_bench.py")
+    out = tmp_path / "arrow.json"
+    r = subprocess.run([sys.executable, script, "--shmrefd", os.environ["SHMREFD_BIN"], "--rows", "100000",
+                        "--strings", "10000", "--iterations", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(out.read_text())
+    assert {x["method"] for x in rows} == {"c-data-in-process", "shmref-batch", "shmref-acquire", "ipc-mapping",
+                                          "flight-loopback"}
+    assert all(x["sum_ok"] for x in rows)
