@@ -45,8 +45,13 @@ static int arrow_input(PyObject *obj, PyObject **ret_keep, struct ArrowSchema **
                        struct ArrowArray **ret_array, struct ArrowArrayStream **ret_stream)
 {
     *ret_schema = NULL, *ret_array = NULL, *ret_stream = NULL;
+    bool has_stream = PyObject_HasAttrString(obj, "__arrow_c_stream__");
     if (PyObject_HasAttrString(obj, "__arrow_c_array__")) {
         PyObject *t = PyObject_CallMethod(obj, "__arrow_c_array__", NULL);
+        if (!t && has_stream && PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear(); /* e.g. a Batch of several record batches: its stream */
+            goto stream;
+        }
         if (!t)
             return -1;
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2) {
@@ -65,7 +70,8 @@ static int arrow_input(PyObject *obj, PyObject **ret_keep, struct ArrowSchema **
         *ret_keep = t;
         return 0;
     }
-    if (PyObject_HasAttrString(obj, "__arrow_c_stream__")) {
+stream:
+    if (has_stream) {
         PyObject *cap = PyObject_CallMethod(obj, "__arrow_c_stream__", NULL);
         if (!cap)
             return -1;

@@ -252,3 +252,13 @@ def test_bench_arrow_smoke(tmp_path):
     assert {x["method"] for x in rows} == {"c-data-in-process", "shmref-batch", "shmref-acquire", "ipc-mapping",
                                           "flight-loopback"}
     assert all(x["sum_ok"] for x in rows)
+
+
+def test_republish_a_batch(client):
+    """A Batch is Arrow data like any other: publish_batch copies it into a new unit (a
+    unit of several batches through its stream)."""
+    for want in (arrow_cases.all_types(), arrow_cases.multi_batch()):
+        with client.acquire_batch(client.publish_batch(want)) as b:
+            ref2 = client.publish_batch(b)
+        with client.acquire_batch(ref2) as b2:
+            assert as_table(b2.to_pyarrow()).equals(as_table(want))
