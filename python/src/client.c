@@ -900,7 +900,7 @@ static PyMethodDef Client_methods[] = {
       "_acquire_view(ref, dtype, shape, strides, offset) -> numpy.ndarray (private)" },
     { "release", (PyCFunction)Client_release, METH_O,
       "release($self, array_or_ref, /)\n--\n\n"
-      "Gives up an array (from empty() or acquire()) or a Ref from share(). The daemon's "
+      "Gives up an array (from empty() or acquire()) or a Ref from share() or publish_batch(). The daemon's "
       "reference is dropped once no view of the buffer remains (at once if none does); views "
       "that still exist stay valid and mapped." },
     { "publish_batch", (PyCFunction)(void (*)(void))Client_publish_batch, METH_VARARGS | METH_KEYWORDS,
@@ -909,7 +909,9 @@ static PyMethodDef Client_methods[] = {
       "struct array, or __arrow_c_stream__: pyarrow Table, polars DataFrame, duckdb result, "
       "nanoarrow stream) once into one lease, as a unit of work with its manifest, publishes it "
       "and returns its Ref. The client holds the lease until release(ref) or close(); keep_ms "
-      "as for publish()." },
+      "as for publish(). View types (string/binary views, list views: polars' strings) are cast "
+      "by pyarrow to their large forms first (one more copy; needs pyarrow). OSError(ENOTSUP) "
+      "for unions and run-end encoded arrays." },
     { "acquire_batch", (PyCFunction)Client_acquire_batch, METH_O,
       "acquire_batch($self, ref, /)\n--\n\n"
       "A shmref.Batch of a unit published by publish_batch (or libshmref's shmref_unit_*): its "
