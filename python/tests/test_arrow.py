@@ -262,3 +262,25 @@ def test_republish_a_batch(client):
             ref2 = client.publish_batch(b)
         with client.acquire_batch(ref2) as b2:
             assert as_table(b2.to_pyarrow()).equals(as_table(want))
+
+
+def test_hostile_unit_refused(client):
+    """A producer that rewrites a unit's offsets (non-monotonic) and publishes it with the
+    same manifest: acquire_batch refuses it, naming the array and the field."""
+    import numpy as np
+    ref = client.publish_batch(pa.table({"name": pa.array(["a", "bb", "ccc"])}))
+    raw = client.acquire(ref)                       # the bytes as uint8, the manifest as opaque metadata
+    meta = shmref.metadata(raw)
+    assert meta
+    data = np.array(raw)
+    good = np.array([0, 1, 3, 6], dtype=np.int32).tobytes()
+    at = data.tobytes().find(good)
+    assert at >= 0 and at % 64 == 0
+    evil = client.empty(data.shape, "uint8")
+    evil[:] = data
+    evil[at + 4:at + 8] = np.frombuffer(np.array([5], dtype=np.int32).tobytes(), dtype=np.uint8)  # 0, 5, 3, 6
+    bad = client._publish_raw(evil, meta)
+    with pytest.raises(ValueError, match=r"name.*offset|offset.*name"):
+        client.acquire_batch(bad)
+    with client.acquire_batch(ref) as b:           # the original is fine
+        assert b.to_pyarrow().column(0).to_pylist() == ["a", "bb", "ccc"]
