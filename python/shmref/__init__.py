@@ -17,6 +17,11 @@ Arrays keep their mapping while any view exists, even after ``release()`` or
 ``concurrent.futures.ProcessPoolExecutor`` pass them zero-copy. :func:`encode` and
 :func:`decode` turn nested dicts and lists holding arrays into tesseract-core's array
 JSON, with the ``"shmref"`` encoding for large arrays and ``"base64"`` for small ones.
+
+Arrow: :meth:`Client.publish_batch` copies any Arrow data (the PyCapsule interface:
+pyarrow, polars, duckdb, nanoarrow) once into one lease; :meth:`Client.acquire_batch`
+returns a :class:`Batch` that pyarrow, polars, duckdb, nanoarrow and daft read zero-copy.
+:mod:`shmref.flight` serves units to other machines through Arrow Flight.
 """
 from __future__ import annotations
 
@@ -30,10 +35,10 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _shmref
-from ._shmref import Buffer, Client, Ref, default_socket, meta_decode, meta_encode
+from ._shmref import Batch, Buffer, Client, Ref, default_socket, meta_decode, meta_encode
 
 __all__ = [
-    "Buffer", "Client", "Ref", "SharedArray", "connect", "default_client", "shared", "encode", "decode", "metadata",
+    "Batch", "Buffer", "Client", "Ref", "SharedArray", "connect", "default_client", "shared", "encode", "decode", "metadata",
     "meta_encode", "meta_decode", "default_socket", "INLINE_MAX", "PICKLE_KEEP_MS", "ENCODE_KEEP_MS",
 ]
 __version__ = "0.1.0"

@@ -32,8 +32,10 @@ static void drain(ConnObject *conn)
             return;
         while (p) {
             struct pending *next = p->next;
-            if (conn->c)
+            if (conn->c && p->buf)
                 shmref_release(p->buf);
+            else if (conn->c)
+                shmref_unit_release(p->unit);
             free(p);
             p = next;
         }
@@ -65,12 +67,20 @@ void conn_unlock_nogil(ConnObject *conn)
     unlock(conn);
 }
 
-void conn_release_buf(ConnObject *conn, shmref_buf *buf)
+static void release_now(shmref_buf *buf, shmref_unit *unit)
+{
+    if (buf)
+        shmref_release(buf);
+    else
+        shmref_unit_release(unit);
+}
+
+static void conn_release(ConnObject *conn, shmref_buf *buf, shmref_unit *unit)
 {
     if (!conn->c || getpid() != conn->pid)
         return; /* a forked child: the parent's handle is not ours to drop */
     if (pthread_mutex_trylock(&conn->lock) == 0) {
-        shmref_release(buf);
+        release_now(buf, unit);
         unlock(conn);
         return;
     }
@@ -78,18 +88,29 @@ void conn_release_buf(ConnObject *conn, shmref_buf *buf)
     if (!p) {
         Py_BEGIN_ALLOW_THREADS
         pthread_mutex_lock(&conn->lock);
-        shmref_release(buf);
+        release_now(buf, unit);
         unlock(conn);
         Py_END_ALLOW_THREADS
         return;
     }
     p->buf = buf;
+    p->unit = unit;
     pthread_mutex_lock(&conn->plock);
     p->next = conn->pending;
     conn->pending = p;
     pthread_mutex_unlock(&conn->plock);
     if (pthread_mutex_trylock(&conn->lock) == 0)
         unlock(conn);
+}
+
+void conn_release_buf(ConnObject *conn, shmref_buf *buf)
+{
+    conn_release(conn, buf, NULL);
+}
+
+void conn_release_unit(ConnObject *conn, shmref_unit *unit)
+{
+    conn_release(conn, NULL, unit);
 }
 
 static void conn_unlist(ConnObject *c)
@@ -661,6 +682,34 @@ static PyObject *Client_release(ClientObject *self, PyObject *obj)
     Py_RETURN_NONE;
 }
 
+static PyObject *Client_publish_batch(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = { "obj", "keep_ms", NULL };
+    PyObject *obj;
+    unsigned long keep_ms = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$k:publish_batch", names, &obj, &keep_ms))
+        return NULL;
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return NULL;
+    PyObject *unit = NULL, *ref = batch_publish(conn, obj, keep_ms, &unit);
+    Py_DECREF(conn);
+    if (ref && PyDict_SetItem(self->shares, ref, unit) < 0)
+        Py_CLEAR(ref);
+    Py_XDECREF(unit);
+    return ref;
+}
+
+static PyObject *Client_acquire_batch(ClientObject *self, PyObject *ref)
+{
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return NULL;
+    int ms = shmref_get_timeout(conn->c);
+    Py_DECREF(conn);
+    return batch_acquire(self->socket, ms, ref);
+}
+
 static PyObject *Client_ping(ClientObject *self, PyObject *unused)
 {
     (void)unused;
@@ -851,9 +900,24 @@ static PyMethodDef Client_methods[] = {
       "_acquire_view(ref, dtype, shape, strides, offset) -> numpy.ndarray (private)" },
     { "release", (PyCFunction)Client_release, METH_O,
       "release($self, array_or_ref, /)\n--\n\n"
-      "Gives up an array (from empty() or acquire()) or a Ref from share(). The daemon's "
+      "Gives up an array (from empty() or acquire()) or a Ref from share() or publish_batch(). The daemon's "
       "reference is dropped once no view of the buffer remains (at once if none does); views "
       "that still exist stay valid and mapped." },
+    { "publish_batch", (PyCFunction)(void (*)(void))Client_publish_batch, METH_VARARGS | METH_KEYWORDS,
+      "publish_batch($self, /, obj, *, keep_ms=0)\n--\n\n"
+      "Copies any Arrow data (an object with __arrow_c_array__, e.g. a pyarrow RecordBatch or "
+      "struct array, or __arrow_c_stream__: pyarrow Table, polars DataFrame, duckdb result, "
+      "nanoarrow stream) once into one lease, as a unit of work with its manifest, publishes it "
+      "and returns its Ref. The client holds the lease until release(ref) or close(); keep_ms "
+      "as for publish(). View types (string/binary views, list views: polars' strings) are cast "
+      "by pyarrow to their large forms first (one more copy; needs pyarrow). OSError(ENOTSUP) "
+      "for unions and run-end encoded arrays." },
+    { "acquire_batch", (PyCFunction)Client_acquire_batch, METH_O,
+      "acquire_batch($self, ref, /)\n--\n\n"
+      "A shmref.Batch of a unit published by publish_batch (or libshmref's shmref_unit_*): its "
+      "manifest is checked against the buffer first (ValueError naming the array and field "
+      "otherwise). The Batch gives zero-copy Arrow data through the PyCapsule interface; it "
+      "acquires on a connection of its own, so it and its arrays outlive this client." },
     { "ping", (PyCFunction)Client_ping, METH_NOARGS, "ping($self, /)\n--\n\nOne round trip to the daemon." },
     { "status", (PyCFunction)Client_status, METH_NOARGS,
       "status($self, /)\n--\n\nThe daemon's status snapshot (the keys of `shmrefctl status --json`)." },

@@ -333,7 +333,7 @@ PyMODINIT_FUNC PyInit__shmref(void)
 {
     if (shmrefpy_init_numpy() < 0)
         return NULL;
-    PyTypeObject *types[] = { &Conn_Type, &Buffer_Type, &Ref_Type, &Client_Type };
+    PyTypeObject *types[] = { &Conn_Type, &Buffer_Type, &Ref_Type, &Client_Type, &Batch_Type, &Unit_Type };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
@@ -343,6 +343,7 @@ PyMODINIT_FUNC PyInit__shmref(void)
     if (PyModule_AddObjectRef(m, "Ref", (PyObject *)&Ref_Type) < 0 ||
         PyModule_AddObjectRef(m, "Client", (PyObject *)&Client_Type) < 0 ||
         PyModule_AddObjectRef(m, "Buffer", (PyObject *)&Buffer_Type) < 0 ||
+        PyModule_AddObjectRef(m, "Batch", (PyObject *)&Batch_Type) < 0 ||
         PyModule_AddIntConstant(m, "META_MAX", SHMREF_META_MAX) < 0 ||
         PyModule_AddIntConstant(m, "TIMEOUT_DEFAULT_MS", SHMREF_TIMEOUT_DEFAULT_MS) < 0) {
         Py_DECREF(m);

@@ -18,6 +18,7 @@
  * whoever holds the lock, before it lets go. */
 struct pending {
     shmref_buf *buf;
+    shmref_unit *unit;          /* or a producer unit (publish_batch) */
     struct pending *next;
 };
 
@@ -53,7 +54,7 @@ typedef struct {
     shmref_desc desc;
 } RefObject;
 
-extern PyTypeObject Conn_Type, Buffer_Type, Ref_Type, Client_Type;
+extern PyTypeObject Conn_Type, Buffer_Type, Ref_Type, Client_Type, Batch_Type, Unit_Type;
 extern PyObject *shmrefpy_array_type; /* shmref.SharedArray, set at import */
 
 /* shmrefpy_raise: OSError(-err, msg): Python picks the subclass (TimeoutError,
@@ -70,6 +71,8 @@ void conn_unlock_nogil(ConnObject *conn);
 /* conn_release_buf: drop buf now if the connection is free, else queue it. GIL held;
  * never waits for another thread's call. */
 void conn_release_buf(ConnObject *conn, shmref_buf *buf);
+/* conn_release_unit: the same for a producer unit (its lease). */
+void conn_release_unit(ConnObject *conn, shmref_unit *unit);
 /* conn_after_fork_child: every Conn is closed for the child (mappings kept). */
 void conn_after_fork_child(void);
 
@@ -87,6 +90,12 @@ PyObject *buffer_array(BufferObject *owner, PyObject *dtype, int ndim, const Py_
 PyObject *ref_new(const shmref_desc *desc);
 /* ref_parse: a Ref or its text into *ret. Returns -1 with TypeError/ValueError set. */
 int ref_parse(PyObject *obj, shmref_desc *ret);
+
+/* batch_publish: publish_batch's work on conn: obj's Arrow data copied into one unit and
+ * published; the Ref, with *ret_unit (a _Unit holding the lease) for the client to keep. */
+PyObject *batch_publish(ConnObject *conn, PyObject *obj, unsigned long keep_ms, PyObject **ret_unit);
+/* batch_acquire: a Batch for ref, acquired on a connection of its own to socket. */
+PyObject *batch_acquire(PyObject *socket, int timeout_ms, PyObject *ref);
 
 int shmrefpy_init_numpy(void);
 
