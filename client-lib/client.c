@@ -521,7 +521,8 @@ void client_unpin(shmref_buf *buf)
     }
     /* Closed by its owner: only pinned buffers' holders use it now, maybe from several
      * threads, so no shared state but the atomic count (send is atomic per message). */
-    if (conn->features & PROTO_FEAT_NOREPLY_RELEASE) {
+    /* In a forked child the socket is the parent's: its handle is not the child's to drop. */
+    if ((conn->features & PROTO_FEAT_NOREPLY_RELEASE) && getpid() == conn->pid) {
         struct proto_msg req = { .op = PROTO_OP_RELEASE, .id = 1 };
         uint8_t msg[64];
         req.u.release.handle = buf->handle;

@@ -332,6 +332,36 @@ Test(arrow, the_last_release_returns_the_buffer_even_after_close)
     bs.release(&bs);
 }
 
+/* A forked child that releases the last export it inherited (after the parent's
+ * shmref_close) must not drop the parent's handle through the shared socket. */
+Test(arrow, a_forked_child_releasing_inherited_exports_keeps_the_parents_buffer)
+{
+    shmref_desc desc = produce(BATCH, 0);
+    shmref_conn *c = connect_ok(&d);
+    shmref_unit *u = acquire_ok(c, &desc);
+    struct ArrowSchema cs;
+    struct ArrowArray col;
+    cr_assert_eq(shmref_unit_export_array(u, 0, 0, &cs, &col), 0);
+    shmref_unit_release(u);
+    shmref_close(c); /* the export alone keeps the buffer now */
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        col.release(&col); /* the child's copy: its last export */
+        cs.release(&cs);
+        _exit(0);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    usleep(50000);
+    cr_assert_eq(status_u64(&d, "buffers.live"), 1, "the child's release dropped the parent's buffer");
+    cr_assert_eq(status_u64(&d, "buffers.leases"), 1);
+    col.release(&col);
+    cs.release(&cs);
+    cr_assert_eq(wait_status(&d, "buffers.live", 0, 3000), 0, "the parent's last release gave it back");
+}
+
 Test(arrow, on_an_open_connection_the_buffer_goes_back_after_unit_and_exports)
 {
     shmref_desc desc = produce(BATCH, 0);
