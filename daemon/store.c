@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "mountinfo.h"
 #include "privs.h"
 #include "units.h"
 
@@ -102,34 +103,17 @@ const char *store_kind(const struct store *st)
 
 enum store_huge store_detect_huge(const char *dir)
 {
-    char real[PATH_MAX], line[4096], best_opts[1024] = "", best_type[64] = "";
-    size_t best = 0;
-    if (!realpath(dir, real))
-        return STORE_HUGE_NONE;
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    if (!f)
-        return STORE_HUGE_NONE;
-    /* id parent major:minor root mountpoint options [optional...] - fstype source superopts */
-    while (fgets(line, sizeof(line), f)) {
-        char mnt[PATH_MAX], type[64], opts[1024];
-        char *dash = strstr(line, " - ");
-        if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
-            sscanf(dash + 3, "%63s %*s %1023s", type, opts) != 2)
-            continue;
-        size_t n = strlen(mnt);
-        bool under = strncmp(real, mnt, n) == 0 && (real[n] == '/' || real[n] == '\0' || n == 1);
-        if (under && n >= best) { /* the last of equally long mounts is the visible one */
-            best = n;
-            snprintf(best_type, sizeof(best_type), "%s", type);
-            snprintf(best_opts, sizeof(best_opts), "%s", opts);
-        }
+    char real[PATH_MAX];
+    struct mountinfo_entry *e = malloc(sizeof(*e));
+    enum store_huge h = STORE_HUGE_NONE;
+    if (e && realpath(dir, real) && mountinfo_find(NULL, real, e) == 0 && strcmp(e->fstype, "tmpfs") == 0) {
+        if (strstr(e->super, "huge=always"))
+            h = STORE_HUGE_ALWAYS;
+        else if (strstr(e->super, "huge=within_size"))
+            h = STORE_HUGE_WITHIN_SIZE;
     }
-    fclose(f);
-    if (strcmp(best_type, "tmpfs") != 0)
-        return STORE_HUGE_NONE;
-    if (strstr(best_opts, "huge=always"))
-        return STORE_HUGE_ALWAYS;
-    return strstr(best_opts, "huge=within_size") ? STORE_HUGE_WITHIN_SIZE : STORE_HUGE_NONE;
+    free(e);
+    return h;
 }
 
 /* can_mount: whether this process holds CAP_SYS_ADMIN (effective). */
