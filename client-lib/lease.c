@@ -108,6 +108,12 @@ int shmref_lease(shmref_conn *conn, size_t size, shmref_buf **ret_buf)
     int fd = -1;
     req.u.lease.size = size;
     int r = client_call(conn, &req, &rep, &fd);
+    /* Idle mappings this process keeps cached pin the pages of buffers the daemon may
+     * have evicted since (the daemon charges them to this client, and its private tmpfs
+     * is only as large as the pool): a lease refused for space is tried once more after
+     * they are dropped. */
+    if ((r == -ENOSPC || r == -EDQUOT) && mapcache_drop_idle(&conn->cache) > 0)
+        r = client_call(conn, &req, &rep, &fd);
     if (r < 0)
         return r;
     return take_buffer(conn, &rep, fd, true, ret_buf);

@@ -4,6 +4,7 @@
 #include "pool.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@ struct pool {
     int *batch;                 /* fds of retired buffers, to close (see flush) */
     unsigned nbatch, batch_cap;
     uint64_t batch_bytes;
+    _Atomic uint64_t closing_bytes; /* batches queued to close off the loop, not yet closed */
     bool closing;               /* pool_free: the loop no longer runs */
     struct pool_buf *lru_head, *lru_tail;
     struct pool_counters counters;
@@ -165,6 +167,8 @@ static void lru_unlink(struct pool *p, struct pool_buf *b)
 
 struct pool_close {
     uv_work_t work;
+    struct pool *pool;
+    uint64_t bytes;
     unsigned n;
     int fds[];
 };
@@ -174,6 +178,7 @@ static void close_work(uv_work_t *w)
     struct pool_close *c = w->data;
     for (unsigned i = 0; i < c->n; i++)
         close(c->fds[i]);
+    atomic_fetch_sub(&c->pool->closing_bytes, c->bytes);
 }
 
 static void close_done(uv_work_t *w, int status)
@@ -206,9 +211,13 @@ static void flush(struct pool *p)
     if (p->batch_bytes >= CLOSE_OFF_LOOP_BYTES && !p->closing &&
         (c = malloc(sizeof(*c) + p->nbatch * sizeof(int)))) {
         c->n = p->nbatch;
+        c->pool = p;
+        c->bytes = p->batch_bytes;
         memcpy(c->fds, p->batch, p->nbatch * sizeof(int));
         c->work.data = c;
+        atomic_fetch_add(&p->closing_bytes, c->bytes);
         if (uv_queue_work(p->loop, &c->work, close_work, close_done) < 0) {
+            atomic_fetch_sub(&p->closing_bytes, c->bytes);
             free(c);
             c = NULL;
         }
@@ -261,10 +270,17 @@ static int make_fd_room(struct pool *p)
     return p->nfds + 1 > p->fd_budget ? -EMFILE : 0;
 }
 
+/* The private tmpfs is exactly the cap, and retired buffers' pages are freed off the
+ * loop: a create that finds the tmpfs full while a batch is still being closed waits for
+ * it (that batch was queued first, so it is being closed now), up to a second. */
 static void create_work(uv_work_t *w)
 {
     struct pool_create *c = w->data;
     c->err = store_create(&c->pool->store, c->size, &c->fd);
+    for (int i = 0; c->err == -ENOSPC && i < 1000 && atomic_load(&c->pool->closing_bytes) > 0; i++) {
+        usleep(1000);
+        c->err = store_create(&c->pool->store, c->size, &c->fd);
+    }
 }
 
 static void create_done(uv_work_t *w, int status)
