@@ -42,6 +42,7 @@ struct shmref_buf {
     void *data;
     size_t size, capacity;
     bool writable, published;
+    bool sealed;                /* an acquired sealed buffer, its seals checked */
     void *meta;
     size_t meta_len;
     shmref_buf *prev, *next;

@@ -64,6 +64,7 @@ static void send_buffer(struct broker_peer *p, uint32_t id, uint64_t handle, str
         r.op = PROTO_OP_ACQUIRE + PROTO_OP_REPLY;
         r.u.acquire_reply.meta = b->meta;
         r.u.acquire_reply.meta_len = b->meta_len;
+        r.u.acquire_reply.flags = b->pb->sealed ? PROTO_BUF_SEALED : 0;
     }
     p->ops->reply(p, &r, fd);
 }
@@ -205,6 +206,28 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     lease_refused(bk, p, m->id, r, cls.size);
 }
 
+/* publish_seal: a sealed publish: F_SEAL_WRITE on the buffer before it gets a token.
+ * Returns false after refusing. */
+static bool publish_seal(struct broker *bk, struct broker_peer *p, uint32_t id, struct registry_buf *b)
+{
+    if (!pool_sealable(bk->pool)) {
+        fail(p, id, EOPNOTSUPP, "a sealed publish needs a memfd pool (shmrefd --memfd); this pool is %s, "
+             "whose files cannot be sealed", pool_kind(bk->pool));
+        return false;
+    }
+    int r = pool_seal(bk->pool, b->pb);
+    if (r == -EBUSY) {
+        fail(p, id, EBUSY, "buffer %llu is still mapped writable (by its producer, or cached by a process "
+             "that leased it before): it cannot be sealed; unmap it first", (unsigned long long)b->pb->id);
+        return false;
+    }
+    if (r < 0) {
+        fail(p, id, -r, "sealing buffer %llu failed: %s", (unsigned long long)b->pb->id, strerror(-r));
+        return false;
+    }
+    return true;
+}
+
 static void do_publish(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
 {
     struct registry_lease *l = registry_lease_of(&p->holder, m->u.publish.handle);
@@ -224,6 +247,14 @@ static void do_publish(struct broker *bk, struct broker_peer *p, const struct pr
              (unsigned long long)m->u.publish.size, (unsigned long long)b->size);
         return;
     }
+    if (b->published) {
+        fail(p, m->id, EALREADY, "buffer of handle %llu is already published",
+             (unsigned long long)m->u.publish.handle);
+        return;
+    }
+    if ((m->u.publish.flags & PROTO_PUBLISH_SEALED) && !publish_seal(bk, p, m->id, b))
+        return;
+    b->max_acquires = m->u.publish.max_acquires;
     int r = registry_publish(bk->reg, b, m->u.publish.size, m->u.publish.keep_ms, m->u.publish.meta,
                              m->u.publish.meta_len);
     if (r == -EALREADY) {
@@ -269,7 +300,7 @@ static void do_acquire(struct broker *bk, struct broker_peer *p, const struct pr
     /* Another tenant will have mapped it: never hand it to its producer's next lease. */
     if (p->uid != b->tenant)
         b->pb->foreign = true;
-    registry_end_retention(bk->reg, b);
+    registry_acquired(bk->reg, b);
     bk->counters->acquires++;
     send_buffer(p, m->id, handle, b, fd);
 }

@@ -378,6 +378,8 @@ int pool_get_class(struct pool *p, const struct pool_cls *cls, uint32_t tenant, 
 
 void pool_put(struct pool *p, struct pool_buf *b)
 {
+    if (b->sealed) /* seals are for good: publish-once */
+        b->foreign = true;
     if (!b->foreign && !store_intact(&p->store, b->fd, b->size)) {
         p->counters.tampered++;
         b->foreign = true;
@@ -405,6 +407,19 @@ void pool_put(struct pool *p, struct pool_buf *b)
     c->free_head = b;
     c->st.nfree++;
     p->bytes_warm += b->size;
+}
+
+int pool_seal(struct pool *p, struct pool_buf *b)
+{
+    int r = store_seal_write(&p->store, b->fd);
+    if (r == 0)
+        b->sealed = true;
+    return r;
+}
+
+bool pool_sealable(const struct pool *p)
+{
+    return p->store.memfd;
 }
 
 int pool_ro_fd(struct pool *p, struct pool_buf *b)

@@ -23,6 +23,7 @@ struct pool_buf {
     uint32_t gen;           /* how many times it has been handed out (sent in lease replies) */
     uint16_t cls;
     bool foreign;           /* mapped by another uid than tenant: retire on return */
+    bool sealed;            /* F_SEAL_WRITE added (a sealed publish): retire on return */
     bool is_free;
     struct pool_buf *lru_prev, *lru_next; /* all free buffers, oldest first */
     struct pool_buf *cls_prev, *cls_next; /* free buffers of this class */
@@ -81,6 +82,12 @@ int pool_get_class(struct pool *pool, const struct pool_cls *cls, uint32_t tenan
 /* pool_put: a buffer no one holds any more. It goes back warm to its tenant's free list,
  * or is retired (closed) if another tenant mapped it or its file was resized. */
 void pool_put(struct pool *pool, struct pool_buf *buf);
+
+/* pool_seal: seals buf against writing for good (store_seal_write); it is retired when it
+ * comes back. Returns 0 or what store_seal_write returned. */
+int pool_seal(struct pool *pool, struct pool_buf *buf);
+/* pool_sealable: whether this pool's buffers can be sealed (a memfd pool). */
+bool pool_sealable(const struct pool *pool);
 
 /* pool_ro_fd: the read-only fd of buf (made on first use). Returns it or -errno. */
 int pool_ro_fd(struct pool *pool, struct pool_buf *buf);

@@ -243,6 +243,14 @@ void registry_end_retention(struct registry *r, struct registry_buf *b)
     unref(r, b);
 }
 
+void registry_acquired(struct registry *r, struct registry_buf *b)
+{
+    if (b->acquires < UINT32_MAX)
+        b->acquires++;
+    if (b->max_acquires && b->acquires >= b->max_acquires)
+        registry_end_retention(r, b);
+}
+
 static void retention_expired(uv_timer_t *t)
 {
     struct registry_buf *b = t->data;

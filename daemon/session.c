@@ -14,7 +14,7 @@
 #include "log.h"
 #include "text.h"
 
-#define FEATURES (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE)
+#define FEATURES (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED)
 
 static uint8_t wbuf[PROTO_MAX_REPLY];              /* one encoded reply (one loop thread) */
 static uint8_t status_body[PROTO_MAX_REPLY - 64];  /* a status map, before its envelope */
@@ -59,7 +59,9 @@ static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, int fd)
 static void peer_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
 {
     struct session *s = (struct session *)p;
-    if (m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY)
+    /* A sealed buffer always carries its fd: the consumer checks its seals on it. */
+    if ((m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY) &&
+        !(m->u.lease_reply.flags & PROTO_BUF_SEALED))
         fd = fd_to_send(s, m->u.lease_reply.buf_id, m->op == PROTO_OP_LEASE + PROTO_OP_REPLY, fd);
     session_send(s, m, fd);
 }

@@ -93,6 +93,13 @@ bool store_intact(const struct store *st, int fd, uint64_t size)
     return (uint64_t)sb.st_size == size && (uint64_t)sb.st_blocks * 512 == size;
 }
 
+int store_seal_write(const struct store *st, int fd)
+{
+    if (!st->memfd)
+        return -EOPNOTSUPP;
+    return fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0 ? -errno : 0;
+}
+
 int store_reopen_ro(const struct store *st, int fd)
 {
     char path[64];

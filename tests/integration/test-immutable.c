@@ -233,3 +233,136 @@ Test(immutable, tmpfile_producer_growth_is_bounded_by_the_pool)
     close(sock);
     daemon_stop(&d);
 }
+
+/* ---- sealed publish ------------------------------------------------------------------- */
+
+/* sealed_attacker: another uid acquires a sealed buffer raw: the seals are there, and
+ * nothing changes it. Exits with the mask of what worked, 100+ for a setup failure. */
+static int sealed_attacker(void *arg)
+{
+    const shmref_desc *desc = arg;
+    uint64_t cap = 0;
+    if (setgid(OTHER_UID) < 0 || setuid(OTHER_UID) < 0)
+        return 100;
+    int sock = raw_open();
+    int fd = raw_acquire(sock, desc, &cap);
+    if (fd < 0)
+        return 101;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if ((seals & (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW))
+        return 102;
+    int done = try_changes(fd, cap);
+    close(fd);
+    close(sock);
+    return done;
+}
+
+Test(immutable, sealed_publish_cannot_be_changed_by_anyone)
+{
+    daemon_start(&d, "--memfd", "--socket-mode", "0666", NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b, *r;
+    shmref_desc desc, plain;
+    cr_assert_eq(shmref_lease(c, SIZE, &b), 0, "%s", shmref_errmsg(c));
+    fill_pattern(shmref_buf_data(b), SIZE, 11);
+    cr_assert_eq(shmref_publish_ex(b, SIZE, 60000, 0, SHMREF_PUBLISH_SEALED, "m", 1, &desc), 0, "%s",
+                 shmref_errmsg(c));
+    cr_assert_null(shmref_buf_data(b), "the producer's writable mapping is gone");
+
+    /* another uid: nothing at all; root (the daemon's uid here) may reopen it O_RDWR, and
+     * can still change nothing. */
+    cr_assert_eq(child_wait(child_run(sealed_attacker, &desc)), 0);
+    int sock = raw_open();
+    uint64_t cap;
+    int fd = raw_acquire(sock, &desc, &cap);
+    cr_assert_geq(fd, 0);
+    int done = try_changes(fd, cap);
+    cr_assert_eq(done & ~REOPEN_RW, 0, "root changed a sealed buffer (mask %d)", done);
+    close(fd);
+    close(sock);
+
+    /* a consumer through libshmref: seals checked, bytes intact */
+    cr_assert_eq(shmref_acquire_ex(c, &desc, SHMREF_ACQUIRE_SEALED, &r), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(shmref_buf_sealed(r), 1);
+    cr_assert_eq(check_pattern(shmref_buf_data(r), SIZE, 11), -1);
+    cr_assert_eq(shmref_release(r), 0);
+
+    /* a consumer that asks for sealed refuses a plain buffer */
+    shmref_buf *p;
+    cr_assert_eq(shmref_lease(c, 4096, &p), 0);
+    cr_assert_eq(shmref_publish(p, 4096, 0, NULL, 0, &plain), 0);
+    cr_assert_eq(shmref_acquire_ex(c, &plain, SHMREF_ACQUIRE_SEALED, &r), -EPERM);
+    cr_assert(strstr(shmref_errmsg(c), "not sealed"), "%s", shmref_errmsg(c));
+    cr_assert_eq(shmref_acquire_ex(c, &plain, 0, &r), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(shmref_buf_sealed(r), 0);
+    cr_assert_eq(shmref_release(r), 0);
+    cr_assert_eq(shmref_release(p), 0);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+/* Publish-once: a sealed buffer is retired after its last holder, never recycled. */
+Test(immutable, sealed_buffer_is_retired_not_recycled)
+{
+    daemon_start(&d, "--memfd", NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b;
+    shmref_desc desc;
+    cr_assert_eq(shmref_lease(c, 4096, &b), 0);
+    cr_assert_eq(shmref_publish_ex(b, 4096, 0, 0, SHMREF_PUBLISH_SEALED, NULL, 0, &desc), 0, "%s",
+                 shmref_errmsg(c));
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_ping(c), 0);
+    cr_assert_eq(status_u64(&d, "counters.buffers_retired"), 1);
+    cr_assert_eq(status_u64(&d, "pool.bytes_warm"), 0);
+    cr_assert_eq(shmref_lease(c, 4096, &b), 0);
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 2, "a new buffer, not the sealed one");
+    memset(shmref_buf_data(b), 1, 4096); /* writable as ever */
+    cr_assert_eq(shmref_release(b), 0);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+Test(immutable, sealed_publish_on_a_tmpfile_pool_is_eopnotsupp)
+{
+    daemon_start(&d, "--pool-hugepages", "no", NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b;
+    shmref_desc desc;
+    cr_assert_eq(shmref_lease(c, 4096, &b), 0);
+    cr_assert_eq(shmref_publish_ex(b, 4096, 0, 0, SHMREF_PUBLISH_SEALED, NULL, 0, &desc), -EOPNOTSUPP);
+    cr_assert(strstr(shmref_errmsg(c), "memfd"), "the message names the way: %s", shmref_errmsg(c));
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_ping(c), 0, "the connection stays");
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+/* F_SEAL_WRITE needs every writable mapping gone: a producer that keeps one (a raw
+ * client; libshmref unmaps its own) gets EBUSY, and its buffer stays unpublished. */
+Test(immutable, sealed_publish_with_a_writable_mapping_is_ebusy)
+{
+    daemon_start(&d, "--memfd", NULL);
+    int sock = raw_open();
+    uint64_t cap;
+    int fd = raw_lease_fd(sock, 4096, &cap);
+    void *w = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    cr_assert_neq(w, MAP_FAILED);
+    uint8_t buf[256];
+    struct proto_msg m = { .op = PROTO_OP_PUBLISH, .id = 9 }, rep;
+    m.u.publish.handle = (UINT64_C(1) << 32); /* the first handle of a connection */
+    m.u.publish.size = 4096;
+    m.u.publish.flags = PROTO_PUBLISH_SEALED;
+    raw_request(sock, &m, buf, sizeof(buf), &rep, NULL);
+    cr_assert_eq(rep.op, PROTO_OP_ERROR);
+    cr_assert_eq(rep.u.error.code, EBUSY, "%.*s", (int)rep.u.error.msg_len, rep.u.error.msg);
+    munmap(w, cap);
+    raw_request(sock, &m, buf, sizeof(buf), &rep, NULL);
+    cr_assert_eq(rep.op, PROTO_OP_PUBLISH + PROTO_OP_REPLY, "once unmapped it seals: %.*s",
+                 (int)rep.u.error.msg_len, rep.u.error.msg);
+    cr_assert_eq(fcntl(fd, F_GET_SEALS) & F_SEAL_WRITE, F_SEAL_WRITE);
+    cr_assert_eq(pwrite(fd, "x", 1, 0), -1, "the producer's own O_RDWR fd cannot write");
+    close(fd);
+    close(sock);
+    daemon_stop(&d);
+}
