@@ -204,6 +204,10 @@ int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags
     int fd = -1;
     memcpy(req.u.acquire.token, desc->token, SHMREF_TOKEN_LEN);
     int r = client_call(conn, &req, &rep, &fd);
+    /* Over quota with pinned bytes (idle mappings of buffers no lease holds): once more
+     * after dropping them, as for a lease. */
+    if (r == -EDQUOT && mapcache_drop_idle(&conn->cache) > 0)
+        r = client_call(conn, &req, &rep, &fd);
     if (r < 0)
         return r;
     if (rep.u.acquire_reply.size != desc->size) {

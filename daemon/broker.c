@@ -140,9 +140,14 @@ static void lease_refused(struct broker *bk, struct broker_peer *p, uint32_t id,
     char msg[PROTO_MAX_ERRMSG], a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], d[UNITS_TEXT_MAX];
     if (r == -ENOSPC) {
         struct registry_stats st = registry_stats(bk->reg);
+        char e[UNITS_TEXT_MAX], pinned[160] = "";
+        uint64_t pin = pool_bytes_pinned(bk->pool);
+        if (pin)
+            snprintf(pinned, sizeof(pinned), ", and %s (%llu bytes) pinned (retired buffers that clients still map)",
+                     units_format(pin, e), (unsigned long long)pin);
         snprintf(msg, sizeof(msg),
-                 "pool full: %s (%llu bytes) held of %s (%llu bytes); a %s (%llu bytes) buffer does not fit",
-                 units_format(st.bytes, a), (unsigned long long)st.bytes,
+                 "pool full: %s (%llu bytes) held%s of %s (%llu bytes); a %s (%llu bytes) buffer does not fit",
+                 units_format(st.bytes, a), (unsigned long long)st.bytes, pinned,
                  units_format(pool_cap(bk->pool), b), (unsigned long long)pool_cap(bk->pool),
                  units_format(csize, d), (unsigned long long)csize);
         refuse(bk, p, id, ENOSPC, "lease", msg);
@@ -180,10 +185,19 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
         refuse(bk, p, m->id, EFBIG, "lease", "lease size beyond every size class");
         return;
     }
+    /* A warm buffer first: if this tenant's clients still map it, its bytes are charged
+     * as pinned until it is taken, and must not count twice against the quota. */
+    struct pool_buf *warm = pool_take_warm(bk->pool, &cls, p->uid);
     struct quota_ticket charge;
     int r = quota_take(bk->quota, p->uid, cls.size, &charge, msg, sizeof(msg));
     if (r < 0) {
+        if (warm)
+            pool_untake(bk->pool, warm);
         refuse(bk, p, m->id, -r, "lease", msg);
+        return;
+    }
+    if (warm) {
+        lease_finish(bk, p, m->id, warm, size, &charge);
         return;
     }
     struct pending_lease *pl = malloc(sizeof(*pl));
@@ -286,6 +300,11 @@ static void do_acquire(struct broker *bk, struct broker_peer *p, const struct pr
     }
     if (!leases_left(bk, p, m->id, "acquire"))
         return;
+    char msg[PROTO_MAX_ERRMSG];
+    if (p->uid != b->tenant && quota_check_pinned(bk->quota, p->uid, msg, sizeof(msg)) < 0) {
+        refuse(bk, p, m->id, EDQUOT, "acquire", msg);
+        return;
+    }
     int fd = pool_ro_fd(bk->pool, b->pb);
     if (fd < 0) {
         log_error("cannot open a read-only fd of buffer %llu: %s", (unsigned long long)b->pb->id,
@@ -328,6 +347,16 @@ bool broker_handle(struct broker *bk, struct broker_peer *p, const struct proto_
     case PROTO_OP_RELEASE: do_release(bk, p, m); return true;
     default: return false;
     }
+}
+
+void broker_mapped(struct broker *bk, struct broker_peer *p, uint64_t buf_id)
+{
+    pool_mapped(bk->pool, buf_id, p->uid);
+}
+
+void broker_unmapped(struct broker *bk, struct broker_peer *p, uint64_t buf_id)
+{
+    pool_unmapped(bk->pool, buf_id, p->uid);
 }
 
 uint32_t broker_disconnect(struct broker *bk, struct broker_peer *p)

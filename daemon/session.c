@@ -52,7 +52,8 @@ static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, int fd)
     uint32_t max_leases = s->env->opt->max_leases;
     uint32_t max = max_leases > (UINT32_MAX - PROTO_MAX_IDLE_MAPPINGS) / 2 ? UINT32_MAX
                                                                        : max_leases * 2 + PROTO_MAX_IDLE_MAPPINGS;
-    idset_add(&s->known, writable ? rw : ro, max);
+    if (idset_add(&s->known, writable ? rw : ro, max) == 0)
+        broker_mapped(s->env->broker, &s->peer, buf_id);
     return fd;
 }
 
@@ -133,6 +134,10 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
     else if (end == TRANSPORT_END_FRAMING)
         env->counters->protocol_errors++;
     uint32_t held = s->peer.holder.leases;
+    /* Its process's mappings went with it (or it closed: libshmref unmaps first). */
+    for (uint32_t i = 0; i < s->known.cap; i++)
+        if (s->known.slots[i])
+            broker_unmapped(env->broker, &s->peer, s->known.slots[i] >> 1);
     uint32_t n = broker_disconnect(env->broker, &s->peer);
     broker_check(env->broker);
     /* The peer went away (why == NULL): with nothing held it closed cleanly (libshmref
@@ -282,9 +287,14 @@ static void dispatch(struct session *s, const struct proto_msg *m)
     case PROTO_OP_STATUS:
         do_status(s, m);
         return;
-    case PROTO_OP_FORGET:
-        idset_del(&s->known, m->u.forget.buf_id << 1 | (m->u.forget.writable ? 1 : 0));
+    case PROTO_OP_FORGET: {
+        uint64_t key = m->u.forget.buf_id << 1 | (m->u.forget.writable ? 1 : 0);
+        if (m->u.forget.buf_id && m->u.forget.buf_id < (UINT64_C(1) << 63) && idset_has(&s->known, key)) {
+            idset_del(&s->known, key);
+            broker_unmapped(s->env->broker, &s->peer, m->u.forget.buf_id);
+        }
         return;
+    }
     case PROTO_OP_PING: {
         struct proto_msg r = { .op = PROTO_OP_PING + PROTO_OP_REPLY, .id = m->id };
         session_send(s, &r, -1);
