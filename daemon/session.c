@@ -39,14 +39,15 @@ static void session_unref(struct session *s)
 /* ---- the broker's view of a session ------------------------------------------------ */
 
 /* fd_to_send: the fd to attach, or -1 when this client already has the buffer mapped
- * as needed (a writable mapping also serves reading). */
-static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, int fd)
+ * as needed (a writable mapping also serves reading). always: send it anyway (a sealed
+ * buffer, whose seals the client checks on its fd); the mapping is counted all the same. */
+static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, bool always, int fd)
 {
     if (!s->fd_once || fd < 0)
         return fd;
     uint64_t rw = buf_id << 1 | 1, ro = buf_id << 1;
     if (idset_has(&s->known, rw) || (!writable && idset_has(&s->known, ro)))
-        return -1;
+        return always ? fd : -1;
     /* Bounded by what a client that forgets properly can hold mapped (its handles plus its
      * idle cache); if full, the fd is simply sent again next time. */
     uint32_t max_leases = s->env->opt->max_leases;
@@ -61,9 +62,9 @@ static void peer_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
 {
     struct session *s = (struct session *)p;
     /* A sealed buffer always carries its fd: the consumer checks its seals on it. */
-    if ((m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY) &&
-        !(m->u.lease_reply.flags & PROTO_BUF_SEALED))
-        fd = fd_to_send(s, m->u.lease_reply.buf_id, m->op == PROTO_OP_LEASE + PROTO_OP_REPLY, fd);
+    if (m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY)
+        fd = fd_to_send(s, m->u.lease_reply.buf_id, m->op == PROTO_OP_LEASE + PROTO_OP_REPLY,
+                        (m->u.lease_reply.flags & PROTO_BUF_SEALED) != 0, fd);
     session_send(s, m, fd);
 }
 

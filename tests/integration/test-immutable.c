@@ -366,3 +366,30 @@ Test(immutable, sealed_publish_with_a_writable_mapping_is_ebusy)
     close(sock);
     daemon_stop(&d);
 }
+
+/* A sealed buffer always carries its fd (for the seal check), and its mapping is still
+ * counted: retired after its last release, it stays pinned while a consumer maps it. */
+Test(immutable, sealed_buffer_mapped_after_retirement_is_pinned)
+{
+    daemon_start(&d, "--memfd", NULL);
+    shmref_conn *c = connect_ok(&d), *c2 = connect_ok(&d);
+    shmref_buf *b, *r;
+    shmref_desc desc;
+    cr_assert_eq(shmref_lease(c, SIZE, &b), 0);
+    cr_assert_eq(shmref_publish_ex(b, SIZE, 0, 0, SHMREF_PUBLISH_SEALED, NULL, 0, &desc), 0, "%s",
+                 shmref_errmsg(c));
+    cr_assert_eq(shmref_acquire_ex(c2, &desc, SHMREF_ACQUIRE_SEALED, &r), 0, "%s", shmref_errmsg(c2));
+    cr_assert_eq(shmref_release(r), 0); /* c2 keeps the mapping cached */
+    cr_assert_eq(shmref_acquire_ex(c2, &desc, SHMREF_ACQUIRE_SEALED, &r), 0,
+                 "again, with a cached mapping: the fd still comes for the check: %s", shmref_errmsg(c2));
+    cr_assert_eq(shmref_release(r), 0);
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_ping(c), 0);
+    cr_assert_eq(shmref_ping(c2), 0);
+    cr_assert_eq(status_u64(&d, "counters.buffers_retired"), 1);
+    cr_assert_eq(status_u64(&d, "pool.bytes_pinned"), SIZE, "retired, and c2 still maps it");
+    shmref_close(c2);
+    cr_assert_eq(wait_status(&d, "pool.bytes_pinned", 0, WAIT_MS), 0);
+    shmref_close(c);
+    daemon_stop(&d);
+}
