@@ -367,7 +367,7 @@ static int hello(shmref_conn *conn)
     }
     struct proto_msg req = { .op = PROTO_OP_HELLO }, rep;
     req.u.hello.version = PROTO_VERSION;
-    req.u.hello.features = PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE;
+    req.u.hello.features = PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED;
     req.u.hello.name = name;
     req.u.hello.name_len = (uint32_t)strlen(name);
     int r = client_call(conn, &req, &rep, NULL);

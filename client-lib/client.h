@@ -44,6 +44,7 @@ struct shmref_buf {
     size_t size, capacity;
     bool writable, published;
     bool pinned;            /* held by a unit's exports: outlives shmref_close */
+    bool sealed;                /* an acquired sealed buffer, its seals checked */
     void *meta;
     size_t meta_len;
     shmref_buf *prev, *next;
@@ -121,6 +122,11 @@ void *mapcache_find(struct mapcache *mc, uint64_t buf_id, size_t len, bool writa
  * and count bound ($SHMREF_MAP_CACHE bytes; default the larger of 1 GiB and twice the
  * daemon's largest lease), least recently used first out. */
 void mapcache_put(struct mapcache *mc, void *addr);
+/* mapcache_drop_idle: unmap every idle mapping (telling on_unmap); returns how many. */
+unsigned mapcache_drop_idle(struct mapcache *mc);
+/* mapcache_drop: unmap the mapping at addr, whoever uses it (telling on_unmap): for a
+ * buffer whose writable mapping must be gone before it is sealed. */
+void mapcache_drop(struct mapcache *mc, void *addr);
 /* mapcache_clear: unmap everything (the connection closes). */
 void mapcache_clear(struct mapcache *mc);
 

@@ -4,6 +4,7 @@
 #include "client.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -47,15 +48,40 @@ static void release_handle(shmref_conn *conn, uint64_t handle)
     memcpy(conn->errmsg, keep, sizeof(keep));
 }
 
+#define SEALS_NEEDED (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)
+
+/* check_seals: for a buffer the daemon says is sealed (or one the caller requires
+ * sealed), the seals on its fd, before anything maps it. */
+static int check_seals(shmref_conn *conn, const struct proto_msg *rep, int fd, bool require)
+{
+    bool said = (rep->u.acquire_reply.flags & PROTO_BUF_SEALED) != 0;
+    if (!said && !require)
+        return 0;
+    if (!said)
+        return client_fail(conn, -EPERM, "the buffer is not sealed (its producer published it plainly)");
+    if (fd < 0)
+        return client_fail(conn, -EPROTO, "shmrefd sent a sealed buffer without its fd");
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & SEALS_NEEDED) != SEALS_NEEDED)
+        return client_fail(conn, -EPERM, "the buffer is said to be sealed but its seals are %#x, not %#x",
+                           seals < 0 ? 0 : (unsigned)seals, (unsigned)SEALS_NEEDED);
+    return 1;
+}
+
 /* take_buffer: turn a lease or acquire reply (and its fd) into a handle. */
 static int take_buffer(shmref_conn *conn, const struct proto_msg *rep, int fd, bool writable,
-                       shmref_buf **ret_buf)
+                       bool require_sealed, shmref_buf **ret_buf)
 {
     uint64_t handle = rep->u.lease_reply.handle, buf_id = rep->u.lease_reply.buf_id;
-    shmref_buf *b = calloc(1, sizeof(*b));
-    int r = -ENOMEM;
-    if (!b)
+    shmref_buf *b = NULL;
+    int r = writable ? 0 : check_seals(conn, rep, fd, require_sealed);
+    if (r < 0)
         goto fail;
+    bool sealed = r == 1;
+    r = -ENOMEM;
+    if (!(b = calloc(1, sizeof(*b))))
+        goto fail;
+    b->sealed = sealed;
     b->handle = handle;
     b->buf_id = rep->u.lease_reply.buf_id;
     b->gen = rep->u.lease_reply.gen;
@@ -108,27 +134,52 @@ int shmref_lease(shmref_conn *conn, size_t size, shmref_buf **ret_buf)
     int fd = -1;
     req.u.lease.size = size;
     int r = client_call(conn, &req, &rep, &fd);
+    /* Idle mappings this process keeps cached pin the pages of buffers the daemon may
+     * have evicted since (the daemon charges them to this client, and its private tmpfs
+     * is only as large as the pool): a lease refused for space is tried once more after
+     * they are dropped. */
+    if ((r == -ENOSPC || r == -EDQUOT) && mapcache_drop_idle(&conn->cache) > 0)
+        r = client_call(conn, &req, &rep, &fd);
     if (r < 0)
         return r;
-    return take_buffer(conn, &rep, fd, true, ret_buf);
+    return take_buffer(conn, &rep, fd, true, false, ret_buf);
 }
 
 int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms, const void *meta, size_t meta_len,
                    shmref_desc *ret_desc)
 {
-    if (!buf || !ret_desc || (meta_len && !meta) || meta_len > SHMREF_META_MAX)
+    return shmref_publish_ex(buf, len, keep_ms, 0, 0, meta, meta_len, ret_desc);
+}
+
+int shmref_publish_ex(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t max_acquires, unsigned flags,
+                      const void *meta, size_t meta_len, shmref_desc *ret_desc)
+{
+    if (!buf || !ret_desc || (meta_len && !meta) || meta_len > SHMREF_META_MAX || (flags & ~SHMREF_PUBLISH_SEALED))
         return -EINVAL;
     shmref_conn *conn = buf->conn;
     if (!buf->writable)
         return client_fail(conn, -EPERM, "an acquired buffer cannot be published");
     if (len > buf->size)
         return client_fail(conn, -EINVAL, "publish of %zu bytes exceeds the leased %zu", len, buf->size);
+    bool sealed = flags & SHMREF_PUBLISH_SEALED;
+    if (sealed && !(conn->features & PROTO_FEAT_SEALED))
+        return client_fail(conn, -EOPNOTSUPP, "this shmrefd does not take sealed publishes");
+    if (sealed && buf->published)
+        return client_fail(conn, -EALREADY, "the buffer is already published");
+    if (sealed && buf->data) {
+        /* F_SEAL_WRITE needs every writable mapping gone: ours goes (and the daemon is
+         * told, before the publish, that this connection no longer maps it). */
+        mapcache_drop(&conn->cache, buf->data);
+        buf->data = NULL;
+    }
     struct proto_msg req = { .op = PROTO_OP_PUBLISH }, rep;
     req.u.publish.handle = buf->handle;
     req.u.publish.size = len;
     req.u.publish.keep_ms = keep_ms;
     req.u.publish.meta = meta;
     req.u.publish.meta_len = (uint32_t)meta_len;
+    req.u.publish.flags = sealed ? PROTO_PUBLISH_SEALED : 0;
+    req.u.publish.max_acquires = max_acquires;
     int r = client_call(conn, &req, &rep, NULL);
     if (r < 0)
         return r;
@@ -140,14 +191,23 @@ int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms, const void *me
 
 int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_buf)
 {
+    return shmref_acquire_ex(conn, desc, 0, ret_buf);
+}
+
+int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags, shmref_buf **ret_buf)
+{
     if (!conn)
         return -EINVAL;
-    if (!desc || !ret_buf)
-        return client_fail(conn, -EINVAL, "acquire: desc and ret_buf must not be NULL");
+    if (!desc || !ret_buf || (flags & ~SHMREF_ACQUIRE_SEALED))
+        return client_fail(conn, -EINVAL, "acquire: desc and ret_buf must not be NULL, flags known");
     struct proto_msg req = { .op = PROTO_OP_ACQUIRE }, rep;
     int fd = -1;
     memcpy(req.u.acquire.token, desc->token, SHMREF_TOKEN_LEN);
     int r = client_call(conn, &req, &rep, &fd);
+    /* Over quota with pinned bytes (idle mappings of buffers no lease holds): once more
+     * after dropping them, as for a lease. */
+    if (r == -EDQUOT && mapcache_drop_idle(&conn->cache) > 0)
+        r = client_call(conn, &req, &rep, &fd);
     if (r < 0)
         return r;
     if (rep.u.acquire_reply.size != desc->size) {
@@ -160,7 +220,7 @@ int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_
         return client_fail(conn, -EINVAL, "descriptor says %llu bytes, the buffer has %llu",
                            (unsigned long long)desc->size, (unsigned long long)have);
     }
-    return take_buffer(conn, &rep, fd, false, ret_buf);
+    return take_buffer(conn, &rep, fd, false, (flags & SHMREF_ACQUIRE_SEALED) != 0, ret_buf);
 }
 
 /* forget: the handle's local half: list, mapping use, memory. */
@@ -240,7 +300,7 @@ static int lease_window(shmref_conn *conn, const size_t *sizes, size_t k, shmref
         }
         char keep[sizeof(conn->errmsg)];
         memcpy(keep, conn->errmsg, sizeof(keep));
-        r = take_buffer(conn, &rep, fd, true, &ret[slot]);
+        r = take_buffer(conn, &rep, fd, true, false, &ret[slot]);
         if (r < 0 && !err)
             err = r;
         else if (r < 0)
@@ -280,6 +340,7 @@ void *shmref_buf_data(const shmref_buf *buf) { return buf ? buf->data : NULL; }
 size_t shmref_buf_size(const shmref_buf *buf) { return buf ? buf->size : 0; }
 size_t shmref_buf_capacity(const shmref_buf *buf) { return buf ? buf->capacity : 0; }
 int shmref_buf_writable(const shmref_buf *buf) { return buf ? buf->writable : 0; }
+int shmref_buf_sealed(const shmref_buf *buf) { return buf ? buf->sealed : 0; }
 
 const void *shmref_buf_meta(const shmref_buf *buf, size_t *ret_len)
 {

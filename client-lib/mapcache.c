@@ -126,6 +126,32 @@ void mapcache_put(struct mapcache *mc, void *addr)
     }
 }
 
+unsigned mapcache_drop_idle(struct mapcache *mc)
+{
+    uint64_t keep = mc->max_idle_bytes;
+    unsigned before = mc->n;
+    mc->max_idle_bytes = 0;
+    trim(mc);
+    mc->max_idle_bytes = keep;
+    return before - mc->n;
+}
+
+void mapcache_drop(struct mapcache *mc, void *addr)
+{
+    for (unsigned i = 0; i < mc->n; i++) {
+        struct mapcache_entry *e = &mc->v[i];
+        if (e->addr != addr)
+            continue;
+        munmap(e->addr, e->len);
+        if (e->users == 0)
+            mc->idle_bytes -= e->len;
+        if (mc->on_unmap)
+            mc->on_unmap(mc->ctx, e->buf_id, e->writable);
+        *e = mc->v[--mc->n];
+        return;
+    }
+}
+
 void mapcache_clear(struct mapcache *mc)
 {
     for (unsigned i = 0; i < mc->n; i++)

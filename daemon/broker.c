@@ -71,6 +71,7 @@ static void send_buffer(struct broker_peer *p, uint32_t id, uint64_t handle, str
         r.op = PROTO_OP_ACQUIRE + PROTO_OP_REPLY;
         r.u.acquire_reply.meta = b->meta;
         r.u.acquire_reply.meta_len = b->meta_len;
+        r.u.acquire_reply.flags = b->pb->sealed ? PROTO_BUF_SEALED : 0;
     }
     p->ops->reply(p, &r, fd);
 }
@@ -166,9 +167,14 @@ static void lease_refused(struct broker *bk, struct broker_peer *p, uint32_t id,
     char msg[PROTO_MAX_ERRMSG], a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], d[UNITS_TEXT_MAX];
     if (r == -ENOSPC) {
         struct registry_stats st = registry_stats(bk->reg);
+        char e[UNITS_TEXT_MAX], pinned[160] = "";
+        uint64_t pin = pool_bytes_pinned(bk->pool);
+        if (pin)
+            snprintf(pinned, sizeof(pinned), ", and %s (%llu bytes) pinned (retired buffers that clients still map)",
+                     units_format(pin, e), (unsigned long long)pin);
         snprintf(msg, sizeof(msg),
-                 "pool full: %s (%llu bytes) held of %s (%llu bytes); a %s (%llu bytes) buffer does not fit",
-                 units_format(st.bytes, a), (unsigned long long)st.bytes,
+                 "pool full: %s (%llu bytes) held%s of %s (%llu bytes); a %s (%llu bytes) buffer does not fit",
+                 units_format(st.bytes, a), (unsigned long long)st.bytes, pinned,
                  units_format(pool_cap(bk->pool), b), (unsigned long long)pool_cap(bk->pool),
                  units_format(csize, d), (unsigned long long)csize);
         refuse(bk, p, id, ENOSPC, "lease", msg);
@@ -208,10 +214,19 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     }
     if (!fd_share_left(bk, p, m->id))
         return;
+    /* A warm buffer first: if this tenant's clients still map it, its bytes are charged
+     * as pinned until it is taken, and must not count twice against the quota. */
+    struct pool_buf *warm = pool_take_warm(bk->pool, &cls, p->uid);
     struct quota_ticket charge;
     int r = quota_take(bk->quota, p->uid, cls.size, &charge, msg, sizeof(msg));
     if (r < 0) {
+        if (warm)
+            pool_untake(bk->pool, warm);
         refuse(bk, p, m->id, -r, "lease", msg);
+        return;
+    }
+    if (warm) {
+        lease_finish(bk, p, m->id, warm, size, &charge);
         return;
     }
     struct pending_lease *pl = malloc(sizeof(*pl));
@@ -234,6 +249,28 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     lease_refused(bk, p, m->id, r, cls.size);
 }
 
+/* publish_seal: a sealed publish: F_SEAL_WRITE on the buffer before it gets a token.
+ * Returns false after refusing. */
+static bool publish_seal(struct broker *bk, struct broker_peer *p, uint32_t id, struct registry_buf *b)
+{
+    if (!pool_sealable(bk->pool)) {
+        fail(p, id, EOPNOTSUPP, "a sealed publish needs a memfd pool (shmrefd --memfd); this pool is %s, "
+             "whose files cannot be sealed", pool_kind(bk->pool));
+        return false;
+    }
+    int r = pool_seal(bk->pool, b->pb);
+    if (r == -EBUSY) {
+        fail(p, id, EBUSY, "buffer %llu is still mapped writable (by its producer, or cached by a process "
+             "that leased it before): it cannot be sealed; unmap it first", (unsigned long long)b->pb->id);
+        return false;
+    }
+    if (r < 0) {
+        fail(p, id, -r, "sealing buffer %llu failed: %s", (unsigned long long)b->pb->id, strerror(-r));
+        return false;
+    }
+    return true;
+}
+
 static void do_publish(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
 {
     struct registry_lease *l = registry_lease_of(&p->holder, m->u.publish.handle);
@@ -253,6 +290,14 @@ static void do_publish(struct broker *bk, struct broker_peer *p, const struct pr
              (unsigned long long)m->u.publish.size, (unsigned long long)b->size);
         return;
     }
+    if (b->published) {
+        fail(p, m->id, EALREADY, "buffer of handle %llu is already published",
+             (unsigned long long)m->u.publish.handle);
+        return;
+    }
+    if ((m->u.publish.flags & PROTO_PUBLISH_SEALED) && !publish_seal(bk, p, m->id, b))
+        return;
+    b->max_acquires = m->u.publish.max_acquires;
     int r = registry_publish(bk->reg, b, m->u.publish.size, m->u.publish.keep_ms, m->u.publish.meta,
                              m->u.publish.meta_len);
     if (r == -EALREADY) {
@@ -284,6 +329,11 @@ static void do_acquire(struct broker *bk, struct broker_peer *p, const struct pr
     }
     if (!leases_left(bk, p, m->id, "acquire"))
         return;
+    char msg[PROTO_MAX_ERRMSG];
+    if (p->uid != b->tenant && quota_check_pinned(bk->quota, p->uid, msg, sizeof(msg)) < 0) {
+        refuse(bk, p, m->id, EDQUOT, "acquire", msg);
+        return;
+    }
     int fd = pool_ro_fd(bk->pool, b->pb);
     if (fd < 0) {
         log_error("cannot open a read-only fd of buffer %llu: %s", (unsigned long long)b->pb->id,
@@ -298,7 +348,7 @@ static void do_acquire(struct broker *bk, struct broker_peer *p, const struct pr
     /* Another tenant will have mapped it: never hand it to its producer's next lease. */
     if (p->uid != b->tenant)
         b->pb->foreign = true;
-    registry_end_retention(bk->reg, b);
+    registry_acquired(bk->reg, b);
     bk->counters->acquires++;
     send_buffer(p, m->id, handle, b, fd);
 }
@@ -326,6 +376,16 @@ bool broker_handle(struct broker *bk, struct broker_peer *p, const struct proto_
     case PROTO_OP_RELEASE: do_release(bk, p, m); return true;
     default: return false;
     }
+}
+
+void broker_mapped(struct broker *bk, struct broker_peer *p, uint64_t buf_id)
+{
+    pool_mapped(bk->pool, buf_id, p->uid);
+}
+
+void broker_unmapped(struct broker *bk, struct broker_peer *p, uint64_t buf_id)
+{
+    pool_unmapped(bk->pool, buf_id, p->uid);
 }
 
 uint32_t broker_disconnect(struct broker *bk, struct broker_peer *p)

@@ -65,6 +65,12 @@ bool broker_handle(struct broker *b, struct broker_peer *p, const struct proto_m
  * registry saw is logged once. */
 void broker_check(struct broker *b);
 
+/* broker_mapped / broker_unmapped: p was sent buffer buf_id's fd and maps it now / said
+ * it unmapped it (or went). A buffer retired while mapped stays counted as pinned
+ * against the pool's cap and p's tenant quota until its last mapping goes. */
+void broker_mapped(struct broker *b, struct broker_peer *p, uint64_t buf_id);
+void broker_unmapped(struct broker *b, struct broker_peer *p, uint64_t buf_id);
+
 /* broker_disconnect: releases every handle p holds; returns how many there were. */
 uint32_t broker_disconnect(struct broker *b, struct broker_peer *p);
 

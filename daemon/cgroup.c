@@ -2,6 +2,7 @@
 /* cgroup.c: see cgroup.h. Reads /proc/self/cgroup and /proc/self/mountinfo, then the
  * limit files from the process's cgroup directory up to the hierarchy's mount point. */
 #include "cgroup.h"
+#include "mountinfo.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -12,21 +13,6 @@
 
 /* Limits at or above this are "no limit" (v1 reports PAGE_COUNTER_MAX pages as bytes). */
 #define UNLIMITED (UINT64_C(1) << 62)
-
-void cgroup_mountinfo_unescape(char *s)
-{
-    char *o = s;
-    for (char *p = s; *p; p++) {
-        if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' && p[3] >= '0' &&
-            p[3] <= '7') {
-            *o++ = (char)((p[1] - '0') << 6 | (p[2] - '0') << 3 | (p[3] - '0'));
-            p += 3;
-        } else {
-            *o++ = *p;
-        }
-    }
-    *o = '\0';
-}
 
 /* own_path: this process's path in the v1 hierarchy with the memory controller (*v2 =
  * false), else in the v2 hierarchy (*v2 = true). */
@@ -71,28 +57,22 @@ static int mount_of(bool v2, char *ret_point, char *ret_root, size_t len)
     FILE *f = fopen("/proc/self/mountinfo", "re");
     if (!f)
         return -errno;
-    char line[8192];
-    int r = -ENOENT;
-    while (r < 0 && fgets(line, sizeof(line), f)) {
-        char root[4096], point[4096], fstype[64], super[1024];
-        char *dash = strstr(line, " - ");
-        if (!dash || sscanf(line, "%*s %*s %*s %4095s %4095s", root, point) != 2 ||
-            sscanf(dash + 3, "%63s %*s %1023s", fstype, super) != 2)
-            continue;
-        bool match = v2 ? strcmp(fstype, "cgroup2") == 0 : strcmp(fstype, "cgroup") == 0;
+    struct mountinfo_entry *e = malloc(sizeof(*e));
+    int r = e ? -ENOENT : -ENOMEM;
+    while (r == -ENOENT && mountinfo_next(f, e)) {
+        bool match = v2 ? strcmp(e->fstype, "cgroup2") == 0 : strcmp(e->fstype, "cgroup") == 0;
         if (match && !v2) {
             match = false;
-            for (char *tok = strtok(super, ","); tok; tok = strtok(NULL, ","))
+            for (char *tok = strtok(e->super, ","); tok; tok = strtok(NULL, ","))
                 match |= strcmp(tok, "memory") == 0;
         }
         if (!match)
             continue;
-        cgroup_mountinfo_unescape(root);
-        cgroup_mountinfo_unescape(point);
-        snprintf(ret_point, len, "%s", point);
-        snprintf(ret_root, len, "%s", root);
+        snprintf(ret_point, len, "%s", e->point);
+        snprintf(ret_root, len, "%s", e->root);
         r = 0;
     }
+    free(e);
     fclose(f);
     return r;
 }

@@ -20,8 +20,4 @@ struct cgroup_memory {
  * none (no memory controller, or unlimited), -errno if /proc could not be read. */
 int cgroup_memory_read(struct cgroup_memory *ret);
 
-/* cgroup_mountinfo_unescape: mountinfo's octal escapes (\040 for a space, \011, \012,
- * \134) decoded in place. */
-void cgroup_mountinfo_unescape(char *s);
-
 #endif

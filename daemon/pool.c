@@ -4,6 +4,7 @@
 #include "pool.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +31,15 @@ struct pool {
     int *batch;                 /* fds of retired buffers, to close (see flush) */
     unsigned nbatch, batch_cap;
     uint64_t batch_bytes;
+    _Atomic uint64_t closing_bytes; /* batches queued to close off the loop, not yet closed */
     bool closing;               /* pool_free: the loop no longer runs */
     struct pool_buf *lru_head, *lru_tail;
+    struct pool_buf **ids;      /* every buffer (live, warm or pinned) by id */
+    uint64_t nids, id_buckets;
+    uint64_t bytes_pinned;      /* pinned buffers, warm or retired */
+    uint64_t bytes_retired_pinned; /* of those, retired: outside bytes_alloc, inside the cap */
+    pool_pin_cb pin_cb;
+    void *pin_arg;
     struct pool_counters counters;
     struct pool_class classes[POOL_MAX_CLASSES];
 };
@@ -96,6 +104,64 @@ int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
 }
 
 static int class_of(const struct pool *p, uint64_t size, uint64_t *ret_size);
+
+/* ---- buffers by id (ids are sequential: id & mask spreads them evenly) ---------- */
+
+static struct pool_buf *id_find(const struct pool *p, uint64_t id)
+{
+    if (!p->ids)
+        return NULL;
+    struct pool_buf *b = p->ids[id & (p->id_buckets - 1)];
+    while (b && b->id != id)
+        b = b->id_next;
+    return b;
+}
+
+static void id_add(struct pool *p, struct pool_buf *b)
+{
+    if (p->nids >= p->id_buckets) {
+        uint64_t n = p->id_buckets ? p->id_buckets * 2 : 64;
+        struct pool_buf **v = calloc(n, sizeof(*v));
+        if (v) {
+            for (uint64_t i = 0; i < p->id_buckets; i++)
+                while (p->ids[i]) {
+                    struct pool_buf *x = p->ids[i];
+                    p->ids[i] = x->id_next;
+                    x->id_next = v[x->id & (n - 1)];
+                    v[x->id & (n - 1)] = x;
+                }
+            free(p->ids);
+            p->ids = v;
+            p->id_buckets = n;
+        } else if (!p->ids) {
+            return; /* not findable: its mappings go uncounted, nothing breaks */
+        }
+    }
+    struct pool_buf **head = &p->ids[b->id & (p->id_buckets - 1)];
+    b->id_next = *head;
+    *head = b;
+    p->nids++;
+}
+
+static void id_remove(struct pool *p, struct pool_buf *b)
+{
+    if (!p->ids)
+        return;
+    struct pool_buf **pp = &p->ids[b->id & (p->id_buckets - 1)];
+    while (*pp && *pp != b)
+        pp = &(*pp)->id_next;
+    if (*pp) {
+        *pp = b->id_next;
+        p->nids--;
+    }
+}
+
+static void buf_free(struct pool *p, struct pool_buf *b)
+{
+    id_remove(p, b);
+    free(b->pins);
+    free(b);
+}
 
 /* Every 2 MiB multiple up to 16 MiB is itself a class size (4 steps per power of two),
  * and above that the classes are multiples of 2 MiB anyway, so rounding to the store's
@@ -165,6 +231,8 @@ static void lru_unlink(struct pool *p, struct pool_buf *b)
 
 struct pool_close {
     uv_work_t work;
+    struct pool *pool;
+    uint64_t bytes;
     unsigned n;
     int fds[];
 };
@@ -174,6 +242,7 @@ static void close_work(uv_work_t *w)
     struct pool_close *c = w->data;
     for (unsigned i = 0; i < c->n; i++)
         close(c->fds[i]);
+    atomic_fetch_sub(&c->pool->closing_bytes, c->bytes);
 }
 
 static void close_done(uv_work_t *w, int status)
@@ -206,9 +275,13 @@ static void flush(struct pool *p)
     if (p->batch_bytes >= CLOSE_OFF_LOOP_BYTES && !p->closing &&
         (c = malloc(sizeof(*c) + p->nbatch * sizeof(int)))) {
         c->n = p->nbatch;
+        c->pool = p;
+        c->bytes = p->batch_bytes;
         memcpy(c->fds, p->batch, p->nbatch * sizeof(int));
         c->work.data = c;
+        atomic_fetch_add(&p->closing_bytes, c->bytes);
         if (uv_queue_work(p->loop, &c->work, close_work, close_done) < 0) {
+            atomic_fetch_sub(&p->closing_bytes, c->bytes);
             free(c);
             c = NULL;
         }
@@ -220,7 +293,24 @@ static void flush(struct pool *p)
     p->batch_bytes = 0;
 }
 
-/* retire: a buffer leaves the pool; its fds join the batch (see flush). */
+/* pin_charge: a buffer that no lease holds, mapped by clients, becomes pinned (charged to
+ * every mapping uid) or, taken by a lease again, stops being. Idempotent both ways. */
+static void pin_charge(struct pool *p, struct pool_buf *b, bool on)
+{
+    if (b->pin_charged == on || (on && b->maps == 0))
+        return;
+    b->pin_charged = on;
+    if (on)
+        p->bytes_pinned += b->size;
+    else
+        p->bytes_pinned -= b->size;
+    for (uint32_t i = 0; i < b->npins; i++)
+        if (p->pin_cb)
+            p->pin_cb(p->pin_arg, b->pins[i].uid, on ? (int64_t)b->size : -(int64_t)b->size);
+}
+
+/* retire: a buffer leaves the pool; its fds join the batch (see flush). One that clients
+ * still map stays, pinned, until they unmap it. */
 static void retire(struct pool *p, struct pool_buf *b)
 {
     p->nfds -= 1 + (b->ro_fd >= 0);
@@ -231,22 +321,94 @@ static void retire(struct pool *p, struct pool_buf *b)
     if (b->ro_fd >= 0)
         batch_add(p, b->ro_fd);
     p->batch_bytes += b->size;
-    free(b);
+    if (b->maps == 0) {
+        buf_free(p, b);
+        return;
+    }
+    b->fd = b->ro_fd = -1;
+    b->retired = true;
+    p->bytes_retired_pinned += b->size;
+    pin_charge(p, b, true);
 }
 
-/* make_room: evict the least recently used free buffers until need more bytes fit. */
+void pool_set_pin_cb(struct pool *p, pool_pin_cb cb, void *arg)
+{
+    p->pin_cb = cb;
+    p->pin_arg = arg;
+}
+
+int pool_mapped(struct pool *p, uint64_t id, uint32_t uid)
+{
+    struct pool_buf *b = id_find(p, id);
+    if (!b || b->retired)
+        return -ENOENT;
+    uint32_t i = 0;
+    while (i < b->npins && b->pins[i].uid != uid)
+        i++;
+    if (i == b->npins) {
+        if (b->npins == b->pins_cap) {
+            uint32_t cap = b->pins_cap ? b->pins_cap * 2 : 2;
+            struct pool_pin *v = realloc(b->pins, cap * sizeof(*v));
+            if (!v)
+                return -ENOMEM;
+            b->pins = v;
+            b->pins_cap = cap;
+        }
+        b->pins[b->npins++] = (struct pool_pin){ .uid = uid };
+    }
+    b->pins[i].n++;
+    b->maps++;
+    return 0;
+}
+
+void pool_unmapped(struct pool *p, uint64_t id, uint32_t uid)
+{
+    struct pool_buf *b = id_find(p, id);
+    if (!b)
+        return;
+    uint32_t i = 0;
+    while (i < b->npins && b->pins[i].uid != uid)
+        i++;
+    if (i == b->npins)
+        return;
+    b->maps--;
+    if (--b->pins[i].n == 0) {
+        if (b->pin_charged && p->pin_cb)
+            p->pin_cb(p->pin_arg, uid, -(int64_t)b->size);
+        b->pins[i] = b->pins[--b->npins];
+    }
+    if (b->maps == 0 && b->pin_charged) {
+        b->pin_charged = false;
+        p->bytes_pinned -= b->size;
+    }
+    if (b->retired && b->maps == 0) {
+        p->bytes_retired_pinned -= b->size;
+        buf_free(p, b);
+    }
+}
+
+/* make_room: evict the least recently used free buffers until need more bytes fit.
+ * Pinned bytes count: their pages are still in the tmpfs. A warm buffer that a client
+ * still maps is not evicted for bytes (its pages would stay: it would only turn pinned). */
 static int make_room(struct pool *p, uint64_t need)
 {
-    /* A request that would not fit even with every warm buffer gone evicts none. */
-    if (p->bytes_alloc - p->bytes_warm + need > p->cap)
+    uint64_t evictable = 0, used = p->bytes_alloc + p->bytes_retired_pinned;
+    for (struct pool_buf *b = p->lru_head; b; b = b->lru_next)
+        if (b->maps == 0)
+            evictable += b->size;
+    /* A request that would not fit even with every evictable buffer gone evicts none. */
+    if (used - evictable + need > p->cap)
         return -ENOSPC;
-    while (p->bytes_alloc + need > p->cap && p->lru_head) {
-        struct pool_buf *b = p->lru_head;
+    for (struct pool_buf *b = p->lru_head, *next; b && used + need > p->cap; b = next) {
+        next = b->lru_next;
+        if (b->maps)
+            continue;
         lru_unlink(p, b);
         p->counters.evicted++;
+        used -= b->size;
         retire(p, b);
     }
-    return p->bytes_alloc + need > p->cap ? -ENOSPC : 0;
+    return used + need > p->cap ? -ENOSPC : 0;
 }
 
 /* make_fd_room: evict warm buffers until one more fd fits in the budget. */
@@ -261,10 +423,17 @@ static int make_fd_room(struct pool *p)
     return p->nfds + 1 > p->fd_budget ? -EMFILE : 0;
 }
 
+/* The private tmpfs is exactly the cap, and retired buffers' pages are freed off the
+ * loop: a create that finds the tmpfs full while a batch is still being closed waits for
+ * it (that batch was queued first, so it is being closed now), up to a second. */
 static void create_work(uv_work_t *w)
 {
     struct pool_create *c = w->data;
     c->err = store_create(&c->pool->store, c->size, &c->fd);
+    for (int i = 0; c->err == -ENOSPC && i < 1000 && atomic_load(&c->pool->closing_bytes) > 0; i++) {
+        usleep(1000);
+        c->err = store_create(&c->pool->store, c->size, &c->fd);
+    }
 }
 
 static void create_done(uv_work_t *w, int status)
@@ -289,6 +458,7 @@ static void create_done(uv_work_t *w, int status)
         return;
     }
     b->id = ++p->next_id;
+    id_add(p, b);
     b->fd = c->fd;
     b->ro_fd = -1;
     b->size = c->size;
@@ -310,25 +480,40 @@ int pool_get(struct pool *p, uint64_t size, uint32_t tenant, struct pool_buf **r
     return r < 0 ? r : pool_get_class(p, &cls, tenant, ret, cb, data);
 }
 
-int pool_get_class(struct pool *p, const struct pool_cls *cls, uint32_t tenant, struct pool_buf **ret,
-                   pool_get_cb cb, void *data)
+struct pool_buf *pool_take_warm(struct pool *p, const struct pool_cls *cls, uint32_t tenant)
 {
-    uint64_t csize = cls->size;
-    int idx = cls->idx;
-    struct pool_class *c = &p->classes[idx];
-
     /* Only the tenant's own warm buffer: every buffer is created for a tenant. */
     struct pool_buf *pick = NULL;
-    for (struct pool_buf *b = c->free_head; b; b = b->cls_next) {
+    for (struct pool_buf *b = p->classes[cls->idx].free_head; b; b = b->cls_next) {
         if (b->tenant == tenant) {
             pick = b;
             break;
         }
     }
+    if (!pick)
+        return NULL;
+    lru_unlink(p, pick);
+    pin_charge(p, pick, false); /* held again: charged to its lease, not as a pin */
+    pick->gen++;
+    p->counters.recycled++;
+    return pick;
+}
+
+void pool_untake(struct pool *p, struct pool_buf *b)
+{
+    b->gen--;
+    p->counters.recycled--;
+    pool_put(p, b);
+}
+
+int pool_get_class(struct pool *p, const struct pool_cls *cls, uint32_t tenant, struct pool_buf **ret,
+                   pool_get_cb cb, void *data)
+{
+    uint64_t csize = cls->size;
+    int idx = cls->idx;
+
+    struct pool_buf *pick = pool_take_warm(p, cls, tenant);
     if (pick) {
-        lru_unlink(p, pick);
-        pick->gen++;
-        p->counters.recycled++;
         *ret = pick;
         return 0;
     }
@@ -362,6 +547,8 @@ int pool_get_class(struct pool *p, const struct pool_cls *cls, uint32_t tenant, 
 
 void pool_put(struct pool *p, struct pool_buf *b)
 {
+    if (b->sealed) /* seals are for good: publish-once */
+        b->foreign = true;
     if (!b->foreign && !store_intact(&p->store, b->fd, b->size)) {
         p->counters.tampered++;
         b->foreign = true;
@@ -389,6 +576,20 @@ void pool_put(struct pool *p, struct pool_buf *b)
     c->free_head = b;
     c->st.nfree++;
     p->bytes_warm += b->size;
+    pin_charge(p, b, true); /* warm, but clients map it: its pages stay theirs */
+}
+
+int pool_seal(struct pool *p, struct pool_buf *b)
+{
+    int r = store_seal_write(&p->store, b->fd);
+    if (r == 0)
+        b->sealed = true;
+    return r;
+}
+
+bool pool_sealable(const struct pool *p)
+{
+    return p->store.memfd;
 }
 
 int pool_ro_fd(struct pool *p, struct pool_buf *b)
@@ -418,6 +619,14 @@ void pool_free(struct pool *p)
         retire(p, b);
     }
     flush(p); /* closing: right here */
+    for (uint64_t i = 0; i < p->id_buckets; i++) /* left: pinned (mapped by clients still) */
+        while (p->ids[i]) {
+            struct pool_buf *b = p->ids[i];
+            p->ids[i] = b->id_next;
+            free(b->pins);
+            free(b);
+        }
+    free(p->ids);
     free(p->batch);
     store_close(&p->store);
     free(p);
@@ -429,6 +638,7 @@ uint64_t pool_fd_budget(const struct pool *p) { return p->fd_budget; }
 uint64_t pool_bytes_alloc(const struct pool *p) { return p->bytes_alloc; }
 uint64_t pool_bytes_warm(const struct pool *p) { return p->bytes_warm; }
 uint64_t pool_bytes_creating(const struct pool *p) { return p->bytes_creating; }
+uint64_t pool_bytes_pinned(const struct pool *p) { return p->bytes_pinned; }
 const char *pool_dir(const struct pool *p) { return p->store.dir; }
 const char *pool_kind(const struct pool *p) { return store_kind(&p->store); }
 struct pool_counters pool_counters(const struct pool *p) { return p->counters; }

@@ -14,6 +14,11 @@
 
 #define POOL_MAX_CLASSES 256
 
+/* pool_pin: how many of a uid's client mappings of a buffer the sessions know of. */
+struct pool_pin {
+    uint32_t uid, n;
+};
+
 struct pool_buf {
     uint64_t id;            /* unique per backing file for the daemon's lifetime */
     int fd;                 /* O_RDWR, owned by the pool */
@@ -23,9 +28,21 @@ struct pool_buf {
     uint32_t gen;           /* how many times it has been handed out (sent in lease replies) */
     uint16_t cls;
     bool foreign;           /* mapped by another uid than tenant: retire on return */
+    bool sealed;            /* F_SEAL_WRITE added (a sealed publish): retire on return */
     bool is_free;
     struct pool_buf *lru_prev, *lru_next; /* all free buffers, oldest first */
     struct pool_buf *cls_prev, *cls_next; /* free buffers of this class */
+    /* Client mappings (an fd sent and not forgotten, as sessions report them). A buffer
+     * that no lease holds but clients still map is "pinned": warm, its pages cannot be
+     * freed by evicting it; retired, its fds are closed but its pages live on in those
+     * processes. Pinned bytes count against each mapping uid's quota, and retired ones
+     * against the cap too, until the last mapping is gone. */
+    uint32_t maps;
+    uint32_t npins, pins_cap;
+    struct pool_pin *pins;
+    bool pin_charged;           /* pinned: its bytes are charged to the mapping uids */
+    bool retired;               /* retired while mapped: kept only for the accounting */
+    struct pool_buf *id_next;   /* the pool's id hash */
 };
 
 struct pool_class_stat {
@@ -78,9 +95,32 @@ int pool_get(struct pool *pool, uint64_t size, uint32_t tenant, struct pool_buf 
 int pool_get_class(struct pool *pool, const struct pool_cls *cls, uint32_t tenant, struct pool_buf **ret,
                    pool_get_cb cb, void *data);
 
+/* pool_take_warm: the tenant's warm buffer of cls, taken (its pin, if its tenant's
+ * clients map it, is no longer charged), or NULL. pool_untake gives it back unused. */
+struct pool_buf *pool_take_warm(struct pool *pool, const struct pool_cls *cls, uint32_t tenant);
+void pool_untake(struct pool *pool, struct pool_buf *buf);
+
 /* pool_put: a buffer no one holds any more. It goes back warm to its tenant's free list,
  * or is retired (closed) if another tenant mapped it or its file was resized. */
 void pool_put(struct pool *pool, struct pool_buf *buf);
+
+/* pool_seal: seals buf against writing for good (store_seal_write); it is retired when it
+ * comes back. Returns 0 or what store_seal_write returned. */
+int pool_seal(struct pool *pool, struct pool_buf *buf);
+/* pool_sealable: whether this pool's buffers can be sealed (a memfd pool). */
+bool pool_sealable(const struct pool *pool);
+
+/* pool_pin_cb: a uid's pinned bytes change by delta (the registry charges them to its
+ * quota). */
+typedef void (*pool_pin_cb)(void *arg, uint32_t uid, int64_t delta);
+/* pool_set_pin_cb: who hears of pins (NULL: nobody). */
+void pool_set_pin_cb(struct pool *pool, pool_pin_cb cb, void *arg);
+/* pool_mapped: a client of uid was sent buffer id's fd and maps it now. Returns 0,
+ * -ENOENT (no such live buffer) or -ENOMEM (then it is not counted). */
+int pool_mapped(struct pool *pool, uint64_t id, uint32_t uid);
+/* pool_unmapped: that client said it unmapped it (forget), or went away. A pinned buffer
+ * whose last mapping goes is gone for good. Unknown ids are ignored. */
+void pool_unmapped(struct pool *pool, uint64_t id, uint32_t uid);
 
 /* pool_ro_fd: the read-only fd of buf (made on first use). Returns it or -errno. */
 int pool_ro_fd(struct pool *pool, struct pool_buf *buf);
@@ -92,6 +132,7 @@ uint64_t pool_fd_budget(const struct pool *pool);     /* most it may hold (RLIMI
 uint64_t pool_bytes_alloc(const struct pool *pool);   /* every backing file */
 uint64_t pool_bytes_warm(const struct pool *pool);    /* free buffers, ready */
 uint64_t pool_bytes_creating(const struct pool *pool); /* buffers being created off the loop */
+uint64_t pool_bytes_pinned(const struct pool *pool);  /* buffers no lease holds that clients still map */
 uint64_t pool_fs_available(const struct pool *pool);  /* statvfs of the dir, now */
 const char *pool_dir(const struct pool *pool);
 const char *pool_kind(const struct pool *pool);       /* "tmpfile", "tmpfile-hugepages" or "memfd" */

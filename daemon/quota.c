@@ -79,7 +79,7 @@ static bool refused_any(const struct entry *e)
 /* Drop entries that hold nothing, have no limit of their own and no refusals to show. */
 static void prune(struct quota *q, struct entry *e)
 {
-    if (e->t.bytes || e->t.buffers || e->own_limit || refused_any(e))
+    if (e->t.bytes || e->t.buffers || e->t.pinned || e->own_limit || refused_any(e))
         return;
     *e = q->v[--q->n];
 }
@@ -108,7 +108,7 @@ void quota_clear_limits(struct quota *q)
         struct entry *e = &q->v[i];
         e->own_limit = false;
         e->t.quota = q->default_quota;
-        if (!e->t.bytes && !e->t.buffers && !refused_any(e))
+        if (!e->t.bytes && !e->t.buffers && !e->t.pinned && !refused_any(e))
             *e = q->v[--q->n]; /* the moved entry is examined next */
         else
             i++;
@@ -129,11 +129,16 @@ int quota_charge(struct quota *q, uint32_t uid, uint64_t bytes, char *why, size_
         snprintf(why, why_len, "out of memory");
         return -ENOMEM;
     }
-    if (bytes > e->t.quota || e->t.bytes > e->t.quota - bytes) {
+    uint64_t held = e->t.bytes + e->t.pinned;
+    if (bytes > e->t.quota || held > e->t.quota - bytes) {
+        char d[UNITS_TEXT_MAX], pinned[160] = "";
+        if (e->t.pinned)
+            snprintf(pinned, sizeof(pinned), " (of which %s (%llu bytes) pinned: retired buffers its processes "
+                     "still map)", units_format(e->t.pinned, d), (unsigned long long)e->t.pinned);
         snprintf(why, why_len,
-                 "quota exceeded for uid %u: holds %s (%llu bytes), asks %s (%llu bytes), quota %s (%llu bytes); "
+                 "quota exceeded for uid %u: holds %s (%llu bytes)%s, asks %s (%llu bytes), quota %s (%llu bytes); "
                  "raise it with --tenant-quota, or per uid in the config file's [quota] section (%u = SIZE)",
-                 uid, units_format(e->t.bytes, a), (unsigned long long)e->t.bytes,
+                 uid, units_format(held, a), (unsigned long long)held, pinned,
                  units_format(bytes, b), (unsigned long long)bytes,
                  units_format(e->t.quota, c), (unsigned long long)e->t.quota, uid);
         prune(q, e);
@@ -173,6 +178,34 @@ int quota_return(struct quota *q, struct quota_ticket *t)
     int r = quota_credit(q, t->uid, t->bytes);
     t->bytes = 0;
     return r;
+}
+
+int quota_pin(struct quota *q, uint32_t uid, int64_t delta)
+{
+    struct entry *e = get(q, uid);
+    if (!e)
+        return -ENOMEM;
+    if (delta >= 0)
+        e->t.pinned += (uint64_t)delta;
+    else
+        e->t.pinned = e->t.pinned >= (uint64_t)-delta ? e->t.pinned - (uint64_t)-delta : 0;
+    prune(q, e);
+    return 0;
+}
+
+int quota_check_pinned(const struct quota *q, uint32_t uid, char *why, size_t why_len)
+{
+    char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], c[UNITS_TEXT_MAX];
+    const struct entry *e = find(q, uid);
+    if (!e || !e->t.pinned || e->t.bytes + e->t.pinned <= e->t.quota)
+        return 0;
+    snprintf(why, why_len,
+             "quota exceeded for uid %u: holds %s (%llu bytes) and pins %s (%llu bytes) of buffers no lease "
+             "holds that its processes still map, quota %s (%llu bytes); unmap them (release, or drop cached "
+             "mappings) before acquiring more",
+             uid, units_format(e->t.bytes, a), (unsigned long long)e->t.bytes, units_format(e->t.pinned, b),
+             (unsigned long long)e->t.pinned, units_format(e->t.quota, c), (unsigned long long)e->t.quota);
+    return -EDQUOT;
 }
 
 uint64_t quota_total(const struct quota *q)

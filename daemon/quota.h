@@ -12,6 +12,8 @@ struct quota_tenant {
     uint64_t bytes;    /* charged now */
     uint64_t quota;    /* the limit in force for this uid */
     uint32_t buffers;  /* live buffers charged */
+    uint64_t pinned;   /* bytes of retired buffers this uid's mappings keep alive: they count
+                        * against its quota, but are no charge of a live buffer */
     /* requests of this uid refused, by cause (as the server's refused_* counters) */
     uint64_t refused_quota, refused_space, refused_limit, refused_access, refused_other;
 };
@@ -50,6 +52,17 @@ int quota_take(struct quota *q, uint32_t uid, uint64_t bytes, struct quota_ticke
 /* quota_return: credits a ticket and empties it; an empty ticket is a no-op. Returns what
  * quota_credit returned (drift is the caller's to report). */
 int quota_return(struct quota *q, struct quota_ticket *t);
+/* quota_pin: pinned bytes of uid go up (delta > 0) or down: bytes a client of uid keeps
+ * mapped after the daemon retired the buffer. They count against uid's quota (a charge
+ * is refused when charged + pinned + asked passes it) until its process unmaps them or
+ * exits. Returns 0 or -ENOMEM. */
+int quota_pin(struct quota *q, uint32_t uid, int64_t delta);
+
+/* quota_check_pinned: -EDQUOT (the numbers in why) when uid's charges and pins are
+ * already past its quota, else 0: an acquire of another tenant's buffer, which would pin
+ * it once retired, is refused then. */
+int quota_check_pinned(const struct quota *q, uint32_t uid, char *why, size_t why_len);
+
 /* quota_total: bytes charged to all tenants (for cross-checking other ledgers). */
 uint64_t quota_total(const struct quota *q);
 

@@ -19,6 +19,14 @@ struct registry {
     struct registry_stats st;
 };
 
+/* on_pin: bytes a tenant's mappings keep alive after their buffer's end count against
+ * that tenant's quota (never as a charge of a live buffer: the ledgers stay as they are). */
+static void on_pin(void *arg, uint32_t uid, int64_t delta)
+{
+    struct registry *r = arg;
+    quota_pin(r->quota, uid, delta);
+}
+
 int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct registry **ret)
 {
     struct registry *r = calloc(1, sizeof(*r));
@@ -33,6 +41,7 @@ int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct
     r->loop = loop;
     r->pool = pool;
     r->quota = quota;
+    pool_set_pin_cb(pool, on_pin, r);
     *ret = r;
     return 0;
 }
@@ -243,6 +252,14 @@ void registry_end_retention(struct registry *r, struct registry_buf *b)
     unref(r, b);
 }
 
+void registry_acquired(struct registry *r, struct registry_buf *b)
+{
+    if (b->acquires < UINT32_MAX)
+        b->acquires++;
+    if (b->max_acquires && b->acquires >= b->max_acquires)
+        registry_end_retention(r, b);
+}
+
 static void retention_expired(uv_timer_t *t)
 {
     struct registry_buf *b = t->data;
@@ -329,6 +346,7 @@ void registry_free(struct registry *r)
     if (!r)
         return;
     registry_end_retentions(r);
+    pool_set_pin_cb(r->pool, NULL, NULL);
     free(r->buckets);
     free(r);
 }

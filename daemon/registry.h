@@ -24,6 +24,8 @@ struct registry_buf {
                              * registry took, kept as (tenant, pb->size), no bytes more */
     uint64_t size;          /* leased size; after publish, the published size */
     bool published, retained;
+    uint32_t acquires;      /* acquires since publish */
+    uint32_t max_acquires;  /* the retention ends at this many acquires (0: only at its time) */
     uint32_t meta_len;
     uint8_t *meta;
     uint64_t deadline;      /* uv_now() ms at which retention ends */
@@ -87,8 +89,11 @@ int registry_publish(struct registry *reg, struct registry_buf *b, uint64_t size
 /* registry_find: the published, live buffer with this token, or NULL. A retention that
  * has run out counts as gone even if its timer has not fired yet. */
 struct registry_buf *registry_find(struct registry *reg, const uint8_t *token);
-/* registry_end_retention: drops the retention reference, if any (at first acquire). */
+/* registry_end_retention: drops the retention reference, if any. */
 void registry_end_retention(struct registry *reg, struct registry_buf *b);
+/* registry_acquired: counts an acquire of b. The retention serves every consumer that
+ * comes within its time (fan-out); it ends early once max_acquires (if set) is reached. */
+void registry_acquired(struct registry *reg, struct registry_buf *b);
 
 struct registry_stats {
     uint64_t buffers, bytes, published, retained, retained_bytes, expired;

@@ -14,7 +14,7 @@
 #include "log.h"
 #include "text.h"
 
-#define FEATURES (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE)
+#define FEATURES (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED)
 
 static uint8_t wbuf[PROTO_MAX_REPLY];              /* one encoded reply (one loop thread) */
 static uint8_t status_body[PROTO_MAX_REPLY - 64];  /* a status map, before its envelope */
@@ -39,28 +39,32 @@ static void session_unref(struct session *s)
 /* ---- the broker's view of a session ------------------------------------------------ */
 
 /* fd_to_send: the fd to attach, or -1 when this client already has the buffer mapped
- * as needed (a writable mapping also serves reading). */
-static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, int fd)
+ * as needed (a writable mapping also serves reading). always: send it anyway (a sealed
+ * buffer, whose seals the client checks on its fd); the mapping is counted all the same. */
+static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, bool always, int fd)
 {
     if (!s->fd_once || fd < 0)
         return fd;
     uint64_t rw = buf_id << 1 | 1, ro = buf_id << 1;
     if (idset_has(&s->known, rw) || (!writable && idset_has(&s->known, ro)))
-        return -1;
+        return always ? fd : -1;
     /* Bounded by what a client that forgets properly can hold mapped (its handles plus its
      * idle cache); if full, the fd is simply sent again next time. */
     uint32_t max_leases = s->env->opt->max_leases;
     uint32_t max = max_leases > (UINT32_MAX - PROTO_MAX_IDLE_MAPPINGS) / 2 ? UINT32_MAX
                                                                        : max_leases * 2 + PROTO_MAX_IDLE_MAPPINGS;
-    idset_add(&s->known, writable ? rw : ro, max);
+    if (idset_add(&s->known, writable ? rw : ro, max) == 0)
+        broker_mapped(s->env->broker, &s->peer, buf_id);
     return fd;
 }
 
 static void peer_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
 {
     struct session *s = (struct session *)p;
+    /* A sealed buffer always carries its fd: the consumer checks its seals on it. */
     if (m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY)
-        fd = fd_to_send(s, m->u.lease_reply.buf_id, m->op == PROTO_OP_LEASE + PROTO_OP_REPLY, fd);
+        fd = fd_to_send(s, m->u.lease_reply.buf_id, m->op == PROTO_OP_LEASE + PROTO_OP_REPLY,
+                        (m->u.lease_reply.flags & PROTO_BUF_SEALED) != 0, fd);
     session_send(s, m, fd);
 }
 
@@ -187,6 +191,10 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
         log_notice("client %llu pid=%d uid=%u: suppressed %u refusal line%s before it left",
                    (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid,
                    s->peer.log_rate.suppressed, s->peer.log_rate.suppressed == 1 ? "" : "s");
+    /* Its process's mappings went with it (or it closed: libshmref unmaps first). */
+    for (uint32_t i = 0; i < s->known.cap; i++)
+        if (s->known.slots[i])
+            broker_unmapped(env->broker, &s->peer, s->known.slots[i] >> 1);
     uint32_t n = broker_disconnect(env->broker, &s->peer);
     broker_check(env->broker);
     /* The peer went away (why == NULL): with nothing held it closed cleanly (libshmref
@@ -352,9 +360,14 @@ static void dispatch(struct session *s, const struct proto_msg *m)
     case PROTO_OP_STATUS:
         do_status(s, m);
         return;
-    case PROTO_OP_FORGET:
-        idset_del(&s->known, m->u.forget.buf_id << 1 | (m->u.forget.writable ? 1 : 0));
+    case PROTO_OP_FORGET: {
+        uint64_t key = m->u.forget.buf_id << 1 | (m->u.forget.writable ? 1 : 0);
+        if (m->u.forget.buf_id && m->u.forget.buf_id < (UINT64_C(1) << 63) && idset_has(&s->known, key)) {
+            idset_del(&s->known, key);
+            broker_unmapped(s->env->broker, &s->peer, m->u.forget.buf_id);
+        }
         return;
+    }
     case PROTO_OP_PING: {
         struct proto_msg r = { .op = PROTO_OP_PING + PROTO_OP_REPLY, .id = m->id };
         session_send(s, &r, -1);

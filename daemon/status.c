@@ -52,7 +52,7 @@ static void pack_pool(msgpack_packer *pk, const struct status_src *s)
     unsigned n = pool_classes(s->pool, cls, POOL_MAX_CLASSES);
 
     key(pk, "pool");
-    msgpack_pack_map(pk, 9);
+    msgpack_pack_map(pk, 10);
     kv_str(pk, "dir", pool_dir(s->pool));
     kv_str(pk, "kind", pool_kind(s->pool));
     kv_u64(pk, "bytes_total", cap);
@@ -61,6 +61,7 @@ static void pack_pool(msgpack_packer *pk, const struct status_src *s)
     kv_u64(pk, "bytes_allocated", pool_bytes_alloc(s->pool));
     kv_u64(pk, "bytes_warm", pool_bytes_warm(s->pool));
     kv_u64(pk, "fs_available", pool_fs_available(s->pool));
+    kv_u64(pk, "bytes_pinned", pool_bytes_pinned(s->pool));
     key(pk, "classes");
     msgpack_pack_array(pk, n);
     for (unsigned i = 0; i < n; i++) {
@@ -162,7 +163,7 @@ static void pack_tenants(msgpack_packer *pk, const struct status_src *s, unsigne
     key(pk, "tenants");
     msgpack_pack_array(pk, n);
     for (unsigned i = 0; i < n; i++) {
-        msgpack_pack_map(pk, 9);
+        msgpack_pack_map(pk, 10);
         kv_u64(pk, "uid", t[i].uid);
         kv_u64(pk, "bytes", t[i].bytes);
         kv_u64(pk, "quota", t[i].quota);
@@ -172,6 +173,7 @@ static void pack_tenants(msgpack_packer *pk, const struct status_src *s, unsigne
         kv_u64(pk, "refused_limit", t[i].refused_limit);
         kv_u64(pk, "refused_access", t[i].refused_access);
         kv_u64(pk, "refused_other", t[i].refused_other);
+        kv_u64(pk, "pinned", t[i].pinned);
     }
 }
 

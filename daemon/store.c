@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "mountinfo.h"
 #include "privs.h"
 #include "units.h"
 
@@ -49,32 +50,54 @@ void store_close(struct store *st)
     st->dir = NULL;
 }
 
+/* The seals every memfd gets at birth: its size is its class for good, so neither its
+ * producer (who holds it O_RDWR) nor anyone else can truncate it under a consumer's
+ * mapping (SIGBUS) or grow it past what the pool accounts for. */
+#define BIRTH_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+
 int store_create(const struct store *st, uint64_t size, int *ret_fd)
 {
-    int fd = st->memfd ? memfd_create("shmref", MFD_CLOEXEC)
+    int fd = st->memfd ? memfd_create("shmref", MFD_CLOEXEC | MFD_ALLOW_SEALING)
                        : open(st->dir, O_TMPFILE | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0)
         return -errno;
     int r;
+    /* A memfd is born mode 0777: anyone who gets an fd could reopen it writable through
+     * /proc/self/fd. 0600 keeps every other uid out, as for the O_TMPFILE files. */
+    if (st->memfd && fchmod(fd, 0600) < 0)
+        goto fail;
     do
         r = fallocate(fd, 0, 0, (off_t)size);
     while (r < 0 && errno == EINTR);
-    if (r < 0) {
-        int e = errno;
-        close(fd);
-        return -e;
-    }
+    if (r < 0)
+        goto fail;
+    if (st->memfd && fcntl(fd, F_ADD_SEALS, BIRTH_SEALS) < 0)
+        goto fail;
     *ret_fd = fd;
     return 0;
+fail:
+    r = -errno;
+    close(fd);
+    return r;
 }
 
 bool store_intact(const struct store *st, int fd, uint64_t size)
 {
     struct stat sb;
-    (void)st;
     if (fstat(fd, &sb) < 0)
         return false;
+    /* A memfd with any other seal (a producer may add F_SEAL_WRITE through its fd) could
+     * not be written by the next lease. */
+    if (st->memfd && fcntl(fd, F_GET_SEALS) != BIRTH_SEALS)
+        return false;
     return (uint64_t)sb.st_size == size && (uint64_t)sb.st_blocks * 512 == size;
+}
+
+int store_seal_write(const struct store *st, int fd)
+{
+    if (!st->memfd)
+        return -EOPNOTSUPP;
+    return fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0 ? -errno : 0;
 }
 
 int store_reopen_ro(const struct store *st, int fd)
@@ -102,34 +125,17 @@ const char *store_kind(const struct store *st)
 
 enum store_huge store_detect_huge(const char *dir)
 {
-    char real[PATH_MAX], line[4096], best_opts[1024] = "", best_type[64] = "";
-    size_t best = 0;
-    if (!realpath(dir, real))
-        return STORE_HUGE_NONE;
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    if (!f)
-        return STORE_HUGE_NONE;
-    /* id parent major:minor root mountpoint options [optional...] - fstype source superopts */
-    while (fgets(line, sizeof(line), f)) {
-        char mnt[PATH_MAX], type[64], opts[1024];
-        char *dash = strstr(line, " - ");
-        if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
-            sscanf(dash + 3, "%63s %*s %1023s", type, opts) != 2)
-            continue;
-        size_t n = strlen(mnt);
-        bool under = strncmp(real, mnt, n) == 0 && (real[n] == '/' || real[n] == '\0' || n == 1);
-        if (under && n >= best) { /* the last of equally long mounts is the visible one */
-            best = n;
-            snprintf(best_type, sizeof(best_type), "%s", type);
-            snprintf(best_opts, sizeof(best_opts), "%s", opts);
-        }
+    char real[PATH_MAX];
+    struct mountinfo_entry *e = malloc(sizeof(*e));
+    enum store_huge h = STORE_HUGE_NONE;
+    if (e && realpath(dir, real) && mountinfo_find(NULL, real, e) == 0 && strcmp(e->fstype, "tmpfs") == 0) {
+        if (strstr(e->super, "huge=always"))
+            h = STORE_HUGE_ALWAYS;
+        else if (strstr(e->super, "huge=within_size"))
+            h = STORE_HUGE_WITHIN_SIZE;
     }
-    fclose(f);
-    if (strcmp(best_type, "tmpfs") != 0)
-        return STORE_HUGE_NONE;
-    if (strstr(best_opts, "huge=always"))
-        return STORE_HUGE_ALWAYS;
-    return strstr(best_opts, "huge=within_size") ? STORE_HUGE_WITHIN_SIZE : STORE_HUGE_NONE;
+    free(e);
+    return h;
 }
 
 /* can_mount: whether this process holds CAP_SYS_ADMIN (effective). */
@@ -204,10 +210,11 @@ int store_setup_hugepages(const struct options *o)
     gid_t gid = getegid();
     if (o->user && geteuid() == 0 && privs_lookup(o->user, &uid, &gid) < 0)
         return -ENOENT;
-    /* The tmpfs is a ceiling, not a reservation: twice the pool, so that pages of a
-     * buffer being closed off the loop never make a new buffer's reservation fail; the
-     * pool's own cap still rules. */
-    uint64_t bytes = o->pool_size * 2 < (64u << 20) ? (64u << 20) : o->pool_size * 2;
+    /* The tmpfs is the pool cap, so the kernel enforces it too: a producer that grows its
+     * file (fallocate through its O_RDWR fd) takes at most what the pool may hold. (The
+     * pool counts a batch of retired buffers until it is closed off the loop, and a
+     * create that finds their pages not freed yet waits for them: see pool.c.) */
+    uint64_t bytes = o->pool_size;
     int r = mount_huge(o->pool_dir, bytes, uid, gid, why, sizeof(why));
     if (r == 0) {
         log_info("mounted a private huge-page tmpfs (huge=within_size, at most %s) over %s",

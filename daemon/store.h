@@ -45,6 +45,12 @@ int store_create(const struct store *st, uint64_t size, int *ret_fd);
  * would SIGBUS), grow it or punch holes (storage nobody accounts for). */
 bool store_intact(const struct store *st, int fd, uint64_t size);
 
+/* store_seal_write: adds F_SEAL_WRITE (and F_SEAL_SEAL) to a memfd: nobody can write it
+ * any more, through any fd or mapping, root included. Returns 0; -EOPNOTSUPP for a
+ * tmpfile store (tmpfs files cannot be sealed); -EBUSY while a writable shared mapping
+ * of it exists anywhere (the kernel's rule). */
+int store_seal_write(const struct store *st, int fd);
+
 /* store_reopen_ro: a new O_RDONLY, CLOEXEC fd of the same file. Returns it or -errno. */
 int store_reopen_ro(const struct store *st, int fd);
 

@@ -137,6 +137,16 @@ static bool get_u32(struct fields *f, uint32_t i, uint32_t max, uint32_t *ret)
     return true;
 }
 
+/* opt_u32: an optional trailing field: a u32 when there is one of that type, else 0 (an
+ * older peer's message, or a later version's field of another type: ignored). */
+static bool opt_u32(struct fields *f, uint32_t i, uint32_t *ret)
+{
+    *ret = 0;
+    if (i < f->n && f->v[i].type == MSGPACK_OBJECT_POSITIVE_INTEGER && f->v[i].via.u64 <= UINT32_MAX)
+        *ret = (uint32_t)f->v[i].via.u64;
+    return true;
+}
+
 static bool get_raw(struct fields *f, uint32_t i, msgpack_object_type type, uint32_t max,
                     const void **ret, uint32_t *ret_len)
 {
@@ -208,7 +218,7 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
             return false;
         m->u.lease_reply.meta = p;
         if (m->u.lease_reply.size > m->u.lease_reply.capacity) { f->why = "size exceeds capacity"; return false; }
-        return true;
+        return opt_u32(f, 8, &m->u.lease_reply.flags);
     case PROTO_OP_PUBLISH:
         if (!get_u64(f, 2, UINT64_MAX, &m->u.publish.handle) ||
             !get_u64(f, 3, UINT64_MAX, &m->u.publish.size) ||
@@ -216,7 +226,7 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
             !get_raw(f, 5, MSGPACK_OBJECT_BIN, PROTO_MAX_META, &p, &m->u.publish.meta_len))
             return false;
         m->u.publish.meta = p;
-        return true;
+        return opt_u32(f, 6, &m->u.publish.flags) && opt_u32(f, 7, &m->u.publish.max_acquires);
     case PROTO_OP_PUBLISH + PROTO_OP_REPLY:
         return get_token(f, 2, m->u.publish_reply.token) &&
                get_u64(f, 3, UINT64_MAX, &m->u.publish_reply.size);
@@ -358,7 +368,14 @@ int proto_encode(const struct proto_msg *m, uint8_t *buf, size_t cap)
     msgpack_packer pk;
     msgpack_packer_init(&pk, &fb, proto_buf_write);
 
-    msgpack_pack_array(&pk, 2 + field_count(m->op));
+    /* Optional trailing fields travel only when set, so older peers see what they knew. */
+    unsigned extra = 0;
+    if (m->op == PROTO_OP_PUBLISH && (m->u.publish.flags || m->u.publish.max_acquires))
+        extra = 2;
+    else if ((m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY) &&
+             m->u.lease_reply.flags)
+        extra = 1;
+    msgpack_pack_array(&pk, 2 + field_count(m->op) + extra);
     msgpack_pack_uint32(&pk, m->op);
     msgpack_pack_uint32(&pk, m->id);
     switch (m->op) {
@@ -388,12 +405,18 @@ int proto_encode(const struct proto_msg *m, uint8_t *buf, size_t cap)
         msgpack_pack_uint64(&pk, m->u.lease_reply.size);
         msgpack_pack_uint64(&pk, m->u.lease_reply.capacity);
         pack_raw(&pk, false, m->u.lease_reply.meta, m->u.lease_reply.meta_len);
+        if (extra)
+            msgpack_pack_uint32(&pk, m->u.lease_reply.flags);
         break;
     case PROTO_OP_PUBLISH:
         msgpack_pack_uint64(&pk, m->u.publish.handle);
         msgpack_pack_uint64(&pk, m->u.publish.size);
         msgpack_pack_uint32(&pk, m->u.publish.keep_ms);
         pack_raw(&pk, false, m->u.publish.meta, m->u.publish.meta_len);
+        if (extra) {
+            msgpack_pack_uint32(&pk, m->u.publish.flags);
+            msgpack_pack_uint32(&pk, m->u.publish.max_acquires);
+        }
         break;
     case PROTO_OP_PUBLISH + PROTO_OP_REPLY:
         pack_raw(&pk, false, m->u.publish_reply.token, PROTO_TOKEN_LEN);

@@ -34,6 +34,17 @@
  * sends a buffer's fd once per connection, not with every lease and acquire of it. */
 #define PROTO_FEAT_FD_ONCE (1u << 1)
 
+/* The daemon takes sealed publishes (PROTO_PUBLISH_SEALED); a client sends that flag
+ * only when the daemon agreed to this bit in hello, so an older daemon is never asked. */
+#define PROTO_FEAT_SEALED (1u << 2)
+
+/* Flags of a publish request (its optional field 6, sent with field 7 only when either
+ * is not 0, so a plain publish is encoded as before). */
+#define PROTO_PUBLISH_SEALED (1u << 0) /* add F_SEAL_WRITE: publish-once, never recycled */
+
+/* Flags of an acquire reply (its optional field 8, sent only when not 0). */
+#define PROTO_BUF_SEALED (1u << 0) /* a sealed buffer: verify F_GET_SEALS before mapping */
+
 /* Flags of a release request. */
 #define PROTO_RELEASE_NOREPLY (1u << 0) /* no reply on success; an error still replies */
 
@@ -73,10 +84,16 @@ struct proto_msg {
             uint64_t handle; uint64_t buf_id; uint32_t gen;
             uint64_t size; uint64_t capacity;
             const uint8_t *meta; uint32_t meta_len;
+            uint32_t flags;     /* optional field 8: PROTO_BUF_* (0 when absent) */
         } lease_reply, acquire_reply;
+        /* keep_ms: the daemon retains the buffer that long for every consumer that comes
+         * (fan-out); max_acquires (optional field 7, 0 = no cap): the retention ends at
+         * that many acquires. flags (optional field 6): PROTO_PUBLISH_*. Old daemons
+         * ignore both optional fields (their retention ended at the first acquire). */
         struct {
             uint64_t handle; uint64_t size; uint32_t keep_ms;
             const uint8_t *meta; uint32_t meta_len;
+            uint32_t flags; uint32_t max_acquires;
         } publish;
         struct { uint8_t token[PROTO_TOKEN_LEN]; uint64_t size; } publish_reply;
         struct { uint8_t token[PROTO_TOKEN_LEN]; uint32_t flags; } acquire;

@@ -1,5 +1,5 @@
 /* shmrefctl.c: the operators' and scripts' tool, built on the public libshmref API only.
- * Commands: status [--json] [--buffers], top, metrics [--output FILE], put [--keep-ms N]
+ * Commands: status [--json] [--buffers], top, metrics [--output FILE], put [--keep-ms N] [--max-gets N] [--sealed]
  * FILE|-, get DESCRIPTOR [-o FILE], ping.
  * Exit status: 0 done, 1 the daemon or the system refused, 2 usage error. */
 #include <errno.h>
@@ -28,9 +28,11 @@ static const char usage[] =
     "                                  (--buffers: and every live buffer)\n"
     "  top [--delay SECONDS] [--once]  a live view of clients, tenants, buffers and rates\n"
     "                                  (q quits)\n"
-    "  put [--keep-ms N] FILE|-        copy FILE (or stdin) into a buffer, publish it, and\n"
+    "  put [--keep-ms N] [--max-gets N] [--sealed] FILE|-\n"
+    "                                  copy FILE (or stdin) into a buffer, publish it, and\n"
     "                                  print its descriptor; the daemon keeps it N ms\n"
-    "                                  (default 300000) or until the first get\n"
+    "                                  (default 300000) for every get, or until N gets;\n"
+    "                                  --sealed: nobody can change it (a memfd pool)\n"
     "  get DESCRIPTOR [-o FILE]        write a published buffer to FILE (default stdout)\n"
     "  metrics [--output FILE]         the status in Prometheus text format (for\n"
     "                                  node_exporter's textfile collector); --output\n"
@@ -262,7 +264,12 @@ static int read_into(int fd, char *dst, size_t len)
     return 0;
 }
 
-static int put_bytes(shmref_conn *conn, int fd, const char *src, size_t len, uint32_t keep_ms)
+struct put_opts {
+    uint32_t keep_ms, max_gets;
+    unsigned flags;
+};
+
+static int put_bytes(shmref_conn *conn, int fd, const char *src, size_t len, const struct put_opts *o)
 {
     shmref_buf *buf;
     shmref_desc desc;
@@ -275,7 +282,7 @@ static int put_bytes(shmref_conn *conn, int fd, const char *src, size_t len, uin
         memcpy(shmref_buf_data(buf), src, len);
     else if ((r = read_into(fd, shmref_buf_data(buf), len)) < 0)
         return fail(NULL, "read", r);
-    r = shmref_publish(buf, len, keep_ms, NULL, 0, &desc);
+    r = shmref_publish_ex(buf, len, o->keep_ms, o->max_gets, o->flags, NULL, 0, &desc);
     if (r < 0)
         return fail(conn, "publish", r);
     shmref_desc_to_text(&desc, text, sizeof(text));
@@ -285,20 +292,30 @@ static int put_bytes(shmref_conn *conn, int fd, const char *src, size_t len, uin
 
 static int cmd_put(int argc, char **argv)
 {
-    static const struct option longopts[] = { { "keep-ms", required_argument, NULL, 'k' }, { 0 } };
-    uint32_t keep_ms = PUT_DEFAULT_KEEP_MS;
+    static const struct option longopts[] = { { "keep-ms", required_argument, NULL, 'k' },
+                                               { "max-gets", required_argument, NULL, 'g' },
+                                               { "sealed", no_argument, NULL, 's' }, { 0 } };
+    struct put_opts o = { .keep_ms = PUT_DEFAULT_KEEP_MS };
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "+k:", longopts, NULL)) != -1) {
-        if (c != 'k')
+    while ((c = getopt_long(argc, argv, "+k:g:s", longopts, NULL)) != -1) {
+        if (c == 's') {
+            o.flags |= SHMREF_PUBLISH_SEALED;
+            continue;
+        }
+        if (c != 'k' && c != 'g')
             return 2;
         char *end;
         unsigned long v = strtoul(optarg, &end, 10);
         if (!*optarg || *end || v > UINT32_MAX || optarg[0] == '-') {
-            fprintf(stderr, "shmrefctl put: --keep-ms: '%s' is not a number of milliseconds\n", optarg);
+            fprintf(stderr, "shmrefctl put: %s: '%s' is not a number%s\n", c == 'k' ? "--keep-ms" : "--max-gets",
+                    optarg, c == 'k' ? " of milliseconds" : "");
             return 2;
         }
-        keep_ms = (uint32_t)v;
+        if (c == 'k')
+            o.keep_ms = (uint32_t)v;
+        else
+            o.max_gets = (uint32_t)v;
     }
     if (optind != argc - 1) {
         fprintf(stderr, "shmrefctl put: expects one FILE (or - for stdin)\n");
@@ -320,12 +337,12 @@ static int cmd_put(int argc, char **argv)
         return 1;
     int r;
     if (S_ISREG(sb.st_mode)) {
-        r = put_bytes(conn, fd, NULL, (size_t)sb.st_size, keep_ms);
+        r = put_bytes(conn, fd, NULL, (size_t)sb.st_size, &o);
     } else {
         char *data = NULL;
         size_t len = 0;
         r = read_all(fd, &data, &len);
-        r = r < 0 ? fail(NULL, "read", r) : put_bytes(conn, fd, data, len, keep_ms);
+        r = r < 0 ? fail(NULL, "read", r) : put_bytes(conn, fd, data, len, &o);
         free(data);
     }
     if (fd != STDIN_FILENO)

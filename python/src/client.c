@@ -996,8 +996,10 @@ PyObject *shmrefpy_publish_buffer(PyObject *m, PyObject *args)
     int r;
     Py_BEGIN_ALLOW_THREADS
     conn_lock_nogil(conn);
-    r = shmref_publish(owner->buf, len ? (size_t)len : 1, keep_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)keep_ms,
-                       meta, (size_t)mlen, &d);
+    /* A pickle is unpickled once: its retention ends at the first acquire (max_acquires
+     * 1), as it did before retention fanned out. */
+    r = shmref_publish_ex(owner->buf, len ? (size_t)len : 1, keep_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)keep_ms,
+                          1, 0, meta, (size_t)mlen, &d);
     if (r < 0)
         snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
     conn_unlock_nogil(conn);

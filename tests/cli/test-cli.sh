@@ -21,14 +21,14 @@ check "ping answers" "$SHMREFCTL" --socket "$sock" ping
 check "the start line names socket and pool size" grep -q "serving on $sock.*pool size" "$dir/log"
 
 head -c 80000000 /dev/urandom >"$dir/in.bin"
-desc=$("$SHMREFCTL" --socket "$sock" put "$dir/in.bin")
+desc=$("$SHMREFCTL" --socket "$sock" put --max-gets 1 "$dir/in.bin")
 check "put prints a descriptor" bash -c "[[ '$desc' =~ ^shmref1:[0-9a-f]{32}:80000000$ ]]"
 check "status shows the retained 80 MB" test "$(json 's["buffers"]["retained"]')" = 1
 "$SHMREFCTL" --socket "$sock" get "$desc" -o "$dir/out.bin"
 check "get gives identical bytes" cmp -s "$dir/in.bin" "$dir/out.bin"
 check "leased bytes back at zero" test "$(json 's["pool"]["bytes_leased"]')" = 0
 check "status json has the documented keys" test "$(json '",".join(sorted(s["pool"]))')" = \
-    "bytes_allocated,bytes_free,bytes_leased,bytes_total,bytes_warm,classes,dir,fs_available,kind"
+    "bytes_allocated,bytes_free,bytes_leased,bytes_pinned,bytes_total,bytes_warm,classes,dir,fs_available,kind"
 
 desc2=$(printf 'hello through stdin' | "$SHMREFCTL" --socket "$sock" put --keep-ms 5000 -)
 check "put from stdin and get to stdout" test "$("$SHMREFCTL" --socket "$sock" get "$desc2")" = "hello through stdin"
@@ -38,6 +38,20 @@ set +e
 set -e
 check "a consumed descriptor is refused with exit 1" test "$rc" = 1
 check "and the message says why" grep -q "no published buffer" "$dir/err"
+
+# Fan-out: the retention serves every get within its time; --max-gets ends it at N.
+desc3=$(printf 'one for all' | "$SHMREFCTL" --socket "$sock" put --keep-ms 60000 -)
+check "a retained buffer serves a first get" test "$("$SHMREFCTL" --socket "$sock" get "$desc3")" = "one for all"
+check "and a second one" test "$("$SHMREFCTL" --socket "$sock" get "$desc3")" = "one for all"
+desc4=$(printf 'two gets' | "$SHMREFCTL" --socket "$sock" put --max-gets 2 -)
+"$SHMREFCTL" --socket "$sock" get "$desc4" >/dev/null
+"$SHMREFCTL" --socket "$sock" get "$desc4" >/dev/null
+set +e
+"$SHMREFCTL" --socket "$sock" get "$desc4" >/dev/null 2>&1; rc=$?
+"$SHMREFCTL" --socket "$sock" put --max-gets x - </dev/null >/dev/null 2>&1; rc2=$?
+set -e
+check "put --max-gets 2: a third get is refused" test "$rc" = 1
+check "put --max-gets x is a usage error" test "$rc2" = 2
 set +e
 "$SHMREFCTL" --socket "$sock" get not-a-descriptor >/dev/null 2>&1; rc=$?
 "$SHMREFCTL" --socket "$dir/nothing.sock" ping >/dev/null 2>&1; rc2=$?

@@ -2,7 +2,8 @@
 /* test-arrow.c: units of work and the Arrow C Data Interface against a real shmrefd:
  * every type round-trips from a producer process (another uid) to a consumer process,
  * value by value; slices; streams; zero-copy (every exported buffer lies in the
- * consumer's mapping); the buffer goes back to the daemon at the last release, also after
+ * consumer's mapping); the last release drops the consumer's reference (buffers.leases: the producer's
+ * retention, which now fans out, may keep the buffer live until keep_ms), also after
  * shmref_close; in-place producers; 10,000 columns (manifest in the buffer); every
  * hostile-manifest check refused with -EBADMSG and its message; the README example. */
 #include <criterion/criterion.h>
@@ -326,7 +327,7 @@ Test(arrow, the_last_release_returns_the_buffer_even_after_close)
     usleep(50000);
     cr_assert_eq(status_u64(&d, "buffers.live"), 1, "the moved child still holds it");
     moved.release(&moved);
-    cr_assert_eq(wait_status(&d, "buffers.live", 0, 3000), 0, "the last release gave the buffer back");
+    cr_assert_eq(wait_status(&d, "buffers.leases", 0, 3000), 0, "the last release gave the buffer back");
     cr_assert_eq(wait_status(&d, "clients_total", 1, 3000), 1, "the consumer's connection is closed (only status's own)");
     cs.release(&cs);
     bs.release(&bs);
@@ -359,7 +360,7 @@ Test(arrow, a_forked_child_releasing_inherited_exports_keeps_the_parents_buffer)
     cr_assert_eq(status_u64(&d, "buffers.leases"), 1);
     col.release(&col);
     cs.release(&cs);
-    cr_assert_eq(wait_status(&d, "buffers.live", 0, 3000), 0, "the parent's last release gave it back");
+    cr_assert_eq(wait_status(&d, "buffers.leases", 0, 3000), 0, "the parent's last release gave it back");
 }
 
 Test(arrow, on_an_open_connection_the_buffer_goes_back_after_unit_and_exports)
@@ -374,7 +375,7 @@ Test(arrow, on_an_open_connection_the_buffer_goes_back_after_unit_and_exports)
     cr_assert_eq(status_u64(&d, "buffers.live"), 1, "the exported array holds the buffer");
     a.release(&a);
     cr_assert_eq(shmref_ping(c), 0); /* releases are one-way: a round trip makes it done */
-    cr_assert_eq(status_u64(&d, "buffers.live"), 0);
+    cr_assert_eq(status_u64(&d, "buffers.leases"), 0);
     shmref_close(c);
 }
 
@@ -529,7 +530,7 @@ Test(arrow, the_readme_example_runs)
         _exit(sum == 999 * 1000 / 4.0 ? 0 : 1); /* 0.5 * (0 + ... + 999) */
     }
     cr_assert_eq(child_wait(pid), 0);
-    cr_assert_eq(wait_status(&d, "buffers.live", 0, 3000), 0);
+    cr_assert_eq(wait_status(&d, "buffers.leases", 0, 3000), 0);
     /* and the README shows this very code */
     FILE *f = fopen(PROJECT_SOURCE_DIR "/README.md", "r");
     FILE *g = fopen(PROJECT_SOURCE_DIR "/tests/integration/arrow-example.c", "r");
@@ -746,7 +747,7 @@ Test(arrow, hostile_manifests_are_refused_naming_array_and_field)
 
     /* nothing leaked: every refused acquire released its handle */
     cr_assert_eq(shmref_ping(h.c), 0);
-    cr_assert_eq(status_u64(&d, "buffers.live"), 0);
+    cr_assert_eq(status_u64(&d, "buffers.leases"), 0);
     shmref_close(h.p);
     shmref_close(h.c);
 }
@@ -820,7 +821,7 @@ Test(arrow, exports_released_from_many_threads_after_close)
         __atomic_store_n(&rs[i].go, 1, __ATOMIC_RELEASE);
     for (int i = 0; i < T; i++)
         pthread_join(th[i], NULL);
-    cr_assert_eq(wait_status(&d, "buffers.live", 0, 3000), 0);
+    cr_assert_eq(wait_status(&d, "buffers.leases", 0, 3000), 0);
     cr_assert_eq(wait_status(&d, "clients_total", 1, 3000), 1);
 }
 
@@ -838,5 +839,5 @@ Test(arrow, a_consumer_unit_handle_outlives_its_connection)
     cr_assert_eq(status_u64(&d, "buffers.live"), 1, "the exported batch still holds it");
     a.release(&a);
     s.release(&s);
-    cr_assert_eq(wait_status(&d, "buffers.live", 0, 3000), 0);
+    cr_assert_eq(wait_status(&d, "buffers.leases", 0, 3000), 0);
 }

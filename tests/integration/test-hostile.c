@@ -1162,8 +1162,10 @@ Test(hostile, grown_buffer_not_kept_after_release, .timeout = 60)
     daemon_start(&d, "--pool-size", "64M", NULL);
     int sock = connect_hello(&d);
     uint64_t h = raw_lease_fd(sock, 2, 4096, &bfd, &cap);
+    /* The private tmpfs is the pool's size: the growth stops there (ENOSPC), or, on a
+     * tmpfs that is not the daemon's own, goes through and is retired at release. */
     int r = posix_fallocate(bfd, 0, 128 << 20);
-    cr_assert_eq(r, 0, "fallocate on the leased fd: %s", strerror(r));
+    cr_assert(r == 0 || r == ENOSPC, "fallocate on the leased fd: %s", strerror(r));
     close(bfd);
     raw_release_ok(sock, 3, h);
     close(sock);

@@ -56,6 +56,7 @@ struct producer_arg {
     struct link *l;
     size_t size;
     uint32_t seed, keep_ms;
+    uint32_t max_acquires;
 };
 
 /* producer: lease, fill, publish, send the descriptor text up; then wait for "done". */
@@ -69,7 +70,7 @@ static int producer(void *p)
     if (shmref_connect(d.socket, &c) < 0 || shmref_lease(c, a->size, &b) < 0)
         return 10;
     fill_pattern(shmref_buf_data(b), a->size, a->seed);
-    if (shmref_publish(b, a->size, a->keep_ms, "f8[10000000]", 12, &desc) < 0)
+    if (shmref_publish_ex(b, a->size, a->keep_ms, a->max_acquires, 0, "f8[10000000]", 12, &desc) < 0)
         return 11;
     shmref_desc_to_text(&desc, text, sizeof(text));
     if (write(a->l->up[1], text, strlen(text) + 1) < 0)
@@ -84,7 +85,7 @@ Test(lifecycle, eighty_megabytes_cross_process_identical)
     daemon_start(&d, NULL);
     struct link l;
     link_open(&l);
-    struct producer_arg a = { &l, MB80, 42, 0 };
+    struct producer_arg a = { &l, MB80, 42, 0, 0 };
     pid_t pid = child_run(producer, &a);
     char text[SHMREF_DESC_TEXT_MAX];
     hear(l.up[0], text, sizeof(text));
@@ -233,7 +234,7 @@ Test(lifecycle, retention_outlives_producer_then_expires)
     struct link l;
     char text[SHMREF_DESC_TEXT_MAX];
     link_open(&l);
-    struct producer_arg a = { &l, 100000, 9, 2000 };
+    struct producer_arg a = { &l, 100000, 9, 2000, 1 };
     pid_t pid = child_run(producer, &a);
     hear(l.up[0], text, sizeof(text));
     say(l.down[1], "done");
@@ -246,14 +247,14 @@ Test(lifecycle, retention_outlives_producer_then_expires)
     cr_assert_eq(shmref_desc_from_text(text, &desc), 0);
     cr_assert_eq(shmref_acquire(c, &desc, &b), 0, "acquire after the producer left: %s", shmref_errmsg(c));
     cr_assert_eq(check_pattern(shmref_buf_data(b), 100000, 9), -1);
-    cr_assert_eq(status_u64(&d, "buffers.retained"), 0, "the first acquire ends the retention");
+    cr_assert_eq(status_u64(&d, "buffers.retained"), 0, "max_acquires 1: the first acquire ends the retention");
     cr_assert_eq(shmref_release(b), 0);
     cr_assert_eq(shmref_acquire(c, &desc, &b), -ENOENT, "released by all: gone");
 
     /* Nobody acquires: after keep_ms the descriptor is dead. */
     struct link l2;
     link_open(&l2);
-    struct producer_arg a2 = { &l2, 100000, 9, 150 };
+    struct producer_arg a2 = { &l2, 100000, 9, 150, 0 };
     pid = child_run(producer, &a2);
     hear(l2.up[0], text, sizeof(text));
     say(l2.down[1], "done");
@@ -265,6 +266,58 @@ Test(lifecycle, retention_outlives_producer_then_expires)
     cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
     cr_assert_eq(status_u64(&d, "counters.retentions_expired"), 1);
     shmref_close(c);
+    daemon_stop(&d);
+}
+
+/* ---- fan-out: the retention serves every consumer within its time, up to max_acquires ---- */
+
+static int consumer_checks(void *p)
+{
+    const char *text = p;
+    shmref_conn *c;
+    shmref_desc desc;
+    shmref_buf *b;
+    if (shmref_connect(d.socket, &c) < 0 || shmref_desc_from_text(text, &desc) < 0)
+        return 20;
+    int r = shmref_acquire(c, &desc, &b);
+    if (r == -ENOENT)
+        return 2;
+    if (r < 0)
+        return 21;
+    int ok = check_pattern(shmref_buf_data(b), shmref_buf_size(b), 5) == -1;
+    shmref_close(c);
+    return ok ? 0 : 22;
+}
+
+/* Regression (issue 8 item 13): retention ended at the first acquire, so a producer that
+ * exits could not fan out to several consumers. */
+Test(lifecycle, retention_fans_out_to_every_consumer_then_caps)
+{
+    daemon_start(&d, "--socket-mode", "0666", NULL);
+    char text[SHMREF_DESC_TEXT_MAX];
+    struct link l;
+    link_open(&l);
+    struct producer_arg a = { &l, 50000, 5, 60000, 0 };
+    pid_t pid = child_run(producer, &a);
+    hear(l.up[0], text, sizeof(text));
+    say(l.down[1], "done");
+    cr_assert_eq(child_wait(pid), 0); /* the producer is gone */
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(child_wait(child_run(consumer_checks, text)), 0, "consumer %d of 3", i + 1);
+    cr_assert_eq(status_u64(&d, "buffers.retained"), 1, "still retained for the next consumer");
+
+    /* max_acquires 2: the second acquire ends the retention; the third finds nothing. */
+    struct link l2;
+    link_open(&l2);
+    struct producer_arg a2 = { &l2, 50000, 5, 60000, 2 };
+    pid = child_run(producer, &a2);
+    hear(l2.up[0], text, sizeof(text));
+    say(l2.down[1], "done");
+    cr_assert_eq(child_wait(pid), 0);
+    cr_assert_eq(child_wait(child_run(consumer_checks, text)), 0);
+    cr_assert_eq(child_wait(child_run(consumer_checks, text)), 0);
+    cr_assert_eq(child_wait(child_run(consumer_checks, text)), 2, "a third acquire after max_acquires 2: ENOENT");
+    cr_assert_eq(status_u64(&d, "buffers.retained"), 1, "only the first buffer is still retained");
     daemon_stop(&d);
 }
 

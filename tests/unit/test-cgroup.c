@@ -13,16 +13,6 @@
 
 #include "cgroup.h"
 
-Test(cgroup, mountinfo_unescape)
-{
-    char s[] = "/run/pool\\040dir\\011x\\134y\\012";
-    cgroup_mountinfo_unescape(s);
-    cr_expect_str_eq(s, "/run/pool dir\tx\\y\n");
-    char t[] = "\\04no\\999";
-    cgroup_mountinfo_unescape(t);
-    cr_expect_str_eq(t, "\\04no\\999", "only three octal digits are an escape");
-}
-
 /* make_child_cgroup: a child of this process's memory cgroup with the given limit, in
  * ret (its directory); false if this machine has no writable memory cgroup. */
 static bool make_child_cgroup(char *ret, size_t len, unsigned long long limit)

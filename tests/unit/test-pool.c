@@ -751,3 +751,67 @@ Test(pool, fs_available_matches_statvfs)
     fx_close(&f);
 }
 
+
+/* ---- pinned bytes: buffers no lease holds that clients still map -------------------- */
+
+struct pin_log {
+    int64_t by_uid[2]; /* uids 1000 and 2000 */
+};
+
+static void pin_cb(void *arg, uint32_t uid, int64_t delta)
+{
+    struct pin_log *l = arg;
+    cr_assert(uid == 1000 || uid == 2000, "pin for uid %u", uid);
+    l->by_uid[uid == 2000] += delta;
+}
+
+Test(pool, mapped_buffers_are_pinned_when_no_lease_holds_them)
+{
+    struct fx f;
+    struct pin_log log = { { 0, 0 } };
+    fx_open(&f, 8 * MiB, false);
+    pool_set_pin_cb(f.pool, pin_cb, &log);
+    struct pool_buf *b = get_new(&f, 4 * MiB, 1000);
+    uint64_t id = b->id;
+    cr_assert_eq(pool_mapped(f.pool, id, 1000), 0);
+    cr_assert_eq(pool_mapped(f.pool, id, 2000), 0);
+    cr_assert_eq(pool_mapped(f.pool, id, 2000), 0, "two mappings of one uid: one pin");
+    cr_assert_eq(pool_bytes_pinned(f.pool), 0, "held by a lease: no pin");
+
+    /* Back warm while mapped: pinned, and not evicted for bytes (it would free nothing). */
+    pool_put(f.pool, b);
+    cr_assert_eq(pool_bytes_pinned(f.pool), 4 * MiB);
+    cr_assert_eq(log.by_uid[0], (int64_t)(4 * MiB));
+    cr_assert_eq(log.by_uid[1], (int64_t)(4 * MiB));
+    struct pool_buf *x = NULL;
+    cr_assert_eq(pool_get(f.pool, 6 * MiB, 1000, &x, got_cb, NULL), -ENOSPC,
+                 "4 MiB pinned + 6 MiB asked passes the 8 MiB cap");
+
+    /* Taken by its tenant again: the pin ends. */
+    struct pool_cls cls;
+    cr_assert_eq(pool_class(f.pool, 4 * MiB, &cls), 0);
+    b = pool_take_warm(f.pool, &cls, 1000);
+    cr_assert_not_null(b);
+    cr_assert_eq(pool_bytes_pinned(f.pool), 0);
+    cr_assert_eq(log.by_uid[0], 0);
+
+    /* Retired while mapped (another tenant mapped it): its fds close, its pages live on. */
+    b->foreign = true;
+    pool_put(f.pool, b);
+    cr_assert_eq(pool_bytes_alloc(f.pool), 0);
+    cr_assert_eq(pool_bytes_pinned(f.pool), 4 * MiB);
+    cr_assert_eq(pool_get(f.pool, 6 * MiB, 1000, &x, got_cb, NULL), -ENOSPC, "retired, still in the cap");
+    pool_unmapped(f.pool, id, 1000);
+    cr_assert_eq(log.by_uid[0], 0);
+    pool_unmapped(f.pool, id, 2000);
+    cr_assert_eq(pool_bytes_pinned(f.pool), 4 * MiB, "uid 2000 maps it twice");
+    cr_assert_eq(log.by_uid[1], (int64_t)(4 * MiB));
+    pool_unmapped(f.pool, id, 2000);
+    cr_assert_eq(pool_bytes_pinned(f.pool), 0);
+    cr_assert_eq(log.by_uid[1], 0);
+    pool_unmapped(f.pool, id, 2000); /* gone: ignored */
+    cr_assert_eq(pool_mapped(f.pool, id, 1000), -ENOENT);
+    x = get_new(&f, 6 * MiB, 1000);
+    pool_put(f.pool, x);
+    fx_close(&f);
+}

@@ -439,6 +439,44 @@ Test(proto, publish_round_trip)
     cr_assert_arr_eq(d.u.publish.meta, sample_meta, sizeof(sample_meta));
 }
 
+/* The optional publish fields (flags, max_acquires) and the acquire reply's flags travel
+ * only when set: a plain publish encodes as before (older daemons read it), and a message
+ * without them decodes as 0. */
+Test(proto, publish_flags_and_max_acquires_are_optional)
+{
+    uint8_t buf[256], plain[256];
+    struct proto_msg m = { .op = PROTO_OP_PUBLISH, .id = 5 }, d;
+    const char *why = NULL;
+    m.u.publish.handle = 7;
+    m.u.publish.size = 100;
+    m.u.publish.keep_ms = 1000;
+    int n0 = proto_encode(&m, plain, sizeof(plain));
+    cr_assert_gt(n0, 0);
+    cr_assert_eq(proto_decode(plain, (size_t)n0, sizeof(plain), &d, &why), 0, "%s", why);
+    cr_assert_eq(d.u.publish.flags, 0);
+    cr_assert_eq(d.u.publish.max_acquires, 0);
+    m.u.publish.flags = PROTO_PUBLISH_SEALED;
+    m.u.publish.max_acquires = 3;
+    int n = proto_encode(&m, buf, sizeof(buf));
+    cr_assert_gt(n, n0, "the optional fields travel when set");
+    cr_assert_eq(proto_decode(buf, (size_t)n, sizeof(buf), &d, &why), 0, "%s", why);
+    cr_assert_eq(d.u.publish.flags, PROTO_PUBLISH_SEALED);
+    cr_assert_eq(d.u.publish.max_acquires, 3);
+    cr_assert_eq(d.u.publish.keep_ms, 1000);
+
+    struct proto_msg r = { .op = PROTO_OP_ACQUIRE + PROTO_OP_REPLY, .id = 6 };
+    r.u.acquire_reply.size = 10;
+    r.u.acquire_reply.capacity = 4096;
+    n0 = proto_encode(&r, plain, sizeof(plain));
+    r.u.acquire_reply.flags = PROTO_BUF_SEALED;
+    n = proto_encode(&r, buf, sizeof(buf));
+    cr_assert_eq(n, n0 + 1);
+    cr_assert_eq(proto_decode(buf, (size_t)n, sizeof(buf), &d, &why), 0, "%s", why);
+    cr_assert_eq(d.u.acquire_reply.flags, PROTO_BUF_SEALED);
+    cr_assert_eq(proto_decode(plain, (size_t)n0, sizeof(plain), &d, &why), 0, "%s", why);
+    cr_assert_eq(d.u.acquire_reply.flags, 0);
+}
+
 Test(proto, publish_nil_meta_decodes_as_null)
 {
     struct proto_msg m = { .op = PROTO_OP_PUBLISH, .id = 13 }, d;

@@ -296,3 +296,27 @@ Test(quota, counts_refusals_per_tenant_by_cause)
     cr_assert(!has_tenant(q, 1001));
     quota_free(q);
 }
+
+/* Pinned bytes count against the quota, are shown per tenant, and are not charges (the
+ * ledger total stays the buffers' charges). */
+Test(quota, pinned_bytes_count_against_the_quota)
+{
+    struct quota *q;
+    char why[512];
+    cr_assert_eq(quota_new(10 << 20, &q), 0);
+    cr_assert_eq(quota_pin(q, 1000, 6 << 20), 0);
+    cr_assert_eq(quota_total(q), 0, "a pin is no charge");
+    cr_assert_eq(quota_check_pinned(q, 1000, why, sizeof(why)), 0, "within the quota");
+    cr_assert_eq(quota_charge(q, 1000, 5 << 20, why, sizeof(why)), -EDQUOT);
+    cr_assert(strstr(why, "pinned"), "the message names the pins: %s", why);
+    cr_assert_eq(quota_charge(q, 1000, 4 << 20, why, sizeof(why)), 0);
+    cr_assert_eq(quota_pin(q, 1000, 1 << 20), 0);
+    cr_assert_eq(quota_check_pinned(q, 1000, why, sizeof(why)), -EDQUOT, "11 MiB held and pinned of 10");
+    struct quota_tenant t[4];
+    cr_assert_eq(quota_tenants(q, t, 4), 1);
+    cr_assert_eq(t[0].pinned, 7 << 20);
+    cr_assert_eq(quota_credit(q, 1000, 4 << 20), 0);
+    cr_assert_eq(quota_pin(q, 1000, -(7 << 20)), 0);
+    cr_assert_eq(quota_count(q), 0, "nothing held, nothing pinned: not listed");
+    quota_free(q);
+}

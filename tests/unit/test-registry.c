@@ -437,6 +437,37 @@ Test(registry, end_retention_at_acquire_keeps_buffer_while_held)
     fx_close(&f);
 }
 
+/* Fan-out: acquires leave the retention in place for the next consumer; max_acquires
+ * ends it at that many. */
+Test(registry, acquired_keeps_retention_until_max_acquires)
+{
+    struct fx f;
+    struct registry_holder prod = { 0 }, cons = { 0 };
+    uint64_t hp, hc;
+    fx_open(&f);
+    struct registry_buf *b = lease(&f, &prod, MiB, 1000, &hp);
+    b->max_acquires = 3;
+    cr_assert_eq(registry_publish(f.reg, b, MiB, 60 * 1000, NULL, 0), 0);
+    cr_assert_eq(registry_release(f.reg, &prod, hp), 0);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(registry_hold(f.reg, &cons, b, false, &hc), 0);
+        registry_acquired(f.reg, b);
+        cr_assert(b->retained, "acquire %d ended the retention", i + 1);
+        cr_assert_eq(registry_release(f.reg, &cons, hc), 0);
+        cr_assert_eq(registry_stats(f.reg).buffers, 1, "the retention keeps it for the next consumer");
+    }
+    cr_assert_eq(registry_hold(f.reg, &cons, b, false, &hc), 0);
+    registry_acquired(f.reg, b);
+    cr_assert_not(b->retained, "the third acquire of max_acquires 3 ends the retention");
+    cr_assert_eq(b->acquires, 3);
+    cr_assert_eq(registry_release(f.reg, &cons, hc), 0);
+    cr_assert_eq(registry_stats(f.reg).buffers, 0);
+    cr_assert_eq(pool_bytes_warm(f.pool), MiB);
+    registry_release_all(f.reg, &prod);
+    registry_release_all(f.reg, &cons);
+    fx_close(&f);
+}
+
 /* registry.h: "A retention that has run out counts as gone even if its timer has not
  * fired yet." Loop time moves past the deadline without running timers. */
 Test(registry, find_treats_run_out_retention_as_gone)

@@ -169,3 +169,33 @@ Test(store, detects_huge_page_tmpfs)
     cr_assert_eq(detect_child("huge=always"), STORE_HUGE_ALWAYS);
     cr_assert_eq(detect_child("huge=never"), STORE_HUGE_NONE);
 }
+
+/* A memfd is mode 0600 (not memfd_create's 0777) and sealed against shrink and grow from
+ * birth; store_seal_write adds F_SEAL_WRITE, after which it is not intact any more (never
+ * recycled); a tmpfile store cannot seal. */
+Test(store, memfd_is_private_size_sealed_and_write_sealable)
+{
+    struct store st;
+    char dir[64];
+    int fd = -1;
+    open_dir(&st, dir, true);
+    cr_assert_eq(store_create(&st, 8192, &fd), 0);
+    struct stat sb;
+    cr_assert_eq(fstat(fd, &sb), 0);
+    cr_assert_eq(sb.st_mode & 07777, 0600);
+    cr_assert_eq(fcntl(fd, F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW);
+    cr_assert_eq(ftruncate(fd, 4096), -1);
+    cr_assert_eq(fallocate(fd, 0, 0, 16384), -1);
+    cr_assert(store_intact(&st, fd, 8192));
+    cr_assert_eq(store_seal_write(&st, fd), 0);
+    cr_assert_eq(fcntl(fd, F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+    cr_assert_eq(pwrite(fd, "x", 1, 0), -1);
+    cr_assert_not(store_intact(&st, fd, 8192), "a write-sealed memfd must not be recycled");
+    close(fd);
+    close_dir(&st, dir);
+    open_dir(&st, dir, false);
+    cr_assert_eq(store_create(&st, 8192, &fd), 0);
+    cr_assert_eq(store_seal_write(&st, fd), -EOPNOTSUPP);
+    close(fd);
+    close_dir(&st, dir);
+}

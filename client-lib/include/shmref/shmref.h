@@ -84,8 +84,9 @@ SHMREF_EXPORT int shmref_lease(shmref_conn *conn, size_t size, shmref_buf **ret_
 
 /* shmref_publish: makes the first len bytes of a leased buffer readable by anyone who
  * gets the descriptor. keep_ms > 0 asks the daemon to keep the buffer alive that long
- * with no holder, so the producer may release or exit before its consumer acquires; the
- * retention ends at the first acquire. meta (up to SHMREF_META_MAX bytes, may be NULL)
+ * with no holder, so the producer may release or exit before its consumers acquire; the
+ * retention serves every consumer that comes within that time (shmref_publish_ex's
+ * max_acquires ends it earlier). meta (up to SHMREF_META_MAX bytes, may be NULL)
  * is returned to every consumer: dtype, shape, a manifest. The producer keeps its lease
  * and must not write after publishing. A buffer is published at most once. */
 SHMREF_EXPORT int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms,
@@ -391,6 +392,38 @@ SHMREF_EXPORT int shmref_unit_export_stream(shmref_unit *unit, struct ArrowArray
 /* shmref_unit_release: drop the unit handle (a producer's lease, a consumer's reference;
  * exported structures keep theirs). Accepts NULL. */
 SHMREF_EXPORT int shmref_unit_release(shmref_unit *unit);
+
+/* ---- sealed publish, fan-out (issue 8) ------------------------------------------ */
+
+/* Flags of shmref_publish_ex. */
+#define SHMREF_PUBLISH_SEALED 1u   /* seal the buffer against writing (memfd pools only) */
+/* Flags of shmref_acquire_ex. */
+#define SHMREF_ACQUIRE_SEALED 1u   /* accept only a sealed buffer */
+
+/* shmref_publish_ex: shmref_publish with a cap on acquires and flags. keep_ms retains
+ * the buffer for every consumer that comes within that time; max_acquires > 0 ends the
+ * retention early once that many acquires were made (1: until the first consumer). With
+ * SHMREF_PUBLISH_SEALED the library unmaps the producer's writable mapping first
+ * (shmref_buf_data(buf) is NULL from then on, also if the publish fails), and the daemon
+ * adds F_SEAL_WRITE to the memfd: nobody, not the producer, not root, can change the
+ * bytes any more; consumers check the seals before they map it. A sealed buffer is
+ * published once and never recycled. -EOPNOTSUPP: the daemon's pool is not memfd
+ * (shmrefd --memfd), or the daemon is too old; -EBUSY: another process still maps the
+ * buffer writable (a cached mapping of an earlier lease of it). */
+SHMREF_EXPORT int shmref_publish_ex(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t max_acquires,
+                                    unsigned flags, const void *meta, size_t meta_len,
+                                    shmref_desc *ret_desc);
+
+/* shmref_acquire_ex: shmref_acquire with flags. Whenever the daemon says a buffer is
+ * sealed, the library checks F_GET_SEALS (F_SEAL_WRITE, F_SEAL_SHRINK and F_SEAL_GROW)
+ * on its fd before mapping it and refuses it otherwise (-EPERM); SHMREF_ACQUIRE_SEALED
+ * also refuses a buffer that is not sealed (-EPERM), for a consumer that must not trust
+ * its producer. */
+SHMREF_EXPORT int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags,
+                                    shmref_buf **ret_buf);
+
+/* shmref_buf_sealed: 1 if buf is a sealed buffer (its seals were checked), else 0. */
+SHMREF_EXPORT int shmref_buf_sealed(const shmref_buf *buf);
 
 #ifdef __cplusplus
 }
