@@ -23,6 +23,7 @@ struct result *report_add(const char *scenario, const char *method, const char *
     snprintf(r->pool, sizeof(r->pool), "%s", pool);
     snprintf(r->label, sizeof(r->label), "%s", label);
     r->size_bytes = size_bytes;
+    r->waits = -1;
     return r;
 }
 
