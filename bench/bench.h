@@ -237,8 +237,6 @@ int scenario_placement(const struct bench_opts *o, const struct daemons *ds);
 int iox_roudi_start(const struct bench_opts *o);
 void iox_roudi_stop(void);
 pid_t iox_roudi_pid(void);
-/* NULL, or why the iceoryx rows are skipped. */
-const char *iox_unavailable(void);
 /* One iceoryx row: warmup + iters round trips; skipped rows say why. */
 void iox_row(const struct bench_opts *o, size_t size, unsigned warmup, unsigned iters, bool touch,
              int pin_client, int pin_server, struct result *res);

@@ -45,11 +45,6 @@ pid_t iox_roudi_pid(void)
     return roudi_pid;
 }
 
-const char *iox_unavailable(void)
-{
-    return why_not[0] ? why_not : NULL;
-}
-
 void iox_roudi_stop(void)
 {
     int st = 0;
@@ -87,6 +82,8 @@ int iox_roudi_start(const struct bench_opts *o)
     char conf[256];
     if (roudi_pid > 0)
         return 0;
+    if (why_not[0])
+        return -ENOENT; /* tried once in this run: do not wait for it again */
     if (!BENCH_IOX_PATH[0]) {
         snprintf(why_not, sizeof(why_not), "iceoryx not built: libiceoryx-binding-c-dev was not installed at configure time");
         return -ENOENT;
@@ -110,7 +107,8 @@ int iox_roudi_start(const struct bench_opts *o)
     if (r == 0)
         r = wait_roudi();
     if (r < 0) {
-        snprintf(why_not, sizeof(why_not), "iox-roudi did not start (%s; another RouDi running?)", strerror(-r));
+        snprintf(why_not, sizeof(why_not), "iox-roudi %s (another RouDi running? one per machine)",
+                 r == -ECHILD ? "exited at start" : "did not start in 60 s");
         fprintf(stderr, "shmref-bench: %s\n", why_not);
         launcher_print_log(roudi_log, stderr);
         iox_roudi_stop();
