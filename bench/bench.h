@@ -55,6 +55,7 @@ struct result {
     uint32_t clients;                 /* throughput rows: client processes */
     uint64_t live_leases, rss_bytes;  /* scale rows */
     double bytes_per_lease;
+    double waits;                     /* waits for shmrefd per call (round trip), -1: not counted */
     char note[96];
     char skipped[240];                /* non-empty: not measured, and why */
     char error[160];                  /* non-empty: the method failed */
@@ -159,6 +160,9 @@ struct rt_ctx {
     const char *socket;               /* shmrefd socket of this row, or NULL */
     shmref_conn *conn;
     void *state;                      /* method-private */
+    int pin_client, pin_server;       /* CPU of the client (this process) and of the server,
+                                       * daemon and RouDi; -1: any (placement rows) */
+    bool placed;                      /* pin as pin_client/pin_server say */
     size_t bad;                       /* wrong words seen */
     char err[160];
 };
@@ -169,6 +173,8 @@ struct rt_method {
     bool shmref;                      /* runs against a daemon, once per pool kind */
     bool floor;                       /* not a transport: a reference cost */
     bool nocache;                     /* client and server run with SHMREF_MAP_CACHE=0 */
+    bool iox;                         /* iceoryx: both sides in shmref-bench-iox (iox.c) */
+    bool notouch;                     /* write and read the first word only, not every page */
     int (*open)(struct rt_ctx *ctx);              /* per size, untimed; may be NULL */
     void (*prepare)(struct rt_ctx *ctx, uint64_t iter);  /* untimed; may be NULL */
     int (*call)(struct rt_ctx *ctx, uint64_t iter);      /* one timed round trip */
@@ -180,6 +186,8 @@ extern const struct rt_method rt_unix_bytes, rt_unix_base64;
 extern const struct rt_method rt_binref_fresh, rt_binref_pool4;
 extern const struct rt_method rt_shmref_1copy, rt_shmref_0copy;
 extern const struct rt_method rt_shmref_1copy_nocache, rt_shmref_0copy_nocache;
+extern const struct rt_method rt_shmref_pubsub, rt_shmref_pubsub_notouch;
+extern const struct rt_method rt_iceoryx, rt_iceoryx_notouch;
 
 /* rt_fail: formats ctx->err and returns err (negative). */
 int rt_fail(struct rt_ctx *ctx, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -194,6 +202,9 @@ int srv_base64(int fd);
 int srv_binref_fresh(int fd);
 int srv_binref_pool4(int fd);
 int srv_shmref(int fd, const char *socket, bool zero_copy);
+/* The iceoryx work through shmrefd: acquire the request, read it, lease a reply, write it,
+ * publish it, release both (mode 0: the first word, 1: one word per page, 2: all). */
+int srv_shmref_pubsub(int fd, const char *socket, int mode);
 int srv_echo(int fd, bool with_fd);
 /* Warm heap buffer number slot (0..3) of at least size bytes, kept across calls: it
  * grows (and is faulted in) when a larger size comes, never shrinks. NULL on ENOMEM. */
@@ -218,6 +229,17 @@ int scenario_roundtrip(const struct bench_opts *o, const struct daemons *ds);
 int scenario_lease(const struct bench_opts *o, const struct daemons *ds);
 int scenario_throughput(const struct bench_opts *o, const struct daemons *ds);
 int scenario_scale(const struct bench_opts *o);
+/* 8 kB round trips of unix-bytes, shmref zero-copy and iceoryx, unpinned, all on one CPU
+ * and client against server (and daemon, RouDi) on different CPUs. */
+int scenario_placement(const struct bench_opts *o, const struct daemons *ds);
+
+/* ---- scenario-iox.c: RouDi and the iceoryx rows ---- */
+int iox_roudi_start(const struct bench_opts *o);
+void iox_roudi_stop(void);
+pid_t iox_roudi_pid(void);
+/* One iceoryx row: warmup + iters round trips; skipped rows say why. */
+void iox_row(const struct bench_opts *o, size_t size, unsigned warmup, unsigned iters, bool touch,
+             int pin_client, int pin_server, struct result *res);
 /* The producer's side of a unit of work against one memcpy (run by --arrow, --only arrow
  * and --smoke; not part of a default run). */
 int scenario_arrow(const struct bench_opts *o, const struct daemons *ds);

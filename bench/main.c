@@ -36,7 +36,7 @@ static const char usage[] =
     "      --smoke           2 iterations per method at small sizes, every byte checked (fast)\n"
     "      --big             add the 800 MB round trip\n"
     "      --arrow           units of work only: the producer's cost against one memcpy\n"
-    "      --only LIST       scenarios to run, comma separated: roundtrip,lease,throughput,scale,arrow\n"
+    "      --only LIST       scenarios to run, comma separated: roundtrip,placement,lease,\n                        throughput,scale,arrow\n"
     "      --json FILE       write the records as a JSON list\n"
     "      --plot-data FILE  write the round-trip medians for bench/plot.gp\n"
     "      --shmrefd PATH    the daemon binary (default: this build's)\n";
@@ -110,6 +110,7 @@ static void on_signal(int sig)
 {
     for (int i = 0; i < POOL_N; i++)
         daemon_stop(&ds.d[i]);
+    iox_roudi_stop();
     cleanup();
     _exit(128 + sig);
 }
@@ -179,6 +180,9 @@ static int run(const struct bench_opts *o)
         return r;
     if (wanted(o, "roundtrip"))
         scenario_roundtrip(o, &ds);
+    if (wanted(o, "placement"))
+        scenario_placement(o, &ds);
+    iox_roudi_stop(); /* started by the first iceoryx row, if any */
     if (wanted(o, "lease"))
         scenario_lease(o, &ds);
     if (wanted(o, "throughput"))
@@ -230,6 +234,7 @@ int main(int argc, char **argv)
                         "expect noisy numbers\n", load);
     uint64_t t0 = stats_now_ns();
     r = run(&o);
+    iox_roudi_stop();
     double secs = (double)(stats_now_ns() - t0) / 1e9;
     cleanup();
     report_print_table();

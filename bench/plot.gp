@@ -26,7 +26,8 @@ set yrange [0.0002:*]
 
 # One colour per method: alternatives in warm greys and oranges, shmrefd in blues
 # (one-copy) and greens (zero-copy), light for /dev/shm and dark for huge pages.
-array colours[9] = ["#9e9e9e", "#795548", "#ff9800", "#ffc107", "#90caf9", "#1565c0", \
-                    "#a5d6a7", "#2e7d32", "#212121"]
-ncols = 9
+# iceoryx (the same work as shmref-pubsub, through its own shared memory) in purples.
+array colours[12] = ["#9e9e9e", "#795548", "#ff9800", "#ffc107", "#90caf9", "#1565c0", \
+                     "#a5d6a7", "#2e7d32", "#80cbc4", "#00695c", "#8e24aa", "#212121"]
+ncols = 12
 plot for [c=2:ncols+1] datafile using c:xtic(1) title columnheader(c) lc rgb colours[c-1]

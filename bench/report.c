@@ -23,6 +23,7 @@ struct result *report_add(const char *scenario, const char *method, const char *
     snprintf(r->pool, sizeof(r->pool), "%s", pool);
     snprintf(r->label, sizeof(r->label), "%s", label);
     r->size_bytes = size_bytes;
+    r->waits = -1;
     return r;
 }
 
@@ -93,17 +94,22 @@ static void print_row(const struct result *r)
         printf("%7s %10s %10s  FAILED: %s\n", "-", "-", "-", r->error);
         return;
     }
+    char waits[16] = "-";
     if (r->ratio_vs[0])
         snprintf(ratio, sizeof(ratio), "%.3gx", r->ratio);
-    printf("%7llu %10s %10s %8s %-22s %s\n", (unsigned long long)r->iterations,
+    if (r->waits >= 0)
+        snprintf(waits, sizeof(waits), "%.2f", r->waits);
+    printf("%7llu %10s %10s %8s %-22s %5s %s\n", (unsigned long long)r->iterations,
            fmt_ms(r->median_ms, med, sizeof(med)), fmt_ms(r->p90_ms, p90, sizeof(p90)), ratio,
-           r->ratio_vs[0] ? r->ratio_vs : "", r->note);
+           r->ratio_vs[0] ? r->ratio_vs : "", waits, r->note);
 }
 
 void report_print_table(void)
 {
-    printf("%-10s %-20s %-8s %-13s %7s %10s %10s %8s %-22s %s\n", "scenario", "method", "pool", "size/case",
-           "iters", "median ms", "p90 ms", "ratio", "vs (median/median)", "note");
+    printf("%-10s %-20s %-8s %-13s %7s %10s %10s %8s %-22s %5s %s\n", "scenario", "method", "pool", "size/case",
+           "iters", "median ms", "p90 ms", "ratio", "vs (median/median)", "waits", "note");
+    printf("(waits: times a process waits for shmrefd per call, summed over client and server: the\n"
+           " daemon's lease + publish + acquire counters over the row / calls; a release is one-way)\n");
     const char *last = "";
     for (size_t i = 0; i < nresults; i++) {
         if (strcmp(last, results[i].scenario) || (i && results[i].size_bytes != results[i - 1].size_bytes &&
@@ -208,6 +214,67 @@ static void targets_scale(void)
     }
 }
 
+/* ratio_of: a's median over b's, if both were measured. */
+static bool ratio_of(const struct result *a, const struct result *b, double *ret)
+{
+    *ret = measured(a) && measured(b) && b->median_ms > 0 ? a->median_ms / b->median_ms : 0;
+    return *ret > 0;
+}
+
+/* targets_issue12: fewer waits per handoff (issue 12), against the same run's peers. */
+static void targets_issue12(void)
+{
+    static const char *const pl[] = { "8 kB unpinned", "8 kB same cpu", "8 kB cross cpu" };
+    char what[96];
+    double x;
+    bool k;
+    printf("\nTargets (issue 12), from this run:\n");
+    for (int i = 0; i < 3; i++) {
+        const struct result *z = NULL, *u = NULL;
+        for (size_t j = 0; j < nresults; j++)
+            if (!strcmp(results[j].scenario, "placement") && !strcmp(results[j].label, pl[i])) {
+                if (!strcmp(results[j].method, "shmref-0copy"))
+                    z = &results[j];
+                else if (!strcmp(results[j].method, "unix-bytes"))
+                    u = &results[j];
+            }
+        k = ratio_of(z, u, &x);
+        snprintf(what, sizeof(what), "8 kB 0copy <= 1.0x unix-bytes (%s)", pl[i] + 5);
+        verdict(what, k, k && x <= 1.0, "%.2fx (%.3f ms)", x, k ? z->median_ms : 0);
+        if (k)
+            printf("  %-8s %-64s (unix-bytes %.3f ms)\n", "", "", u->median_ms);
+    }
+    static const char *const same[][2] = { { "shmref-pubsub", "iceoryx" }, { "shmref-pubsub-notouch", "iceoryx-notouch" },
+                                           { "shmref-0copy", "iceoryx" } };
+    for (int i = 0; i < 3; i++) {
+        const struct result *a = report_find("roundtrip", same[i][0], "dev-shm", 8000);
+        const struct result *b = report_find("roundtrip", same[i][1], "", 8000);
+        k = ratio_of(a, b, &x);
+        snprintf(what, sizeof(what), "8 kB %s <= 1.5x %s", same[i][0], same[i][1]);
+        verdict(what, k, k && x <= 1.5, "%.2fx (%.3f ms)", x, k ? a->median_ms : 0);
+    }
+    static const uint64_t sizes[] = { 8000, 800000 };
+    static const double bound[] = { 1.0, 0.7 };
+    for (int i = 0; i < 2; i++) {
+        const struct result *a = report_find("roundtrip", "shmref-1copy", "dev-shm", sizes[i]);
+        const struct result *b = report_find("roundtrip", "binref-pool4", "", sizes[i]);
+        k = ratio_of(a, b, &x);
+        snprintf(what, sizeof(what), "%s 1copy (dev-shm) <= %.1fx binref-pool4", i ? "0.8 MB" : "8 kB", bound[i]);
+        verdict(what, k, k && x <= bound[i], "%.2fx (%.3f ms)", x, k ? a->median_ms : 0);
+    }
+    const struct result *t = NULL;
+    for (size_t i = 0; i < nresults; i++)
+        if (!strcmp(results[i].scenario, "throughput") && results[i].clients == 4)
+            t = &results[i];
+    k = t && !t->error[0] && !t->skipped[0];
+    verdict(">= 150,000 lease+release pairs/s with 4 clients", k, k && t->ops_per_s >= 150000,
+            "%.0f pairs/s with %.0f clients", k ? t->ops_per_s : 0, 4);
+    const struct result *z = report_find("roundtrip", "shmref-0copy", "dev-shm", 8000);
+    k = z && measured(z) && z->waits >= 0;
+    verdict("a zero-copy handoff waits for shmrefd at most once", k, k && z->waits / 2 <= 1.0,
+            "%.2f waits per handoff (%.2f per round trip of 2 handoffs)", k ? z->waits / 2 : 0, k ? z->waits : 0);
+}
+
 /* targets_arrow: the producer's cost per unit of work against one memcpy (issue 10). */
 static void targets_arrow(void)
 {
@@ -247,6 +314,7 @@ void report_print_targets(void)
         targets_roundtrip();
         targets_lease();
         targets_scale();
+        targets_issue12();
     }
     if (arrow)
         targets_arrow();
@@ -300,6 +368,8 @@ static void json_record(FILE *f, const struct result *r)
         json_num(f, "rss_bytes", (double)r->rss_bytes, m);
         json_num(f, "bytes_per_lease", r->bytes_per_lease, m && r->live_leases > 0);
     }
+    if (r->waits >= 0)
+        json_num(f, "daemon_waits_per_call", r->waits, true);
     if (r->note[0])
         json_str(f, "note", r->note);
     if (r->skipped[0])
@@ -336,6 +406,9 @@ static const struct {
     { "shmref-1copy", "huge", "shmrefd one-copy, huge pages" },
     { "shmref-0copy", "dev-shm", "shmrefd zero-copy, /dev/shm" },
     { "shmref-0copy", "huge", "shmrefd zero-copy, huge pages" },
+    { "shmref-pubsub", "dev-shm", "shmrefd pub/sub work, /dev/shm" },
+    { "shmref-pubsub", "huge", "shmrefd pub/sub work, huge pages" },
+    { "iceoryx", "", "iceoryx 2.0.3, same work" },
     { "memcpy-x2", "", "floor: two memcpy" },
 };
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #define ROW_BUDGET_NS (40ull * 1000000000ull) /* stop a slow row early (800 MB base64) */
 
@@ -35,7 +36,10 @@ static const struct rt_method *const methods[] = {
     &rt_floor_memcpy2, &rt_floor_memcpy3, &rt_floor_touch,
     &rt_unix_bytes, &rt_unix_base64, &rt_binref_fresh, &rt_binref_pool4,
     &rt_shmref_1copy, &rt_shmref_0copy, &rt_shmref_1copy_nocache, &rt_shmref_0copy_nocache,
+    &rt_shmref_pubsub, &rt_shmref_pubsub_notouch, &rt_iceoryx, &rt_iceoryx_notouch,
 };
+
+static const struct bench_opts *opts; /* of the scenario running (the iceoryx rows need it) */
 
 static uint64_t next_iter; /* unique across rows: a stale buffer never looks fresh */
 
@@ -62,7 +66,7 @@ void rt_check_output(struct rt_ctx *ctx, const void *out, uint64_t iter)
 }
 
 /* run_loop: warm-up, then the timed iterations (each from the client's heap array to
- * its read of the output). */
+ * its read of the output). Returns the number of calls made, or the first failure. */
 static int run_loop(const struct rt_method *m, struct rt_ctx *ctx, const struct size_plan *p,
                     struct samples *s)
 {
@@ -79,9 +83,27 @@ static int run_loop(const struct rt_method *m, struct rt_ctx *ctx, const struct 
         if (i >= p->warmup)
             samples_add(s, (double)(t1 - t0) / 1e6);
         if (t1 - start > ROW_BUDGET_NS && s->n >= 3)
-            break;
+            return (int)i + 1;
     }
-    return 0;
+    return (int)(p->warmup + p->iters);
+}
+
+/* daemon_waits: requests that wait for a reply, counted by the daemon since it started:
+ * leases, publishes and acquires (a release is one-way). Every connection's, so this
+ * row's client and server alike. */
+static int daemon_waits(shmref_conn *c, uint64_t *ret)
+{
+    static const char *const keys[] = { "counters.leases", "counters.publishes", "counters.acquires" };
+    shmref_status *st;
+    int r = shmref_status_get(c, &st);
+    *ret = 0;
+    for (size_t i = 0; r == 0 && i < sizeof(keys) / sizeof(keys[0]); i++) {
+        uint64_t v;
+        if ((r = shmref_status_u64(st, keys[i], &v)) == 0)
+            *ret += v;
+    }
+    shmref_status_free(st);
+    return r;
 }
 
 static void pmd_note(struct result *r, const struct rt_method *m)
@@ -114,14 +136,26 @@ static void map_cache_restore(const struct rt_method *m, bool had, const char *k
 static int run_measured(const struct rt_method *m, struct rt_ctx *ctx, const struct size_plan *p,
                         struct samples *s, struct result *res)
 {
-    char *extra[] = { (char *)ctx->socket, NULL };
+    char *extra[] = { (char *)ctx->socket, ctx->full ? (char *)"full" : NULL, NULL };
+    uint64_t w0 = 0, w1 = 0;
     int r = 0;
     if (m->role && (r = wire_spawn(m->role, SOCK_STREAM, extra, &ctx->ctl, &ctx->server)) < 0)
         rt_fail(ctx, r, "spawn server: %s", strerror(-r));
+    if (r == 0 && ctx->placed) {
+        wire_pin(0, ctx->pin_client);
+        if (m->role)
+            wire_pin(ctx->server, ctx->pin_server);
+    }
     if (r == 0 && m->open)
         r = m->open(ctx);
-    if (r == 0)
-        r = run_loop(m, ctx, p, s);
+    bool count = r == 0 && m->shmref && daemon_waits(ctx->conn, &w0) == 0;
+    if (r == 0 && (r = run_loop(m, ctx, p, s)) > 0) {
+        if (count && daemon_waits(ctx->conn, &w1) == 0)
+            res->waits = (double)(w1 - w0) / r;
+        else if (!m->shmref && !m->floor)
+            res->waits = 0; /* no daemon on the path */
+        r = 0;
+    }
     if (r == 0)
         pmd_note(res, m);
     if (m->close)
@@ -156,6 +190,11 @@ static void run_row(const struct rt_method *m, struct rt_ctx *base, const struct
 static void run_method(const struct rt_method *m, struct rt_ctx *ctx, const struct size_plan *p,
                        const struct daemons *ds)
 {
+    if (m->iox) {
+        iox_row(opts, p->size, p->warmup, p->iters, !m->notouch, -1, -1,
+                report_add("roundtrip", m->name, "", p->size, p->label));
+        return;
+    }
     if (!m->shmref) {
         run_row(m, ctx, p, NULL, report_add("roundtrip", m->name, "", p->size, p->label));
         return;
@@ -204,6 +243,7 @@ static int run_size(const struct bench_opts *o, const struct daemons *ds, const 
 
 int scenario_roundtrip(const struct bench_opts *o, const struct daemons *ds)
 {
+    opts = o;
     const struct size_plan *plan = o->smoke ? plan_smoke : plan_full;
     size_t n = o->smoke ? sizeof(plan_smoke) / sizeof(plan_smoke[0]) : (o->big ? 4 : 3);
     int r = 0;
@@ -211,4 +251,75 @@ int scenario_roundtrip(const struct bench_opts *o, const struct daemons *ds)
         if (run_size(o, ds, &plan[i]) < 0)
             r = -ENOMEM;
     return r;
+}
+
+/* ---- placement: the small round trip with the processes pinned ---- */
+
+enum { PL_FREE, PL_SAME, PL_CROSS, PL_N };
+static const char *const placements[PL_N] = { "unpinned", "same cpu", "cross cpu" };
+
+static const struct rt_method *const placed_methods[] = {
+    &rt_unix_bytes, &rt_shmref_0copy, &rt_shmref_pubsub, &rt_iceoryx,
+};
+
+/* place_row: one method in one placement; client (this process) on CPU 0, the server,
+ * shmrefd and RouDi on CPU 0 (same) or 1 (cross); unpinned: anywhere. */
+static void place_row(const struct rt_method *m, struct rt_ctx *base, const struct size_plan *p,
+                      const struct daemons *ds, int pl, struct result *res)
+{
+    int mine = pl == PL_FREE ? -1 : 0, theirs = pl == PL_FREE ? -1 : pl == PL_SAME ? 0 : 1;
+    const struct daemon *d = m->shmref ? &ds->d[POOL_DEVSHM] : NULL;
+    if (m->iox) {
+        iox_row(opts, p->size, p->warmup, p->iters, !m->notouch, mine, theirs, res);
+        return;
+    }
+    base->placed = true;
+    base->pin_client = mine;
+    base->pin_server = theirs;
+    if (d)
+        wire_pin(d->pid, theirs);
+    run_row(m, base, p, d, res);
+    if (d)
+        wire_pin(d->pid, -1);
+    wire_pin(0, -1);
+    base->placed = false;
+}
+
+int scenario_placement(const struct bench_opts *o, const struct daemons *ds)
+{
+    static const struct size_plan full = { 8000, "8 kB", 1000, 20 }, smoke = { 8000, "8 kB", 2, 1 };
+    const struct size_plan *p = o->smoke ? &smoke : &full;
+    struct rt_ctx ctx = { .size = p->size, .full = o->smoke, .ctl = -1 };
+    int nplace = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? PL_N : PL_CROSS;
+    opts = o;
+    ctx.tmp_cap = b64_encoded_len(p->size);
+    ctx.in = payload_alloc_warm(p->size);
+    ctx.out = payload_alloc_warm(p->size);
+    ctx.tmp = payload_alloc_warm(ctx.tmp_cap);
+    if (!ctx.in || !ctx.out || !ctx.tmp)
+        return -ENOMEM;
+    fprintf(stderr, "shmref-bench: placement, %s ...\n", p->label);
+    for (int pl = 0; pl < PL_N; pl++) {
+        char label[24];
+        struct result *base = NULL;
+        snprintf(label, sizeof(label), "%s %s", p->label, placements[pl]);
+        for (size_t i = 0; i < sizeof(placed_methods) / sizeof(placed_methods[0]); i++) {
+            const struct rt_method *m = placed_methods[i];
+            struct result *res = report_add("placement", m->name, m->shmref ? "dev-shm" : "", p->size, label);
+            if (pl >= nplace)
+                snprintf(res->skipped, sizeof(res->skipped), "one CPU online: no cross-CPU placement");
+            else if (m->shmref && !ds->have[POOL_DEVSHM])
+                snprintf(res->skipped, sizeof(res->skipped), "%s", ds->why[POOL_DEVSHM]);
+            else
+                place_row(m, &ctx, p, ds, pl, res);
+            if (!base)
+                base = res;
+            else
+                report_ratio(res, base);
+        }
+    }
+    payload_free(ctx.in, p->size);
+    payload_free(ctx.out, p->size);
+    payload_free(ctx.tmp, ctx.tmp_cap);
+    return 0;
 }

@@ -83,6 +83,8 @@ int server_main(int argc, char **argv)
         r = srv_shmref(fd, socket, false);
     else if (!strcmp(role, "shmref-0copy") && socket)
         r = srv_shmref(fd, socket, true);
+    else if (!strncmp(role, "shmref-pubsub", 13) && socket)
+        r = srv_shmref_pubsub(fd, socket, argc > 4 && !strcmp(argv[4], "full") ? 2 : strcmp(role + 13, "-notouch") ? 1 : 0);
     else if (!strcmp(role, "echo"))
         r = srv_echo(fd, false);
     else if (!strcmp(role, "echo-fd"))

@@ -25,3 +25,8 @@ ensure_packages() {
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
+
+# The benchmark's own packages (scripts/bench installs them; the tests do not need them:
+# without iceoryx the bench's iceoryx rows, and the smoke run's, are skipped with the reason).
+# iceoryx: RouDi (iox-roudi); libiceoryx-binding-c-dev: the C binding the iceoryx method uses.
+SHMREF_BENCH_PACKAGES="gnuplot-nox iceoryx libiceoryx-binding-c-dev"
