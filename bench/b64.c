@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* b64.c: a small base64 codec (RFC 4648, with padding) for the "base64 over a socket"
  * method, the way JSON APIs carry arrays. Plain table code, no SIMD: about what a
  * typical library gives. */

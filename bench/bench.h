@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench.h: private header of shmref-bench, the benchmark suite of shmrefd (not installed).
  * One binary plays every role: the runner (main.c and the scenario-*.c files), the
  * servers it spawns with `--serve ROLE` (server.c), and the shmrefd daemons it starts

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* daemon.c: the shmrefd daemons the benchmark starts (this build's binary, each on a
  * socket of its own in the run's temporary directory), the private huge-page tmpfs of
  * the huge pool, and a few readings of /proc. Starting and stopping is tests/support's

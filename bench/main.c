@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* main.c: shmref-bench, the benchmark suite of shmrefd. One run measures every scenario
  * side by side (round trip by method and size, lease latency, throughput, scale),
  * prints a table with ratios and the issue's targets, and writes the records as JSON

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* methods-file.c: the "binref" patterns: arrays passed as files in /dev/shm, the path
  * over the control socket. Fresh: a new file per array on both sides, unlinked after
  * use. Pool4: each side keeps 4 pre-faulted files mapped and copies into the next one

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* methods-floor.c: reference costs measured in the same run as the transports, with no
  * second process and no IPC: two plain memcpy's of the array (the floor the targets
  * name), the copies shmrefd one-copy does by construction (three, plus the client's page

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* methods-shmref.c: the array through shmrefd, with the public libshmref API only; the
  * binary descriptor travels over the control socket. One-copy: the client copies its
  * heap array into a lease; the server copies the input into its heap (as a server that

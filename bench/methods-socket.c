@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* methods-socket.c: the array through a Unix stream socket, as length-prefixed frames:
  * raw bytes, or base64 text (what a JSON API does). Client and server sides; every
  * buffer is a warm heap buffer kept across calls, so only the transfer and the codec

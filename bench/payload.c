@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* payload.c: the arrays that travel and how the client checks what comes back.
  * Every method returns the input bytes unchanged (the no-op server), so the output is
  * checked against the same stamps the input carried: one word per 4 KiB page, fresh

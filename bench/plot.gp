@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # plot.gp: the round-trip chart of bench/README.md, from the data file shmref-bench
 # writes with --plot-data (one row per size, one column per method, "?" = not measured).
 #   gnuplot -e "datafile='roundtrip.dat'; outfile='roundtrip.png'" bench/plot.gp

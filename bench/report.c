@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* report.c: the records of one run, and their three renderings: the table on stdout
  * (with the issue's targets checked against the numbers), the JSON list of records, and
  * the gnuplot data file of the round trips. Records live in a static array for the

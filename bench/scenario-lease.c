@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* scenario-lease.c: latency of one shmrefd operation against a bare SOCK_SEQPACKET
  * round trip of 32 bytes (to an echo process, with and without an fd attached, since a
  * lease reply carries one). A cycle is lease, publish, acquire (on a second connection,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* scenario-roundtrip.c: the no-op round trip, the way users measure it: the client's
  * array is in its heap, a server process returns an array of the same size (the input
  * bytes), and the client reads every page of it. Every method runs at every size, one

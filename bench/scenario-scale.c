@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* scenario-scale.c: daemon memory and lease latency while many leases are live, held by
  * forked holder processes of at most HOLDER_MAX each (every leased buffer is a mapping
  * in its holder, and a process may have 65530). Two series, each on a fresh daemon so

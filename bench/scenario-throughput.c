@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* scenario-throughput.c: lease+release pairs per second with 1, 4 and 16 client
  * processes, each on its own connection, for a fixed time. The clients are forked from
  * the runner, connect, warm up, and wait at a barrier (a pipe the runner closes); each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* server.c: the server side of the benchmark, one process per row, spawned by the runner
  * as `shmref-bench --serve ROLE [SOCKET]` with its control socket on fd 3. It serves
  * until the runner closes the socket, then cleans up and exits 0 (non-zero on failure,

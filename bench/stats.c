@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* stats.c: the clock and the samples of shmref-bench. Times are CLOCK_MONOTONIC;
  * quantiles are nearest-rank on a sorted copy, so the samples keep their order. */
 #include "bench.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* wire.c: the runner's plumbing: whole reads and writes, length-prefixed frames on a
  * stream socket, and spawning this binary as a server process on one end of a
  * socketpair (fork + exec, so the server has its own fresh address space). */

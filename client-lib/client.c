@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* client.c: connecting, the hello, and the blocking request/reply transport of
  * libshmref. Library code: it never logs and never aborts; failures are -errno with a
  * message in conn->errmsg. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* client.h: libshmref's private internals. Not installed.
  * A connection does blocking request/reply calls over SOCK_SEQPACKET; replies carrying
  * a buffer bring its fd with SCM_RIGHTS. Mappings of pool buffers are cached per

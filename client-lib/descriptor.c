@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* descriptor.c: the public descriptor forms, over proto/desc.c. */
 #include "client.h"
 

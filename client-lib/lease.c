@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* lease.c: buffers of libshmref: lease, publish, acquire, release and the accessors.
  * A handle owns its place in the connection's list and a use of a cached mapping; the
  * fd that arrives with a buffer is closed as soon as the mapping exists. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mapcache.c: see client.h. Keyed by the daemon-issued buffer id, which names one
  * backing file for the daemon's lifetime, never by fd number (fd numbers are reused,
  * and a cache keyed by them hands out the wrong memory). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* meta.c: the public face of the array metadata convention, over proto/meta.c. */
 #include "client.h"
 

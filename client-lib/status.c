@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* status.c: the daemon's status snapshot, walked by dotted path or rendered as JSON.
  * The body is checked with proto_check() before msgpack-c unpacks it, like every
  * message, and keeps its own copy of the bytes (the objects point into them). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* access.c: see access.h. */
 #include "access.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* access.h: who may use the daemon, decided once per connection from SO_PEERCRED (and
  * SO_PEERGROUPS for supplementary groups). Private to the daemon. With neither
  * allow-users nor allow-groups set, anyone who can open the socket may; root and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* broker.c: see broker.h. Order of a lease: limits, then the size class (computed once),
  * then the tenant's quota is charged (a ticket), then the pool is asked (warm buffer now,
  * or a new one reserved off the loop). The ticket travels with the lease into the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* broker.h: what each lease request means: the lease lifecycle (lease, publish, acquire,
  * release) and a disconnect's reclaim. Private to the daemon. The broker knows a client
  * only as a struct broker_peer (a session embeds one; a unit test fakes one): it replies

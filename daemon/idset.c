@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* idset.c: see idset.h. Deletion shifts the following run back, so there are no
  * tombstones and lookups stay short however many adds and deletes come. */
 #include "idset.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* idset.h: a set of nonzero 64-bit ids (open addressing, linear probing). Private to
  * the daemon: each connection keeps the buffers whose fd it has already been sent. */
 #ifndef SHMREFD_IDSET_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* log.c: see log.h. Each line is formatted whole and written with one write(2), so lines
  * from the daemon never interleave mid-line. After log_init, a write never blocks: a pipe
  * or terminal on stderr is reopened through /proc/self/fd/2 as a file description of our

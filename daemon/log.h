@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* log.h: shmrefd's logging. Private to the daemon. One line per event on stderr, with
  * an sd-daemon priority prefix ("<3>" error .. "<7>" debug) that journald understands. */
 #ifndef SHMREFD_LOG_H

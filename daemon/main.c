@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* main.c: shmrefd's entry point: configuration, setup (socket, pool), dropping
  * privileges, the loop, SIGHUP reloads, and a clean stop on SIGTERM or SIGINT (exit 0).
  * Everything else lives in the modules named after what they do. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* notify.c: see notify.h. */
 #include "notify.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* notify.h: telling the service manager how shmrefd is doing (sd_notify): READY=1 once
  * it serves, a one-line STATUS= kept current, WATCHDOG=1 at half the watchdog interval
  * when the watchdog is enabled for this pid, RELOADING=1/READY=1 around a reload, and

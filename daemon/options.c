@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* options.c: see options.h. The key table below is the one place a setting is named,
  * typed and parsed; the command line, the config file, merging and printing all walk it. */
 #include "options.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* options.h: shmrefd's settings. Private to the daemon.
  * One table of keys serves the command line (--key value) and the config file (key =
  * value under [daemon]), so every flag has a key and both parse the same way.

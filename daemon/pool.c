@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* pool.c: see pool.h. How a backing file is made, checked and reopened is the store's
  * (store.c). Creating and reserving a buffer (fallocate of up to gigabytes) runs in
  * libuv's thread pool; all other state is touched only on the loop thread. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* pool.h: the pool of pre-faulted shared-memory buffers. Private to the daemon.
  * Invariants: every buffer's pages are reserved (fallocate) before it is handed out, so a
  * full tmpfs is an error at lease time, never a SIGBUS in a client; bytes_alloc (every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* privs.c: see privs.h. Uses libcap rather than raw capset(2). */
 #include "privs.h"
 

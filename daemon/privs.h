@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* privs.h: giving up privilege once the socket and the pool are set up. Private to the
  * daemon. After privs_drop, the process has no capabilities in any set (effective,
  * permitted, inheritable, ambient, and the bounding set where it could drop it) and

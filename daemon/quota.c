@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* quota.c: see quota.h. Tenants are few (one per uid using the daemon), so a flat array
  * searched linearly is the simplest thing that is fast enough. */
 #include "quota.h"

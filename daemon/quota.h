@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* quota.h: the byte ledger per tenant (uid). Private to the daemon.
  * Charges are class-rounded bytes of buffers a tenant produced that are still alive
  * (held or retained); a charge that would pass the tenant's quota is refused whole. */

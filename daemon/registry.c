@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* registry.c: see registry.h. Tokens live in a chained hash keyed by their first 8
  * bytes (they are random, so that is a good hash). A handle is (slot generation << 32 |
  * slot index), with generations starting at 1, so 0 is never a handle. */

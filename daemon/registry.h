@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* registry.h: live buffers, their tokens, and who holds them. Private to the daemon.
  * A buffer is writing (leased, not yet published) or published; it is alive while it
  * has references (lease handles plus a retention). When the last reference goes, the

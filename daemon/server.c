@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* server.c: see server.h. Accepting is non-blocking and bounded by --max-clients; on
  * EMFILE the listener pauses for 100 ms instead of spinning. */
 #include "server.h"

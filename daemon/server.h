@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* server.h: the daemon's state, its listening socket, accepting and housekeeping. Private to the daemon.
  * One libuv loop owns everything here; nothing is touched from another thread. */
 #ifndef SHMREFD_SERVER_H

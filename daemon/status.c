@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* status.c: see status.h. Keys are stable: shmrefctl, the metrics exporter and operators'
  * scripts read them; add keys, never rename them. */
 #include "status.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* status.h: the daemon's state as a msgpack map, for the status request. Private to the
  * daemon. Lists (classes, tenants, clients, buffers) are cut to fit in one reply (500 entries,
  * or 100 when those do not fit); the *_total

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* desc.c: descriptor text and binary forms (see desc.h). Strict parsing: one accepted
  * spelling per descriptor, so a descriptor can be compared as a string. */
 #include "desc.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* desc.h: the descriptor a producer hands to its consumers. Private header.
  * A descriptor is the 128-bit capability token plus the published size. It has a binary
  * form (msgpack [1, bin16 token, size]) and a text form for command lines, JSON fields

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* meta.c: the array metadata convention (proto/METADATA.md). A small msgpack reader and
  * writer of its own, over the caller's bytes: the decoder reports where the user value
  * lies in the input instead of copying it, and every read is bounds-checked (the whole

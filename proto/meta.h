@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* meta.h: the metadata convention of proto/METADATA.md, kind "array": encode and a
  * bounded decoder. Private header (not installed). Pure code: no I/O, no allocation;
  * the decoder is safe on hostile bytes (every length checked before it is used). */

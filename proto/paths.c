@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* paths.c: see paths.h. */
 #include "paths.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* paths.h: where the daemon listens by default; one rule for the daemon, the library and
  * the CLI. Reads the environment, does no I/O. */
 #ifndef SHMREF_PATHS_H

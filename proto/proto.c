@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* proto.c: encode and decode shmrefd messages (see proto.h for the format).
  * Decoding is two-pass: proto_check() walks the raw bytes with explicit bounds, then
  * msgpack-c unpacks, then every field's type and range is checked. No I/O, no logging. */

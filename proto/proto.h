@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* proto.h: the shmrefd wire format, shared by the daemon, libshmref and shmrefctl.
  * Private header (not installed). Pure code: no I/O, no logging; decoding is bounded
  * and checks every field's type and range, so it is safe on hostile input.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* units.c: see units.h. */
 #include "units.h"
 

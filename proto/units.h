@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* units.h: byte sizes for humans, shared by the daemon and the CLI. Pure code. */
 #ifndef SHMREF_UNITS_H
 #define SHMREF_UNITS_H

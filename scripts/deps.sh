@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # deps.sh: sourced by the other scripts. ensure_packages installs the Debian packages
 # this project builds and tests with, if any are missing (apt-get needs root).
 SHMREF_BUILD_PACKAGES="build-essential cmake pkg-config libuv1-dev libmsgpack-dev libcriterion-dev

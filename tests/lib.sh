@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # lib.sh: sourced by the shell tests. PASS/FAIL counting with the plain closing line
 # ctest and CI read, and a scratch directory removed (and a daemon stopped) on exit.
 #   test_begin NAME   sets $tmp; a daemon started later stores its pid in $dpid

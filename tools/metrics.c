@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* metrics.c: see metrics.h. Names follow Prometheus conventions: base units (bytes,
  * seconds), _total for counters, labels for states and tenants. */
 #include "metrics.h"

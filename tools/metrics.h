@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* metrics.h: shmrefctl's Prometheus text exposition of a status snapshot, for
  * node_exporter's textfile collector. Part of shmrefctl, not of libshmref. */
 #ifndef SHMREFCTL_METRICS_H

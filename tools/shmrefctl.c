@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrefctl.c: the operators' and scripts' tool, built on the public libshmref API only.
  * Commands: status [--json] [--buffers], top, metrics [--output FILE], put [--keep-ms N] [--max-gets N] [--sealed]
  * FILE|-, get DESCRIPTOR [-o FILE], ping.

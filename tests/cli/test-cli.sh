@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # test-cli.sh: shmrefd and shmrefctl as a new user runs them: put an 80 MB file, get it
 # back from another process byte-identical, read status --json, and check the exit
 # codes of refusals. Usage: test-cli.sh SHMREFD SHMREFCTL

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* producer.c: a downstream program built against the installed libshmref only (the
  * public header and the library, found through CMake's package or pkg-config). It leases
  * 1 MiB on the socket given as argv[1], writes a pattern, publishes it, acquires its own

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # test-downstream.sh: shmref as a package. Installs a built tree into a temporary prefix,
 # checks that every installed file is in place (library, header, pkg-config file, CMake
 # package, systemd units, sysusers.d entry, example config, binaries, man pages), then

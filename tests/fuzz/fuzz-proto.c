@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* fuzz-proto.c: libFuzzer target for everything in proto/ that reads untrusted bytes:
  * the message decoder (as the daemon and the library call it), the status-body check,
  * both descriptor forms, and the array metadata decoder (meta.c). Any crash, sanitizer report, or a decoded message that

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # run.sh: build a proto/ fuzz target with clang's libFuzzer (+ ASan, UBSan) and run it
 # for SECONDS (default 20). Usage: run.sh SOURCE_DIR [SECONDS] [TARGET]; TARGET is proto
 # (the message and descriptor decoders, the default) or manifest (the unit-of-work

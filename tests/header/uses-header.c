@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* uses-header.c: compiled as C99 and as C++ by ctest, to keep shmref.h self-contained
  * and usable from both languages. Only compiled, never linked. */
 #include <shmref/shmref.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* harness.c: see harness.h. Starting daemons and raw connections are tests/support's
  * (shared with bench/); this file turns their errors into Criterion failures. */
 #include "harness.h"

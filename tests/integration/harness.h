@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* harness.h: what the integration tests share: a real shmrefd (this build's binary) on a
  * temporary socket, raw socket clients (both from tests/support/, which bench/ uses too),
  * and looks at the daemon from outside (/proc).

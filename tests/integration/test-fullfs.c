@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test-fullfs.c: a pool directory whose tmpfs fills up behind the daemon's back (someone
  * else writes to it). A lease that cannot be reserved is an ENOSPC reply naming the
  * bytes, never a SIGBUS in a client; the daemon keeps serving, and leases work again

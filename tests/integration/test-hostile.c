@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test-hostile.c: a real shmrefd against clients that lie, flood, pass fds or send junk.
  * Invariant under test: a bad client gets an error reply or is disconnected, nothing it
  * held stays charged, and every other client keeps getting the whole lease cycle. */

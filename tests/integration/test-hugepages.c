@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test-hugepages.c: the huge-page pool. As root, shmrefd mounts a private
  * huge=within_size tmpfs over its pool dir, and a client's mapping of a buffer of 2 MiB
  * or more is made of 2 MiB pages (PMD-mapped in /proc/self/smaps); off, 4 KiB pages. */

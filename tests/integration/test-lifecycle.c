@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test-lifecycle.c: the lease lifecycle end to end, against a real shmrefd and real
  * client processes: bytes across processes, reference counting, reclaim on SIGKILL,
  * retention, quotas, tenants, recycling and the mapping cache, and no leaks over time. */

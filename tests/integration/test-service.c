@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test-service.c: shmrefd as a system service, without systemd as PID 1: socket
  * activation through systemd-socket-activate with a test-owned NOTIFY_SOCKET, the
  * privilege drop, the access policy, the config file and SIGHUP reloads. */

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # test-metrics.sh: `shmrefctl metrics` read by a real Prometheus text-format parser
 # (Debian's python3-prometheus-client), with a daemon that has something to show: a
 # retained buffer (so a tenant row exists), a consumed one, a refused lease. Then, with

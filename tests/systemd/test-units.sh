@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # test-units.sh: systemd-analyze verify on the units generated for this build (their
 # ExecStart is this build's shmrefd). verify can exit 0 while complaining, so any output
 # on stderr fails the test too. Usage: test-units.sh DIR (build/systemd/test).

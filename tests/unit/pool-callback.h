@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* pool-callback.h: what the unit tests of pool and registry give pool_get as its
  * completion: a record of how often it ran and with what. Test code only. */
 #ifndef SHMREF_TEST_POOL_CALLBACK_H

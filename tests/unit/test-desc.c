@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test-desc.c: descriptor text and binary forms (proto/desc.c). The text form has one
  * accepted spelling per descriptor, so every near miss must be refused; the binary form
  * round-trips and desc_unpack is bounded like the other decoders. */

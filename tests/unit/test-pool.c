@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test-pool.c: the buffer pool (daemon/pool.c) on a real libuv loop and a real pool
  * directory under /dev/shm: size classes, reserved and unlinked backing files, recycling
  * only within a tenant, retirement, the cap with eviction, read-only fds, memfd mode. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test-proto.c: the shmrefd wire format (proto/proto.c). Every op round-trips field by
  * field; hand-built hostile byte strings and a deterministic fuzz loop must decode to
  * 0, -EPROTO or -EOPNOTSUPP and never read outside the message (run under ASan in CI). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test-quota.c: the per-tenant byte ledger (daemon/quota.c). A charge that would pass a
  * tenant's limit is refused whole with the numbers in the message; limits per uid override
  * the default; empty tenants drop out; sums near UINT64_MAX are refused, never wrapped. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test-registry.c: live buffers, tokens and holders (daemon/registry.c) over a real pool
  * under /dev/shm, a real quota ledger and a real libuv loop for retention timers. The last
  * reference must credit the producer and return the buffer warm to the pool, exactly once. */

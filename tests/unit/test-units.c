@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test-units.c: human byte sizes (proto/units.c). units_parse takes binary multiples
  * with an optional "iB"/"B" and refuses anything else or anything past UINT64_MAX;
  * units_format prints bytes below 1 KiB exactly and larger sizes with one decimal. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmref.h: libshmref, the client library of shmrefd. The only public header.
  *
  * A producer leases a buffer, writes into its mapping, and publishes it; publishing
