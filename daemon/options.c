@@ -439,6 +439,12 @@ void options_print(const struct options *o, FILE *f)
     fprintf(f, "[daemon]\n");
     for (unsigned i = 0; i < NKEYS; i++) {
         const struct key *k = &keys[i];
+        /* An unset string or list prints as a comment, so the output reads back as a file. */
+        if ((k->type == T_STR && !(*FIELD(o, k, char *const) && **FIELD(o, k, char *const))) ||
+            ((k->type == T_UIDS || k->type == T_GIDS) && FIELD(o, k, const struct options_list)->n == 0)) {
+            fprintf(f, "# %s = (not set)\n", k->name);
+            continue;
+        }
         fprintf(f, "%s = ", k->name);
         switch (k->type) {
         case T_STR: {
