@@ -10,6 +10,7 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
@@ -114,11 +115,11 @@ static int try_changes(int fd, uint64_t cap)
     return done;
 }
 
-/* other_uid_attacks: a consumer of another uid acquires the buffer raw and tries every
- * change; exits with the mask of those that worked (100+ for a setup failure). */
-static int other_uid_attacks(void *arg)
+/* attack_as_other_uid: a consumer of another uid acquires the buffer raw (checking, if
+ * want_seals, that it is sealed against writing, shrinking and growing) and tries every
+ * change; returns the mask of those that worked (100+ for a setup failure). */
+static int attack_as_other_uid(const shmref_desc *desc, bool want_seals)
 {
-    const shmref_desc *desc = arg;
     uint64_t cap = 0;
     if (setgid(OTHER_UID) < 0 || setuid(OTHER_UID) < 0)
         return 100;
@@ -126,10 +127,19 @@ static int other_uid_attacks(void *arg)
     int fd = raw_acquire(sock, desc, &cap);
     if (fd < 0)
         return 101;
+    const int all = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
+    if (want_seals && (fcntl(fd, F_GET_SEALS) & all) != all)
+        return 102;
     int done = try_changes(fd, cap);
     close(fd);
     close(sock);
     return done;
+}
+
+/* other_uid_attacks: a child's body: attack_as_other_uid on a plain buffer. */
+static int other_uid_attacks(void *arg)
+{
+    return attack_as_other_uid(arg, false);
 }
 
 /* published_cannot_change: root publishes SIZE bytes of a pattern; another uid attacks;
@@ -236,25 +246,11 @@ Test(immutable, tmpfile_producer_growth_is_bounded_by_the_pool)
 
 /* ---- sealed publish ------------------------------------------------------------------- */
 
-/* sealed_attacker: another uid acquires a sealed buffer raw: the seals are there, and
- * nothing changes it. Exits with the mask of what worked, 100+ for a setup failure. */
+/* sealed_attacker: a child's body: another uid acquires a sealed buffer raw: the seals
+ * are there, and nothing changes it. */
 static int sealed_attacker(void *arg)
 {
-    const shmref_desc *desc = arg;
-    uint64_t cap = 0;
-    if (setgid(OTHER_UID) < 0 || setuid(OTHER_UID) < 0)
-        return 100;
-    int sock = raw_open();
-    int fd = raw_acquire(sock, desc, &cap);
-    if (fd < 0)
-        return 101;
-    int seals = fcntl(fd, F_GET_SEALS);
-    if ((seals & (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW))
-        return 102;
-    int done = try_changes(fd, cap);
-    close(fd);
-    close(sock);
-    return done;
+    return attack_as_other_uid(arg, true);
 }
 
 Test(immutable, sealed_publish_cannot_be_changed_by_anyone)
