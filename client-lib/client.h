@@ -40,7 +40,6 @@ struct mapcache {
 struct shmref_buf {
     shmref_conn *conn;
     uint64_t handle, buf_id;
-    uint32_t gen;
     void *data;
     size_t size, capacity;
     bool writable, published;

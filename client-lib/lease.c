@@ -85,7 +85,6 @@ static int take_buffer(shmref_conn *conn, const struct proto_msg *rep, int fd, b
     b->sealed = sealed;
     b->handle = handle;
     b->buf_id = rep->u.lease_reply.buf_id;
-    b->gen = rep->u.lease_reply.gen;
     b->size = rep->u.lease_reply.size;
     b->capacity = rep->u.lease_reply.capacity;
     b->writable = writable;

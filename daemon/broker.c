@@ -65,7 +65,7 @@ static void send_buffer(struct broker_peer *p, uint32_t id, uint64_t handle, str
     struct proto_msg r = { .op = PROTO_OP_LEASE + PROTO_OP_REPLY, .id = id };
     r.u.lease_reply.handle = handle;
     r.u.lease_reply.buf_id = b->pb->id;
-    r.u.lease_reply.gen = b->pb->gen;
+    memcpy(r.u.lease_reply.token, b->token, PROTO_TOKEN_LEN); /* zeros until published (interim) */
     r.u.lease_reply.size = b->size;
     r.u.lease_reply.capacity = b->pb->size;
     if (b->published) {

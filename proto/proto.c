@@ -138,16 +138,6 @@ static bool get_u32(struct fields *f, uint32_t i, uint32_t max, uint32_t *ret)
     return true;
 }
 
-/* opt_u32: an optional trailing field: a u32 when there is one of that type, else 0 (an
- * older peer's message, or a later version's field of another type: ignored). */
-static bool opt_u32(struct fields *f, uint32_t i, uint32_t *ret)
-{
-    *ret = 0;
-    if (i < f->n && f->v[i].type == MSGPACK_OBJECT_POSITIVE_INTEGER && f->v[i].via.u64 <= UINT32_MAX)
-        *ret = (uint32_t)f->v[i].via.u64;
-    return true;
-}
-
 static bool get_raw(struct fields *f, uint32_t i, msgpack_object_type type, uint32_t max,
                     const void **ret, uint32_t *ret_len)
 {
@@ -186,9 +176,22 @@ static bool get_i32(struct fields *f, uint32_t i, int32_t *ret)
     return true;
 }
 
+/* get_batch: field i is an array of 1..PROTO_MAX_BATCH elements, as fields of their own. */
+static bool get_batch(struct fields *f, uint32_t i, struct fields *ret, uint32_t *ret_n)
+{
+    if (i >= f->n) { f->why = "missing field"; return false; }
+    const msgpack_object *o = &f->v[i];
+    if (o->type != MSGPACK_OBJECT_ARRAY) { f->why = "field is not an array"; return false; }
+    if (o->via.array.size == 0 || o->via.array.size > PROTO_MAX_BATCH) { f->why = "batch of 0 or more than PROTO_MAX_BATCH"; return false; }
+    *ret = (struct fields){ o->via.array.ptr, o->via.array.size, NULL };
+    *ret_n = o->via.array.size;
+    return true;
+}
+
 static bool decode_fields(struct fields *f, struct proto_msg *m)
 {
     const void *p;
+    struct fields arr;
     switch (m->op) {
     case PROTO_OP_HELLO:
         if (!get_u32(f, 2, UINT32_MAX, &m->u.hello.version) ||
@@ -207,33 +210,68 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
                get_u64(f, 8, UINT32_MAX, &m->u.hello_reply.pid);
     case PROTO_OP_LEASE:
         return get_u64(f, 2, UINT64_MAX, &m->u.lease.size) &&
-               get_u32(f, 3, UINT32_MAX, &m->u.lease.flags);
+               get_u32(f, 3, UINT32_MAX, &m->u.lease.flags) &&
+               get_u32(f, 4, UINT32_MAX, &m->u.lease.wait_ms);
     case PROTO_OP_LEASE + PROTO_OP_REPLY:
     case PROTO_OP_ACQUIRE + PROTO_OP_REPLY:
         if (!get_u64(f, 2, UINT64_MAX, &m->u.lease_reply.handle) ||
             !get_u64(f, 3, UINT64_MAX, &m->u.lease_reply.buf_id) ||
-            !get_u32(f, 4, UINT32_MAX, &m->u.lease_reply.gen) ||
-            !get_u64(f, 5, UINT64_MAX, &m->u.lease_reply.size) ||
-            !get_u64(f, 6, UINT64_MAX, &m->u.lease_reply.capacity) ||
-            !get_raw(f, 7, MSGPACK_OBJECT_BIN, PROTO_MAX_META, &p, &m->u.lease_reply.meta_len))
+            !get_u64(f, 4, UINT64_MAX, &m->u.lease_reply.size) ||
+            !get_u64(f, 5, UINT64_MAX, &m->u.lease_reply.capacity) ||
+            !get_token(f, 6, m->u.lease_reply.token) ||
+            !get_raw(f, 7, MSGPACK_OBJECT_BIN, PROTO_MAX_META, &p, &m->u.lease_reply.meta_len) ||
+            !get_u32(f, 8, UINT32_MAX, &m->u.lease_reply.flags))
             return false;
         m->u.lease_reply.meta = p;
         if (m->u.lease_reply.size > m->u.lease_reply.capacity) { f->why = "size exceeds capacity"; return false; }
-        return opt_u32(f, 8, &m->u.lease_reply.flags);
+        return true;
     case PROTO_OP_PUBLISH:
         if (!get_u64(f, 2, UINT64_MAX, &m->u.publish.handle) ||
             !get_u64(f, 3, UINT64_MAX, &m->u.publish.size) ||
             !get_u32(f, 4, UINT32_MAX, &m->u.publish.keep_ms) ||
-            !get_raw(f, 5, MSGPACK_OBJECT_BIN, PROTO_MAX_META, &p, &m->u.publish.meta_len))
+            !get_raw(f, 5, MSGPACK_OBJECT_BIN, PROTO_MAX_META, &p, &m->u.publish.meta_len) ||
+            !get_u32(f, 6, UINT32_MAX, &m->u.publish.flags) ||
+            !get_u32(f, 7, UINT32_MAX, &m->u.publish.max_acquires))
             return false;
         m->u.publish.meta = p;
-        return opt_u32(f, 6, &m->u.publish.flags) && opt_u32(f, 7, &m->u.publish.max_acquires);
+        return true;
     case PROTO_OP_PUBLISH + PROTO_OP_REPLY:
         return get_token(f, 2, m->u.publish_reply.token) &&
                get_u64(f, 3, UINT64_MAX, &m->u.publish_reply.size);
     case PROTO_OP_ACQUIRE:
         return get_token(f, 2, m->u.acquire.token) &&
-               get_u32(f, 3, UINT32_MAX, &m->u.acquire.flags);
+               get_u32(f, 3, UINT32_MAX, &m->u.acquire.flags) &&
+               get_u32(f, 4, UINT32_MAX, &m->u.acquire.wait_ms);
+    case PROTO_OP_LEASE_MANY:
+        if (!get_batch(f, 2, &arr, &m->u.lease_many.n))
+            return false;
+        for (uint32_t i = 0; i < m->u.lease_many.n; i++)
+            if (!get_u64(&arr, i, UINT64_MAX, &m->u.lease_many.sizes[i])) { f->why = arr.why; return false; }
+        return get_u32(f, 3, UINT32_MAX, &m->u.lease_many.flags) &&
+               get_u32(f, 4, UINT32_MAX, &m->u.lease_many.wait_ms);
+    case PROTO_OP_LEASE_MANY + PROTO_OP_REPLY:
+        if (!get_batch(f, 2, &arr, &m->u.lease_many_reply.n))
+            return false;
+        for (uint32_t i = 0; i < m->u.lease_many_reply.n; i++) {
+            struct proto_item *it = &m->u.lease_many_reply.items[i];
+            struct fields e;
+            if (arr.v[i].type != MSGPACK_OBJECT_ARRAY) { f->why = "batch item is not an array"; return false; }
+            e = (struct fields){ arr.v[i].via.array.ptr, arr.v[i].via.array.size, NULL };
+            if (!get_u64(&e, 0, UINT64_MAX, &it->handle) || !get_u64(&e, 1, UINT64_MAX, &it->buf_id) ||
+                !get_u64(&e, 2, UINT64_MAX, &it->size) || !get_u64(&e, 3, UINT64_MAX, &it->capacity) ||
+                !get_token(&e, 4, it->token) || !get_u32(&e, 5, 1, &it->has_fd)) {
+                f->why = e.why;
+                return false;
+            }
+            if (it->size > it->capacity) { f->why = "size exceeds capacity"; return false; }
+        }
+        return true;
+    case PROTO_OP_RELEASE_MANY:
+        if (!get_batch(f, 2, &arr, &m->u.release_many.n))
+            return false;
+        for (uint32_t i = 0; i < m->u.release_many.n; i++)
+            if (!get_u64(&arr, i, UINT64_MAX, &m->u.release_many.handles[i])) { f->why = arr.why; return false; }
+        return get_u32(f, 3, UINT32_MAX, &m->u.release_many.flags);
     case PROTO_OP_RELEASE:
         return get_u64(f, 2, UINT64_MAX, &m->u.release.handle) &&
                get_u32(f, 3, UINT32_MAX, &m->u.release.flags);
@@ -256,6 +294,7 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
     case PROTO_OP_PING:
     case PROTO_OP_RELEASE + PROTO_OP_REPLY:
     case PROTO_OP_PING + PROTO_OP_REPLY:
+    case PROTO_OP_RELEASE_MANY + PROTO_OP_REPLY:
         return true;
     default:
         return false; /* unknown op: reported as EOPNOTSUPP by the caller */
@@ -264,9 +303,10 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
 
 static bool op_known(uint32_t op)
 {
-    if (op == PROTO_OP_ERROR || (op >= PROTO_OP_HELLO && op <= PROTO_OP_FORGET))
+    if (op == PROTO_OP_ERROR || (op >= PROTO_OP_HELLO && op <= PROTO_OP_RELEASE_MANY))
         return true;
-    return op > PROTO_OP_REPLY && op - PROTO_OP_REPLY >= PROTO_OP_HELLO && op - PROTO_OP_REPLY <= PROTO_OP_PING;
+    return op > PROTO_OP_REPLY && op - PROTO_OP_REPLY >= PROTO_OP_HELLO &&
+           op - PROTO_OP_REPLY <= PROTO_OP_RELEASE_MANY && op - PROTO_OP_REPLY != PROTO_OP_FORGET;
 }
 
 int proto_decode(const uint8_t *buf, size_t len, size_t max_len, struct proto_msg *ret,
@@ -349,12 +389,15 @@ static unsigned field_count(uint32_t op)
     switch (op) {
     case PROTO_OP_HELLO: return 3;
     case PROTO_OP_HELLO + PROTO_OP_REPLY: return 7;
-    case PROTO_OP_LEASE: return 2;
+    case PROTO_OP_LEASE: return 3;
     case PROTO_OP_LEASE + PROTO_OP_REPLY:
-    case PROTO_OP_ACQUIRE + PROTO_OP_REPLY: return 6;
-    case PROTO_OP_PUBLISH: return 4;
+    case PROTO_OP_ACQUIRE + PROTO_OP_REPLY: return 7;
+    case PROTO_OP_PUBLISH: return 6;
     case PROTO_OP_PUBLISH + PROTO_OP_REPLY: return 2;
-    case PROTO_OP_ACQUIRE: return 2;
+    case PROTO_OP_ACQUIRE: return 3;
+    case PROTO_OP_LEASE_MANY: return 3;
+    case PROTO_OP_LEASE_MANY + PROTO_OP_REPLY: return 1;
+    case PROTO_OP_RELEASE_MANY: return 2;
     case PROTO_OP_RELEASE: return 2;
     case PROTO_OP_FORGET: return 2;
     case PROTO_OP_STATUS + PROTO_OP_REPLY: return 1;
@@ -369,14 +412,7 @@ int proto_encode(const struct proto_msg *m, uint8_t *buf, size_t cap)
     msgpack_packer pk;
     msgpack_packer_init(&pk, &fb, proto_buf_write);
 
-    /* Optional trailing fields travel only when set, so older peers see what they knew. */
-    unsigned extra = 0;
-    if (m->op == PROTO_OP_PUBLISH && (m->u.publish.flags || m->u.publish.max_acquires))
-        extra = 2;
-    else if ((m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY) &&
-             m->u.lease_reply.flags)
-        extra = 1;
-    msgpack_pack_array(&pk, 2 + field_count(m->op) + extra);
+    msgpack_pack_array(&pk, 2 + field_count(m->op));
     msgpack_pack_uint32(&pk, m->op);
     msgpack_pack_uint32(&pk, m->id);
     switch (m->op) {
@@ -397,27 +433,57 @@ int proto_encode(const struct proto_msg *m, uint8_t *buf, size_t cap)
     case PROTO_OP_LEASE:
         msgpack_pack_uint64(&pk, m->u.lease.size);
         msgpack_pack_uint32(&pk, m->u.lease.flags);
+        msgpack_pack_uint32(&pk, m->u.lease.wait_ms);
         break;
     case PROTO_OP_LEASE + PROTO_OP_REPLY:
     case PROTO_OP_ACQUIRE + PROTO_OP_REPLY:
         msgpack_pack_uint64(&pk, m->u.lease_reply.handle);
         msgpack_pack_uint64(&pk, m->u.lease_reply.buf_id);
-        msgpack_pack_uint32(&pk, m->u.lease_reply.gen);
         msgpack_pack_uint64(&pk, m->u.lease_reply.size);
         msgpack_pack_uint64(&pk, m->u.lease_reply.capacity);
+        pack_raw(&pk, false, m->u.lease_reply.token, PROTO_TOKEN_LEN);
         pack_raw(&pk, false, m->u.lease_reply.meta, m->u.lease_reply.meta_len);
-        if (extra)
-            msgpack_pack_uint32(&pk, m->u.lease_reply.flags);
+        msgpack_pack_uint32(&pk, m->u.lease_reply.flags);
+        break;
+    case PROTO_OP_LEASE_MANY:
+        if (m->u.lease_many.n > PROTO_MAX_BATCH)
+            return -EMSGSIZE;
+        msgpack_pack_array(&pk, m->u.lease_many.n);
+        for (uint32_t i = 0; i < m->u.lease_many.n; i++)
+            msgpack_pack_uint64(&pk, m->u.lease_many.sizes[i]);
+        msgpack_pack_uint32(&pk, m->u.lease_many.flags);
+        msgpack_pack_uint32(&pk, m->u.lease_many.wait_ms);
+        break;
+    case PROTO_OP_LEASE_MANY + PROTO_OP_REPLY:
+        if (m->u.lease_many_reply.n > PROTO_MAX_BATCH)
+            return -EMSGSIZE;
+        msgpack_pack_array(&pk, m->u.lease_many_reply.n);
+        for (uint32_t i = 0; i < m->u.lease_many_reply.n; i++) {
+            const struct proto_item *it = &m->u.lease_many_reply.items[i];
+            msgpack_pack_array(&pk, 6);
+            msgpack_pack_uint64(&pk, it->handle);
+            msgpack_pack_uint64(&pk, it->buf_id);
+            msgpack_pack_uint64(&pk, it->size);
+            msgpack_pack_uint64(&pk, it->capacity);
+            pack_raw(&pk, false, it->token, PROTO_TOKEN_LEN);
+            msgpack_pack_uint32(&pk, it->has_fd ? 1 : 0);
+        }
+        break;
+    case PROTO_OP_RELEASE_MANY:
+        if (m->u.release_many.n > PROTO_MAX_BATCH)
+            return -EMSGSIZE;
+        msgpack_pack_array(&pk, m->u.release_many.n);
+        for (uint32_t i = 0; i < m->u.release_many.n; i++)
+            msgpack_pack_uint64(&pk, m->u.release_many.handles[i]);
+        msgpack_pack_uint32(&pk, m->u.release_many.flags);
         break;
     case PROTO_OP_PUBLISH:
         msgpack_pack_uint64(&pk, m->u.publish.handle);
         msgpack_pack_uint64(&pk, m->u.publish.size);
         msgpack_pack_uint32(&pk, m->u.publish.keep_ms);
         pack_raw(&pk, false, m->u.publish.meta, m->u.publish.meta_len);
-        if (extra) {
-            msgpack_pack_uint32(&pk, m->u.publish.flags);
-            msgpack_pack_uint32(&pk, m->u.publish.max_acquires);
-        }
+        msgpack_pack_uint32(&pk, m->u.publish.flags);
+        msgpack_pack_uint32(&pk, m->u.publish.max_acquires);
         break;
     case PROTO_OP_PUBLISH + PROTO_OP_REPLY:
         pack_raw(&pk, false, m->u.publish_reply.token, PROTO_TOKEN_LEN);
@@ -426,6 +492,7 @@ int proto_encode(const struct proto_msg *m, uint8_t *buf, size_t cap)
     case PROTO_OP_ACQUIRE:
         pack_raw(&pk, false, m->u.acquire.token, PROTO_TOKEN_LEN);
         msgpack_pack_uint32(&pk, m->u.acquire.flags);
+        msgpack_pack_uint32(&pk, m->u.acquire.wait_ms);
         break;
     case PROTO_OP_RELEASE:
         msgpack_pack_uint64(&pk, m->u.release.handle);
@@ -475,12 +542,13 @@ const char *proto_op_name(uint32_t op)
         [PROTO_OP_HELLO] = "hello", [PROTO_OP_LEASE] = "lease", [PROTO_OP_PUBLISH] = "publish",
         [PROTO_OP_ACQUIRE] = "acquire", [PROTO_OP_RELEASE] = "release",
         [PROTO_OP_STATUS] = "status", [PROTO_OP_PING] = "ping", [PROTO_OP_FORGET] = "forget",
+        [PROTO_OP_LEASE_MANY] = "lease_many", [PROTO_OP_RELEASE_MANY] = "release_many",
     };
     if (op == PROTO_OP_ERROR)
         return "error";
-    if (op > PROTO_OP_REPLY && op - PROTO_OP_REPLY <= PROTO_OP_PING)
+    if (op > PROTO_OP_REPLY && op - PROTO_OP_REPLY <= PROTO_OP_RELEASE_MANY && op - PROTO_OP_REPLY != PROTO_OP_FORGET)
         op -= PROTO_OP_REPLY; /* forget has no reply */
-    else if (op > PROTO_OP_FORGET)
+    else if (op > PROTO_OP_RELEASE_MANY)
         return "unknown";
     if (names[op])
         return names[op];

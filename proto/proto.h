@@ -7,14 +7,22 @@
  *   [op, id, field...]
  * `op` says what it is (requests 1..63, replies op + 64, error 127); `id` is chosen by
  * the client and echoed in the reply, so requests can be pipelined. Fields are
- * positional per op; trailing extra fields are ignored (room for later versions). */
+ * positional per op; trailing extra fields are ignored (room for later versions).
+ *
+ * Version 2 (this one): a lease reply carries the token its buffer will be published
+ * under, so a plain publish needs no reply (PROTO_PUBLISH_NOREPLY); an acquire may wait
+ * (wait_ms) for a buffer that is leased but not published yet; a lease may wait (wait_ms)
+ * for quota or pool space; lease_many and release_many carry up to PROTO_MAX_BATCH
+ * leases in one message; the write-only `gen` field is gone. Every field is required.
+ * The hello and error layouts never change between versions, so a peer of another
+ * version always gets a readable EPROTONOSUPPORT error naming both versions. */
 #ifndef SHMREF_PROTO_H
 #define SHMREF_PROTO_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define PROTO_VERSION 1
+#define PROTO_VERSION 2
 
 /* Limits that hold for every peer, whatever it negotiates. */
 #define PROTO_MAX_REQUEST  (64 * 1024)   /* bytes of one client->daemon message */
@@ -24,6 +32,9 @@
 #define PROTO_MAX_NAME     64            /* bytes of the client name sent in hello */
 #define PROTO_MAX_ERRMSG   512           /* bytes of an error message */
 #define PROTO_TOKEN_LEN    16            /* 128-bit capability token */
+#define PROTO_MAX_BATCH    32            /* leases or handles in one lease_many/release_many */
+#define PROTO_MAX_LEASE_WAIT_MS   600000 /* the longest a lease may wait for quota or space */
+#define PROTO_MAX_ACQUIRE_WAIT_MS 60000  /* the longest an acquire waits for a publish */
 /* The most idle mappings a client keeps cached (libshmref's mapping cache). A daemon's
  * fd-once set holds twice max-leases plus this many buffers, so a client that forgets
  * what it unmaps is never sent an fd it still has. Not on the wire: a bound both share. */
@@ -39,14 +50,15 @@
  * only when the daemon agreed to this bit in hello, so an older daemon is never asked. */
 #define PROTO_FEAT_SEALED (1u << 2)
 
-/* Flags of a publish request (its optional field 6, sent with field 7 only when either
- * is not 0, so a plain publish is encoded as before). */
-#define PROTO_PUBLISH_SEALED (1u << 0) /* add F_SEAL_WRITE: publish-once, never recycled */
+/* Flags of a publish request. */
+#define PROTO_PUBLISH_SEALED (1u << 0)  /* add F_SEAL_WRITE: publish-once, never recycled */
+#define PROTO_PUBLISH_NOREPLY (1u << 1) /* no reply on success (the client knows the token
+                                         * from the lease reply); an error still replies */
 
-/* Flags of an acquire reply (its optional field 8, sent only when not 0). */
+/* Flags of a lease or acquire reply. */
 #define PROTO_BUF_SEALED (1u << 0) /* a sealed buffer: verify F_GET_SEALS before mapping */
 
-/* Flags of a release request. */
+/* Flags of a release or release_many request. */
 #define PROTO_RELEASE_NOREPLY (1u << 0) /* no reply on success; an error still replies */
 
 enum proto_op {
@@ -58,8 +70,18 @@ enum proto_op {
     PROTO_OP_STATUS = 6,
     PROTO_OP_PING = 7,
     PROTO_OP_FORGET = 8,          /* no reply, ever */
+    PROTO_OP_LEASE_MANY = 9,      /* all or nothing: one reply with every lease, or an error */
+    PROTO_OP_RELEASE_MANY = 10,   /* every known handle is released; an error names the first unknown */
     PROTO_OP_REPLY = 64,          /* added to a request op in its reply */
     PROTO_OP_ERROR = 127,
+};
+
+/* One lease of a lease_many reply. has_fd: an fd for it is attached to the message (the
+ * fds come in the order of the items that have one). */
+struct proto_item {
+    uint64_t handle, buf_id, size, capacity;
+    uint8_t token[PROTO_TOKEN_LEN];
+    uint32_t has_fd;
 };
 
 /* A decoded message. Pointers (name, meta, msg, body) point into the buffer that was
@@ -74,31 +96,42 @@ struct proto_msg {
             uint32_t max_request; uint64_t max_lease; uint32_t max_leases; uint32_t max_meta;
             uint64_t pid;
         } hello_reply;
-        struct { uint64_t size; uint32_t flags; } lease;
+        /* wait_ms > 0: wait up to that long (at most PROTO_MAX_LEASE_WAIT_MS) for quota
+         * or pool space instead of EDQUOT/ENOSPC at once; -ETIMEDOUT after it. flags: 0. */
+        struct { uint64_t size; uint32_t flags; uint32_t wait_ms; } lease;
         /* The reply to lease and acquire carries one fd: the buffer (O_RDWR for a lease,
          * O_RDONLY for an acquire), unless PROTO_FEAT_FD_ONCE is on and this connection
          * was sent it before and has not forgotten it. buf_id is unique per backing file
          * for the daemon's lifetime, so clients key their mapping caches by it (never by
-         * fd number). gen counts how often the daemon has handed the buffer out; no
-         * client reads it (it goes at the next protocol version). */
+         * fd number). token: for a lease, the token the buffer will be published under
+         * (the producer's descriptor is {token, published size}); for an acquire, the
+         * descriptor's. */
         struct {
-            uint64_t handle; uint64_t buf_id; uint32_t gen;
+            uint64_t handle; uint64_t buf_id;
             uint64_t size; uint64_t capacity;
+            uint8_t token[PROTO_TOKEN_LEN];
             const uint8_t *meta; uint32_t meta_len;
-            uint32_t flags;     /* optional field 8: PROTO_BUF_* (0 when absent) */
+            uint32_t flags;     /* PROTO_BUF_* */
         } lease_reply, acquire_reply;
         /* keep_ms: the daemon retains the buffer that long for every consumer that comes
-         * (fan-out); max_acquires (optional field 7, 0 = no cap): the retention ends at
-         * that many acquires. flags (optional field 6): PROTO_PUBLISH_*. Old daemons
-         * ignore both optional fields (their retention ended at the first acquire). */
+         * (fan-out); max_acquires (0 = no cap): the retention ends at that many acquires.
+         * flags: PROTO_PUBLISH_*. */
         struct {
             uint64_t handle; uint64_t size; uint32_t keep_ms;
             const uint8_t *meta; uint32_t meta_len;
             uint32_t flags; uint32_t max_acquires;
         } publish;
         struct { uint8_t token[PROTO_TOKEN_LEN]; uint64_t size; } publish_reply;
-        struct { uint8_t token[PROTO_TOKEN_LEN]; uint32_t flags; } acquire;
+        /* wait_ms > 0: a buffer leased under this token but not published yet is waited
+         * for, up to that long (at most PROTO_MAX_ACQUIRE_WAIT_MS); ENOENT if its producer
+         * releases it or goes first, or the wait runs out. 0: ENOENT at once. */
+        struct { uint8_t token[PROTO_TOKEN_LEN]; uint32_t flags; uint32_t wait_ms; } acquire;
         struct { uint64_t handle; uint32_t flags; } release;
+        /* n (1..PROTO_MAX_BATCH) leases, as one lease each would ask */
+        struct { uint32_t n; uint32_t flags; uint32_t wait_ms; uint64_t sizes[PROTO_MAX_BATCH]; } lease_many;
+        struct { uint32_t n; struct proto_item items[PROTO_MAX_BATCH]; } lease_many_reply;
+        /* n (1..PROTO_MAX_BATCH) handles; flags: PROTO_RELEASE_NOREPLY */
+        struct { uint32_t n; uint32_t flags; uint64_t handles[PROTO_MAX_BATCH]; } release_many;
         /* forget: the client unmapped buffer buf_id (its writable or read-only mapping). */
         struct { uint64_t buf_id; uint32_t writable; } forget;
         /* The status body is itself a msgpack map, carried as bin so the envelope stays

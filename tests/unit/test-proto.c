@@ -66,7 +66,8 @@ static void make_msg(uint32_t op, uint32_t id, struct proto_msg *m)
     case REPLY(PROTO_OP_ACQUIRE):
         m->u.lease_reply.handle = 3;
         m->u.lease_reply.buf_id = (UINT64_C(1) << 40) | 7;
-        m->u.lease_reply.gen = 9;
+        fill_token(m->u.lease_reply.token, 3);
+        m->u.lease_reply.flags = PROTO_BUF_SEALED;
         m->u.lease_reply.size = 4096;
         m->u.lease_reply.capacity = 65536;
         m->u.lease_reply.meta = sample_meta;
@@ -170,7 +171,8 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
     case REPLY(PROTO_OP_ACQUIRE):
         cr_assert_eq(b->u.lease_reply.handle, a->u.lease_reply.handle);
         cr_assert_eq(b->u.lease_reply.buf_id, a->u.lease_reply.buf_id);
-        cr_assert_eq(b->u.lease_reply.gen, a->u.lease_reply.gen);
+        raw_eq(a->u.lease_reply.token, PROTO_TOKEN_LEN, b->u.lease_reply.token, PROTO_TOKEN_LEN, "token");
+        cr_assert_eq(b->u.lease_reply.flags, a->u.lease_reply.flags);
         cr_assert_eq(b->u.lease_reply.size, a->u.lease_reply.size);
         cr_assert_eq(b->u.lease_reply.capacity, a->u.lease_reply.capacity);
         raw_eq(a->u.lease_reply.meta, a->u.lease_reply.meta_len,
@@ -348,7 +350,7 @@ static void check_lease_reply(uint32_t op, const uint8_t *meta, uint32_t meta_le
     struct proto_msg m = { .op = op, .id = 77 }, d;
     m.u.lease_reply.handle = UINT64_MAX;
     m.u.lease_reply.buf_id = (UINT64_C(1) << 40) + 5;
-    m.u.lease_reply.gen = UINT32_MAX;
+    fill_token(m.u.lease_reply.token, 4);
     m.u.lease_reply.size = 83886080;
     m.u.lease_reply.capacity = 83886080;  /* size == capacity is allowed */
     m.u.lease_reply.meta = meta;
@@ -363,11 +365,11 @@ static void check_lease_reply(uint32_t op, const uint8_t *meta, uint32_t meta_le
     cr_assert_eq(d.id, 77);
     cr_assert_eq(d.u.lease_reply.handle, UINT64_MAX);
     cr_assert_eq(d.u.lease_reply.buf_id, (UINT64_C(1) << 40) + 5);
-    cr_assert_eq(d.u.lease_reply.gen, UINT32_MAX);
+    cr_assert_eq(memcmp(d.u.lease_reply.token, m.u.lease_reply.token, PROTO_TOKEN_LEN), 0);
     cr_assert_eq(d.u.lease_reply.size, 83886080);
     cr_assert_eq(d.u.lease_reply.capacity, 83886080);
     cr_assert_eq(d.u.lease_reply.meta_len, meta_len);
-    cr_assert_eq((const void *)d.u.lease_reply.meta, (const void *)(buf + len - meta_len));
+    cr_assert_eq((const void *)d.u.lease_reply.meta, (const void *)(buf + len - 1 - meta_len)); /* then the flags */
     cr_assert_eq(memcmp(d.u.lease_reply.meta, meta, meta_len), 0);
     free(buf);
 }
@@ -398,19 +400,17 @@ Test(proto, lease_reply_nil_meta_decodes_as_null)
         struct proto_msg m = { .op = op, .id = 5 }, d;
         m.u.lease_reply.handle = 1;
         m.u.lease_reply.buf_id = 2;
-        m.u.lease_reply.gen = 3;
         m.u.lease_reply.size = 4;
         m.u.lease_reply.capacity = 4096;
         uint8_t buf[64];
         size_t len = encode_ok(&m, buf, sizeof(buf));
-        cr_assert_eq(buf[len - 1], 0xc0, "no meta must travel as nil");
+        cr_assert_eq(buf[len - 2], 0xc0, "no meta must travel as nil (before the flags)");
 
         memset(&d, 0xa5, sizeof(d));
         decode_ok(buf, len, &d);
         cr_assert_eq(d.op, op);
         cr_assert_eq(d.u.lease_reply.handle, 1);
         cr_assert_eq(d.u.lease_reply.buf_id, 2);
-        cr_assert_eq(d.u.lease_reply.gen, 3);
         cr_assert_eq(d.u.lease_reply.size, 4);
         cr_assert_eq(d.u.lease_reply.capacity, 4096);
         cr_assert_null(d.u.lease_reply.meta);
