@@ -65,7 +65,7 @@ static void send_buffer(struct broker_peer *p, uint32_t id, uint64_t handle, str
     struct proto_msg r = { .op = PROTO_OP_LEASE + PROTO_OP_REPLY, .id = id };
     r.u.lease_reply.handle = handle;
     r.u.lease_reply.buf_id = b->pb->id;
-    memcpy(r.u.lease_reply.token, b->token, PROTO_TOKEN_LEN); /* zeros until published (interim) */
+    memcpy(r.u.lease_reply.token, b->token, PROTO_TOKEN_LEN); /* given at lease, kept at publish */
     r.u.lease_reply.size = b->size;
     r.u.lease_reply.capacity = b->pb->size;
     if (b->published) {
@@ -85,8 +85,12 @@ static void lease_finish(struct broker *bk, struct broker_peer *p, uint32_t id, 
     uint64_t handle;
     struct registry_buf *b = registry_buf_charged(bk->reg, pb, charge, size);
     if (!b) {
+        int e = errno;
         registry_abandon(bk->reg, charge, pb);
-        fail(p, id, ENOMEM, "daemon out of memory");
+        if (e == ENOMEM)
+            fail(p, id, ENOMEM, "daemon out of memory");
+        else
+            fail(p, id, e, "no random token for the lease: getrandom: %s", strerror(e));
         return;
     }
     if (registry_hold(bk->reg, &p->holder, b, true, &handle) < 0) {
@@ -311,6 +315,8 @@ static void do_publish(struct broker *bk, struct broker_peer *p, const struct pr
         return;
     }
     bk->counters->publishes++;
+    if (m->u.publish.flags & PROTO_PUBLISH_NOREPLY)
+        return; /* the producer knows the token from the lease reply */
     struct proto_msg rep = { .op = PROTO_OP_PUBLISH + PROTO_OP_REPLY, .id = m->id };
     memcpy(rep.u.publish_reply.token, b->token, PROTO_TOKEN_LEN);
     rep.u.publish_reply.size = b->size;

@@ -59,9 +59,10 @@ void registry_end_retentions(struct registry *reg);
 void registry_free(struct registry *reg);
 
 /* registry_buf_charged: a writing buffer whose charge is *charge (for exactly pb->size
- * bytes). On success the registry owns the charge (*charge is emptied) and gives it back
- * with the buffer. It has no reference yet: hold it at once. Returns NULL on ENOMEM
- * (nothing is taken). */
+ * bytes), with a fresh random token (the one it will be published under; the lease
+ * reply carries it). On success the registry owns the charge (*charge is emptied) and
+ * gives it back with the buffer. It has no reference yet: hold it at once. Returns NULL
+ * with errno ENOMEM, or EAGAIN/EIO from getrandom (nothing is taken). */
 struct registry_buf *registry_buf_charged(struct registry *reg, struct pool_buf *pb,
                                           struct quota_ticket *charge, uint64_t size);
 /* registry_buf_new: registry_buf_charged for a charge of pb->size already made to tenant. */
@@ -83,13 +84,16 @@ int registry_release(struct registry *reg, struct registry_holder *h, uint64_t h
 /* registry_release_all: drop every handle of h and free its table; returns how many. */
 uint32_t registry_release_all(struct registry *reg, struct registry_holder *h);
 
-/* registry_publish: makes b findable by a fresh random token; keep_ms > 0 adds a
- * retention reference. Returns 0, or -EALREADY if published, -errno from getrandom. */
+/* registry_publish: makes b findable (registry_find) by the token it got at its lease;
+ * keep_ms > 0 adds a retention reference. Returns 0, or -EALREADY if published, -ENOMEM. */
 int registry_publish(struct registry *reg, struct registry_buf *b, uint64_t size, uint32_t keep_ms,
                      const uint8_t *meta, uint32_t meta_len);
 /* registry_find: the published, live buffer with this token, or NULL. A retention that
  * has run out counts as gone even if its timer has not fired yet. */
 struct registry_buf *registry_find(struct registry *reg, const uint8_t *token);
+/* registry_find_writing: the live buffer leased under this token and not published yet,
+ * or NULL (an acquire may wait for its publish). */
+struct registry_buf *registry_find_writing(struct registry *reg, const uint8_t *token);
 /* registry_end_retention: drops the retention reference, if any. */
 void registry_end_retention(struct registry *reg, struct registry_buf *b);
 /* registry_acquired: counts an acquire of b. The retention serves every consumer that

@@ -189,6 +189,49 @@ Test(broker, lease_publish_acquire_release)
     fx_close(&f);
 }
 
+/* The lease reply names the token the publish keeps; a NOREPLY publish is silent on
+ * success, and its error still replies with the request id. */
+Test(broker, token_at_lease_and_noreply_publish)
+{
+    struct fx f;
+    fx_open(&f);
+    uint64_t h = lease(&f, &f.a, 5000);
+    cr_assert_neq(h, 0, "lease refused: %s", f.a.msg);
+    uint8_t token[PROTO_TOKEN_LEN], zero[PROTO_TOKEN_LEN] = { 0 };
+    memcpy(token, f.a.last.u.lease_reply.token, PROTO_TOKEN_LEN);
+    cr_assert_neq(memcmp(token, zero, PROTO_TOKEN_LEN), 0, "a lease reply without a token");
+
+    acquire(&f, &f.b, token);
+    cr_assert_eq(f.b.code, ENOENT, "an unpublished buffer was acquired");
+
+    struct proto_msg m = { .op = PROTO_OP_PUBLISH, .id = 31 };
+    m.u.publish.handle = h;
+    m.u.publish.size = 10;
+    m.u.publish.flags = PROTO_PUBLISH_NOREPLY;
+    unsigned before = f.a.replies;
+    request(&f, &f.a, &m);
+    cr_assert_eq(f.a.replies, before, "a NOREPLY publish replied");
+    cr_assert_eq(f.counters.publishes, 1);
+    acquire(&f, &f.b, token);
+    cr_assert_eq(f.b.last.op, PROTO_OP_ACQUIRE + PROTO_OP_REPLY, "acquire by the lease's token: %s", f.b.msg);
+    cr_assert_eq(memcmp(f.b.last.u.acquire_reply.token, token, PROTO_TOKEN_LEN), 0);
+    uint64_t hb = f.b.last.u.acquire_reply.handle;
+
+    m.id = 32; /* again: already published, an error with the id */
+    request(&f, &f.a, &m);
+    cr_assert_eq(f.a.replies, before + 1);
+    cr_assert_eq(f.a.code, EALREADY);
+    cr_assert_eq(f.a.last.id, 32);
+    release(&f, &f.a, h, 0);
+    release(&f, &f.b, hb, 0);
+
+    /* the next lease of the recycled buffer has a new token */
+    h = lease(&f, &f.a, 5000);
+    cr_assert_neq(memcmp(f.a.last.u.lease_reply.token, token, PROTO_TOKEN_LEN), 0);
+    release(&f, &f.a, h, 0);
+    fx_close(&f);
+}
+
 Test(broker, a_recycled_buffer_comes_at_once)
 {
     struct fx f;
