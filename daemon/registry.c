@@ -22,6 +22,7 @@ struct registry {
     struct registry_buf **buckets;
     uint32_t nbuckets, nhashed;
     struct registry_stats st;
+    struct registry_events ev;
     uint8_t stock[TOKEN_STOCK * PROTO_TOKEN_LEN]; /* random bytes not yet handed out */
     unsigned stock_left;                          /* tokens left in stock */
 };
@@ -32,6 +33,13 @@ static void on_pin(void *arg, uint32_t uid, int64_t delta)
 {
     struct registry *r = arg;
     quota_pin(r->quota, uid, delta);
+    if (delta < 0 && r->ev.freed)
+        r->ev.freed(r->ev.arg, NULL);
+}
+
+void registry_set_events(struct registry *r, const struct registry_events *ev)
+{
+    r->ev = ev ? *ev : (struct registry_events){ 0 };
 }
 
 int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct registry **ret)
@@ -163,6 +171,8 @@ static void give_back(struct registry *r, struct quota_ticket *charge, struct po
         r->st.drift++;
     if (pb)
         pool_put(r->pool, pb);
+    if (r->ev.freed)
+        r->ev.freed(r->ev.arg, NULL);
 }
 
 void registry_abandon(struct registry *r, struct quota_ticket *charge, struct pool_buf *pb)
@@ -173,6 +183,8 @@ void registry_abandon(struct registry *r, struct quota_ticket *charge, struct po
 /* buf_gone: the last reference went: credit the producer, recycle the buffer. */
 static void buf_gone(struct registry *r, struct registry_buf *b)
 {
+    if (b->waiting && r->ev.gone_waited)
+        r->ev.gone_waited(r->ev.arg, b);
     hash_remove(r, b); /* its token is forgotten: a recycled buffer gets a new one */
     if (b->published)
         r->st.published--;

@@ -17,6 +17,8 @@
 #include "proto.h"
 #include "quota.h"
 
+struct waiters_queue;
+
 struct registry_buf {
     struct pool_buf *pb;
     uint8_t token[PROTO_TOKEN_LEN];
@@ -35,6 +37,7 @@ struct registry_buf {
     struct registry_buf *hnext;
     uint64_t created_ms;    /* uv_now() at registry_buf_new, for status ages */
     int32_t producer_pid;   /* the leasing connection's pid, for status */
+    struct waiters_queue *waiting; /* acquires waiting for its publish (the broker's) */
 };
 
 struct registry_lease {
@@ -52,7 +55,18 @@ struct registry_holder {
 
 struct registry;
 
+/* registry_events: what the broker hears of. freed: a charge went back to a tenant, or a
+ * tenant's pinned bytes went down (quota or pool space may be free now); b is NULL.
+ * gone_waited: b, whose waiting queue is not empty, is about to go (unpublished). */
+typedef void (*registry_event_cb)(void *arg, struct registry_buf *b);
+struct registry_events {
+    registry_event_cb freed, gone_waited;
+    void *arg;
+};
+
 int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct registry **ret);
+/* registry_set_events: who hears of freed space and waited-for buffers (NULL: nobody). */
+void registry_set_events(struct registry *reg, const struct registry_events *ev);
 /* registry_end_retentions: drops every retention (at shutdown; timers close on the loop). */
 void registry_end_retentions(struct registry *reg);
 /* registry_free: ends every retention; holders must have been released first. */
