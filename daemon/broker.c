@@ -592,6 +592,244 @@ static void do_release(struct broker *bk, struct broker_peer *p, const struct pr
     p->ops->reply(p, &r, -1);
 }
 
+/* ---- batches: lease_many (all or nothing) and release_many ------------------------ */
+
+struct batch;
+struct batch_item {
+    struct batch *bt;
+    uint64_t size, csize;
+    uint64_t handle;             /* 0 until the lease is held */
+    struct registry_buf *buf;
+    struct quota_ticket charge;  /* until the registry takes it */
+};
+
+/* A lease_many in progress: its items are held (handles) as their buffers come, warm
+ * ones at once, new ones when made off the loop; the reply (or the error, which undoes
+ * every item) goes when the last one is in. */
+struct batch {
+    struct broker *broker;
+    struct broker_peer *peer;
+    uint32_t id, n, making;
+    int code;                    /* the first refusal, 0 if none */
+    char msg[PROTO_MAX_ERRMSG];
+    struct batch_item items[PROTO_MAX_BATCH];
+};
+
+static void batch_fail(struct batch *bt, uint32_t i, int code, const char *why)
+{
+    char a[UNITS_TEXT_MAX];
+    if (bt->code)
+        return; /* the first reason is the one told */
+    bt->code = code;
+    snprintf(bt->msg, sizeof(bt->msg), "lease_many item %u of %u (%s): %s; no lease of the batch was made", i,
+             bt->n, units_format(bt->items[i].size, a), why);
+}
+
+/* batch_hold: item it's buffer is here: register (the registry takes the charge) and hold. */
+static void batch_hold(struct batch *bt, struct batch_item *it, struct pool_buf *pb)
+{
+    struct broker *bk = bt->broker;
+    struct registry_buf *b = registry_buf_charged(bk->reg, pb, &it->charge, it->size);
+    if (!b) {
+        int e = errno;
+        registry_abandon(bk->reg, &it->charge, pb);
+        batch_fail(bt, (uint32_t)(it - bt->items), e, e == ENOMEM ? "daemon out of memory" : "no random token (getrandom)");
+        return;
+    }
+    if (registry_hold(bk->reg, &bt->peer->holder, b, true, &it->handle) < 0) {
+        registry_buf_drop(bk->reg, b);
+        it->handle = 0;
+        batch_fail(bt, (uint32_t)(it - bt->items), ENOMEM, "daemon out of memory");
+        return;
+    }
+    b->producer_pid = (int32_t)bt->peer->pid;
+    it->buf = b;
+}
+
+/* batch_done: every item is in: one reply with all of them, or every held item released
+ * and one error. */
+static void batch_done(struct batch *bt)
+{
+    struct broker *bk = bt->broker;
+    struct broker_peer *p = bt->peer;
+    if (bt->code || p->closing) {
+        for (uint32_t i = 0; i < bt->n; i++)
+            if (bt->items[i].handle)
+                registry_release(bk->reg, &p->holder, bt->items[i].handle); /* -ENOENT once reclaimed */
+        if (!p->closing)
+            refuse(bk, p, bt->id, bt->code, "lease_many", bt->msg);
+        free(bt);
+        return;
+    }
+    static struct proto_msg r; /* one loop thread */
+    int fds[PROTO_MAX_BATCH];
+    r = (struct proto_msg){ .op = PROTO_OP_LEASE_MANY + PROTO_OP_REPLY, .id = bt->id };
+    r.u.lease_many_reply.n = bt->n;
+    for (uint32_t i = 0; i < bt->n; i++) {
+        struct batch_item *it = &bt->items[i];
+        struct proto_item *o = &r.u.lease_many_reply.items[i];
+        o->handle = it->handle;
+        o->buf_id = it->buf->pb->id;
+        o->size = it->size;
+        o->capacity = it->buf->pb->size;
+        memcpy(o->token, it->buf->token, PROTO_TOKEN_LEN);
+        fds[i] = it->buf->pb->fd;
+    }
+    bk->counters->leases += bt->n;
+    p->ops->reply_many(p, &r, fds);
+    free(bt);
+}
+
+static void batch_created(struct pool *pool, struct pool_buf *pb, int err, void *data)
+{
+    struct batch_item *it = data;
+    struct batch *bt = it->bt;
+    struct broker *bk = bt->broker;
+    struct broker_peer *p = bt->peer;
+    (void)pool;
+    p->pending--;
+    bk->pending_bytes -= it->csize;
+    if (err < 0) {
+        registry_abandon(bk->reg, &it->charge, NULL);
+        batch_fail(bt, (uint32_t)(it - bt->items), err == -ENOSPC ? ENOSPC : -err, strerror(-err));
+    } else if (bt->code || p->closing || bk->stopping) {
+        registry_abandon(bk->reg, &it->charge, pb);
+    } else {
+        batch_hold(bt, it, pb);
+    }
+    if (--bt->making == 0)
+        batch_done(bt);
+    p->ops->unref(p);
+    broker_check(bk);
+}
+
+/* batch_item_start: charge item i and find its buffer (warm, or made off the loop).
+ * Returns false after batch_fail. */
+static bool batch_item_start(struct batch *bt, uint32_t i)
+{
+    struct broker *bk = bt->broker;
+    struct broker_peer *p = bt->peer;
+    struct batch_item *it = &bt->items[i];
+    char msg[PROTO_MAX_ERRMSG];
+    struct pool_cls cls;
+    if (pool_class(bk->pool, it->size, &cls) < 0) {
+        batch_fail(bt, i, EFBIG, "lease size beyond every size class");
+        return false;
+    }
+    it->csize = cls.size;
+    struct pool_buf *warm = pool_take_warm(bk->pool, &cls, p->uid);
+    int r = quota_take(bk->quota, p->uid, cls.size, &it->charge, msg, sizeof(msg));
+    if (r < 0) {
+        if (warm)
+            pool_untake(bk->pool, warm);
+        batch_fail(bt, i, -r, msg);
+        return false;
+    }
+    if (warm) {
+        batch_hold(bt, it, warm);
+        return !bt->code;
+    }
+    struct pool_buf *pb = NULL;
+    r = pool_get_class(bk->pool, &cls, p->uid, &pb, batch_created, it);
+    if (r == 1) {
+        p->ops->ref(p);
+        p->pending++;
+        bk->pending_bytes += cls.size;
+        bt->making++;
+        return true;
+    }
+    if (r == 0) {
+        batch_hold(bt, it, pb);
+        return !bt->code;
+    }
+    registry_abandon(bk->reg, &it->charge, NULL);
+    if (r == -ENOSPC)
+        pool_full_msg(bk, cls.size, msg, sizeof(msg));
+    else if (r == -EMFILE)
+        snprintf(msg, sizeof(msg), "daemon at its fd limit: its buffers hold %llu fds of the %llu it allows itself",
+                 (unsigned long long)pool_fds(bk->pool), (unsigned long long)pool_fd_budget(bk->pool));
+    else
+        snprintf(msg, sizeof(msg), "%s", strerror(-r));
+    batch_fail(bt, i, -r, msg);
+    return false;
+}
+
+static void do_lease_many(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
+{
+    uint32_t n = m->u.lease_many.n;
+    char msg[PROTO_MAX_ERRMSG], a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX];
+    if (m->u.lease_many.wait_ms) {
+        fail(p, m->id, EINVAL, "lease_many does not wait: its wait_ms must be 0 (lease one by one to wait)");
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t size = m->u.lease_many.sizes[i];
+        if (size == 0) {
+            fail(p, m->id, EINVAL, "lease_many item %u of %u: lease size must be at least 1 byte", i, n);
+            return;
+        }
+        if (size > bk->opt->max_lease_size) {
+            snprintf(msg, sizeof(msg), "lease_many item %u of %u: lease of %s (%llu bytes) exceeds the maximum "
+                     "lease size %s (%llu bytes)", i, n, units_format(size, a), (unsigned long long)size,
+                     units_format(bk->opt->max_lease_size, b), (unsigned long long)bk->opt->max_lease_size);
+            refuse(bk, p, m->id, EFBIG, "lease_many", msg);
+            return;
+        }
+    }
+    unsigned held = p->holder.leases + p->pending + p->parked;
+    if (held + n > bk->opt->max_leases) {
+        snprintf(msg, sizeof(msg), "too many leases on this connection: %u held, %u asked, limit %u", held, n,
+                 bk->opt->max_leases);
+        refuse(bk, p, m->id, EMFILE, "lease_many", msg);
+        return;
+    }
+    if (p->uid != 0 && p->uid != geteuid() &&
+        quota_buffers(bk->quota, p->uid) + n > pool_fd_budget(bk->pool) / 2) {
+        snprintf(msg, sizeof(msg), "uid %u holds %u buffers; %u more would pass its share of the daemon's fd "
+                 "budget (half of %llu); release buffers or raise LimitNOFILE", (unsigned)p->uid,
+                 quota_buffers(bk->quota, p->uid), n, (unsigned long long)pool_fd_budget(bk->pool));
+        refuse(bk, p, m->id, EMFILE, "lease_many", msg);
+        return;
+    }
+    struct batch *bt = calloc(1, sizeof(*bt));
+    if (!bt) {
+        fail(p, m->id, ENOMEM, "daemon out of memory");
+        return;
+    }
+    *bt = (struct batch){ .broker = bk, .peer = p, .id = m->id, .n = n };
+    for (uint32_t i = 0; i < n; i++) {
+        bt->items[i] = (struct batch_item){ .bt = bt, .size = m->u.lease_many.sizes[i] };
+        if (!batch_item_start(bt, i))
+            break;
+    }
+    if (bt->making == 0)
+        batch_done(bt); /* else the last buffer made finishes it */
+}
+
+static void do_release_many(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
+{
+    uint32_t n = m->u.release_many.n, bad = 0, unknown = UINT32_MAX;
+    for (uint32_t i = 0; i < n; i++) {
+        if (registry_release(bk->reg, &p->holder, m->u.release_many.handles[i]) == 0) {
+            bk->counters->releases++;
+        } else {
+            bad++;
+            if (unknown == UINT32_MAX)
+                unknown = i;
+        }
+    }
+    if (bad) {
+        fail(p, m->id, ENOENT, "no lease with handle %llu (item %u of %u) on this connection; %u of the %u "
+             "handles were unknown, the others were released",
+             (unsigned long long)m->u.release_many.handles[unknown], unknown, n, bad, n);
+        return;
+    }
+    if (m->u.release_many.flags & PROTO_RELEASE_NOREPLY)
+        return;
+    struct proto_msg r = { .op = PROTO_OP_RELEASE_MANY + PROTO_OP_REPLY, .id = m->id };
+    p->ops->reply(p, &r, -1);
+}
+
 bool broker_handle(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
 {
     switch (m->op) {
@@ -599,6 +837,8 @@ bool broker_handle(struct broker *bk, struct broker_peer *p, const struct proto_
     case PROTO_OP_PUBLISH: do_publish(bk, p, m); return true;
     case PROTO_OP_ACQUIRE: do_acquire(bk, p, m); return true;
     case PROTO_OP_RELEASE: do_release(bk, p, m); return true;
+    case PROTO_OP_LEASE_MANY: do_lease_many(bk, p, m); return true;
+    case PROTO_OP_RELEASE_MANY: do_release_many(bk, p, m); return true;
     default: return false;
     }
 }

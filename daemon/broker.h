@@ -30,6 +30,10 @@ struct broker_peer_ops {
     /* ref / unref: keep the peer's memory while a lease waits for a new buffer. */
     void (*ref)(struct broker_peer *p);
     void (*unref)(struct broker_peer *p);
+    /* reply_many: a lease_many reply m, fds[i] the buffer of item i (the fds stay the
+     * broker's); the peer sets each item's has_fd (fd-once) and sends the fds that travel,
+     * in item order, with the one message. */
+    void (*reply_many)(struct broker_peer *p, const struct proto_msg *m, const int *fds);
 };
 
 /* broker_peer: one client as the broker sees it. The owner fills ops, id, pid and uid,

@@ -28,6 +28,7 @@ struct fake {
     int code;                    /* of the last refusal, 0 if the last reply was not one */
     char msg[PROTO_MAX_ERRMSG + 1];
     uint8_t token[PROTO_TOKEN_LEN];
+    int fds[PROTO_MAX_BATCH];    /* of the last lease_many reply */
 };
 
 static void fake_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
@@ -53,7 +54,18 @@ static void fake_refuse(struct broker_peer *p, uint32_t id, int code, const char
 static void fake_ref(struct broker_peer *p) { ((struct fake *)p)->refs++; }
 static void fake_unref(struct broker_peer *p) { ((struct fake *)p)->refs--; }
 
-static const struct broker_peer_ops fake_ops = { fake_reply, fake_refuse, fake_ref, fake_unref };
+/* A lease_many reply: kept whole, with every item's fd (as if each travelled). */
+static void fake_reply_many(struct broker_peer *p, const struct proto_msg *m, const int *fds)
+{
+    struct fake *f = (struct fake *)p;
+    fake_reply(p, m, -1);
+    for (uint32_t i = 0; i < m->u.lease_many_reply.n; i++) {
+        f->last.u.lease_many_reply.items[i].has_fd = 1;
+        f->fds[i] = fds[i];
+    }
+}
+
+static const struct broker_peer_ops fake_ops = { fake_reply, fake_refuse, fake_ref, fake_unref, fake_reply_many };
 
 struct fx {
     uv_loop_t loop;
@@ -623,5 +635,107 @@ Test(broker, lease_waits_for_pool_space)
               f.b.msg);
     for (int i = 1; i < 4; i++)
         release(&f, &f.a, h[i], 0);
+    fx_close(&f);
+}
+
+/* ---- batches ----------------------------------------------------------------------- */
+
+static void lease_many(struct fx *f, struct fake *p, uint32_t id, const uint64_t *sizes, uint32_t n, uint32_t wait)
+{
+    struct proto_msg m = { .op = PROTO_OP_LEASE_MANY, .id = id };
+    m.u.lease_many.n = n;
+    memcpy(m.u.lease_many.sizes, sizes, n * sizeof(sizes[0]));
+    m.u.lease_many.wait_ms = wait;
+    request(f, p, &m);
+}
+
+static void release_many(struct fx *f, struct fake *p, uint32_t id, const uint64_t *handles, uint32_t n,
+                         uint32_t flags)
+{
+    struct proto_msg m = { .op = PROTO_OP_RELEASE_MANY, .id = id };
+    m.u.release_many.n = n;
+    memcpy(m.u.release_many.handles, handles, n * sizeof(handles[0]));
+    m.u.release_many.flags = flags;
+    request(f, p, &m);
+}
+
+Test(broker, lease_many_and_release_many)
+{
+    struct fx f;
+    fx_open(&f);
+    f.opt.max_leases = 32;
+    /* one warm (recycled) buffer, three made off the loop */
+    uint64_t h0 = lease(&f, &f.a, 8 * KiB);
+    release(&f, &f.a, h0, 0);
+    static const uint64_t sizes[] = { 8 * KiB, 100, MiB, 3 * MiB };
+    unsigned before = f.a.replies;
+    lease_many(&f, &f.a, 101, sizes, 4, 0);
+    cr_assert_eq(run_until(&f, &f.a, before + 1, 5000), before + 1);
+    cr_assert_eq(f.a.last.op, PROTO_OP_LEASE_MANY + PROTO_OP_REPLY, "lease_many: %s", f.a.msg);
+    cr_assert_eq(f.a.last.id, 101);
+    cr_assert_eq(f.a.last.u.lease_many_reply.n, 4);
+    uint64_t handles[4];
+    for (uint32_t i = 0; i < 4; i++) {
+        const struct proto_item *it = &f.a.last.u.lease_many_reply.items[i];
+        cr_assert_eq(it->size, sizes[i], "item %u", i);
+        cr_assert_geq(it->capacity, sizes[i]);
+        cr_assert_geq(f.a.fds[i], 0);
+        handles[i] = it->handle;
+        for (uint32_t j = 0; j < i; j++)
+            cr_assert_neq(memcmp(it->token, f.a.last.u.lease_many_reply.items[j].token, PROTO_TOKEN_LEN), 0);
+    }
+    cr_assert_eq(f.a.peer.holder.leases, 4);
+    cr_assert_eq(f.counters.leases, 5);
+    /* each item can be published under its token */
+    publish(&f, &f.a, handles[2], 10, 0);
+    cr_assert_eq(f.a.last.op, PROTO_OP_PUBLISH + PROTO_OP_REPLY, "%s", f.a.msg);
+
+    /* release_many: an unknown handle is named, the others are released */
+    uint64_t rel[3] = { handles[0], 12345, handles[1] };
+    release_many(&f, &f.a, 102, rel, 3, PROTO_RELEASE_NOREPLY);
+    cr_assert_eq(f.a.code, ENOENT);
+    cr_assert_eq(f.a.last.id, 102);
+    cr_assert(strstr(f.a.msg, "handle 12345 (item 1 of 3)"), "%s", f.a.msg);
+    cr_assert_eq(f.a.peer.holder.leases, 2);
+    before = f.a.replies;
+    release_many(&f, &f.a, 103, handles + 2, 2, PROTO_RELEASE_NOREPLY);
+    cr_assert_eq(f.a.replies, before, "a no-reply release_many replied");
+    cr_assert_eq(f.a.peer.holder.leases, 0);
+    h0 = lease(&f, &f.a, 100);
+    release_many(&f, &f.a, 104, &h0, 1, 0);
+    cr_assert_eq(f.a.last.op, PROTO_OP_RELEASE_MANY + PROTO_OP_REPLY);
+    cr_assert_eq(f.counters.releases, 6);
+    fx_close(&f);
+}
+
+/* All or nothing: a batch one of whose items passes the quota (16 MiB) makes no lease. */
+Test(broker, lease_many_is_all_or_nothing)
+{
+    struct fx f;
+    fx_open(&f);
+    f.opt.max_leases = 32;
+    static const uint64_t sizes[] = { MiB, 8 * MiB, 4 * MiB, 8 * MiB, 100 };
+    lease_many(&f, &f.a, 111, sizes, 5, 0);
+    run_until(&f, &f.a, f.a.replies + 1, 300); /* items still being made finish */
+    cr_assert_eq(f.a.code, EDQUOT, "%s", f.a.msg);
+    cr_assert_eq(f.a.last.id, 111);
+    cr_assert(strstr(f.a.msg, "lease_many item 3 of 5 (8.0 MiB): quota exceeded for uid 1000"), "%s", f.a.msg);
+    cr_assert(strstr(f.a.msg, "no lease of the batch was made"), "%s", f.a.msg);
+    cr_assert_eq(f.a.peer.holder.leases, 0);
+    cr_assert_eq(f.a.peer.pending, 0);
+    cr_assert_eq(quota_total(f.bk.quota), 0, "an undone batch kept a charge");
+    cr_assert_eq(f.counters.leases, 0);
+
+    /* limits checked before anything: count, size, wait */
+    f.opt.max_leases = 4;
+    lease_many(&f, &f.a, 112, sizes, 5, 0);
+    cr_assert_eq(f.a.code, EMFILE, "%s", f.a.msg);
+    static const uint64_t zero[] = { 1, 0 };
+    lease_many(&f, &f.a, 113, zero, 2, 0);
+    cr_assert_eq(f.a.code, EINVAL);
+    cr_assert(strstr(f.a.msg, "item 1 of 2"), "%s", f.a.msg);
+    lease_many(&f, &f.a, 114, sizes, 1, 100);
+    cr_assert_eq(f.a.code, EINVAL, "a waiting lease_many: %s", f.a.msg);
+    cr_assert_eq(quota_total(f.bk.quota), 0);
     fx_close(&f);
 }
