@@ -311,6 +311,9 @@ static void retry_leases(void *arg)
     unsigned tenants = 0;
     for (struct waiters_queue *q = ws->tenants_head; q; q = q->next)
         tenants++;
+    /* An attempt that fails gives back the charge it just took: that frees nothing, and
+     * must not kick another retry (which would spin while a lease waits for space). */
+    bk->retrying = true;
     for (unsigned t = 0; t < tenants && ws->tenants_head; t++) {
         struct waiters_queue *q = ws->tenants_head;
         for (;;) {
@@ -332,6 +335,7 @@ static void retry_leases(void *arg)
                 break;
         }
     }
+    bk->retrying = false;
     broker_check(bk);
 }
 
@@ -552,7 +556,8 @@ static void on_freed(void *arg, struct registry_buf *b)
 {
     (void)b;
     struct broker *bk = arg;
-    waiters_kick(&bk->waiters);
+    if (!bk->retrying)
+        waiters_kick(&bk->waiters);
 }
 
 void broker_start(struct broker *bk, uv_loop_t *loop)
@@ -611,7 +616,7 @@ struct batch {
     struct broker_peer *peer;
     uint32_t id, n, making;
     int code;                    /* the first refusal, 0 if none */
-    char msg[PROTO_MAX_ERRMSG];
+    char msg[2 * PROTO_MAX_ERRMSG]; /* room for a reason of PROTO_MAX_ERRMSG; cut when sent */
     struct batch_item items[PROTO_MAX_BATCH];
 };
 
@@ -621,8 +626,8 @@ static void batch_fail(struct batch *bt, uint32_t i, int code, const char *why)
     if (bt->code)
         return; /* the first reason is the one told */
     bt->code = code;
-    snprintf(bt->msg, sizeof(bt->msg), "lease_many item %u of %u (%s): %s; no lease of the batch was made", i,
-             bt->n, units_format(bt->items[i].size, a), why);
+    snprintf(bt->msg, sizeof(bt->msg), "lease_many item %u of %u (%s): %.*s; no lease of the batch was made", i,
+             bt->n, units_format(bt->items[i].size, a), PROTO_MAX_ERRMSG, why);
 }
 
 /* batch_hold: item it's buffer is here: register (the registry takes the charge) and hold. */

@@ -62,6 +62,7 @@ struct broker {
     bool drift_logged;
     uv_loop_t *loop;                /* set by broker_start: without it nothing waits */
     struct waiters waiters;         /* leases parked for quota or space, acquires for a publish */
+    bool retrying;                  /* in the retry of waiting leases: frees do not kick */
 };
 
 /* broker_start: the waiters (their timers on loop) and the registry's events. Until it

@@ -62,13 +62,17 @@ static void on_deadline(uv_timer_t *t)
 static void on_kick(uv_timer_t *t)
 {
     struct waiters *ws = t->data;
+    ws->retrying = true;
     if (ws->leases)
         ws->retry(ws->arg);
+    ws->retrying = false;
 }
 
+/* A kick from inside the retry is dropped: libuv runs a zero-delay timer restarted in
+ * its own callback again in the same turn, so it would never return to polling. */
 void waiters_kick(struct waiters *ws)
 {
-    if (ws->leases && ws->open && !uv_is_active((uv_handle_t *)&ws->kick))
+    if (ws->leases && ws->open && !ws->retrying && !uv_is_active((uv_handle_t *)&ws->kick))
         uv_timer_start(&ws->kick, on_kick, 0, 0);
 }
 

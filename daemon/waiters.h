@@ -54,6 +54,7 @@ struct waiters {
     unsigned n, leases;         /* waiters, and of those leases */
     struct waiters_queue *tenants_head, *tenants_tail; /* tenants with leases waiting */
     uint64_t armed_ms;          /* the deadline timer's target, 0 when stopped */
+    bool retrying;              /* in the retry callback: kicks are dropped */
 };
 
 void waiters_init(struct waiters *ws, uv_loop_t *loop, waiters_expire_cb expire, waiters_retry_cb retry,

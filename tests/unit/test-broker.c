@@ -608,7 +608,7 @@ Test(broker, lease_wait_times_out_with_the_numbers)
 }
 
 /* The pool is 64 MiB here: a waiting lease for pool space (another tenant holds it). */
-Test(broker, lease_waits_for_pool_space)
+Test(broker, lease_waits_for_pool_space, .timeout = 30)
 {
     struct fx f;
     fx_open(&f);
@@ -622,6 +622,10 @@ Test(broker, lease_waits_for_pool_space)
     lease_wait(&f, &f.b, 16 * MiB, 91, 5000);
     cr_assert_eq(f.b.replies, before, "%s", f.b.msg);
     cr_assert_eq(f.b.peer.parked, 1);
+    /* a retry that fails frees nothing: it must not kick itself again (a busy loop) */
+    broker_kick(&f.bk);
+    run_until(&f, &f.b, before + 1, 30);
+    cr_assert_not(uv_is_active((uv_handle_t *)&f.bk.waiters.kick), "the retry keeps kicking itself");
     release(&f, &f.a, h[0], 0);
     cr_assert_eq(run_until(&f, &f.b, before + 1, 3000), before + 1);
     cr_assert_eq(f.b.code, 0, "%s", f.b.msg);
