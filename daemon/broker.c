@@ -3,7 +3,10 @@
  * then the tenant's quota is charged (a ticket), then the pool is asked (warm buffer now,
  * or a new one reserved off the loop). The ticket travels with the lease into the
  * registry; every failure on the way hands it to registry_abandon, the same one place
- * that credits a buffer's charge at its end. */
+ * that credits a buffer's charge at its end. A lease refused EDQUOT/ENOSPC that asked to
+ * wait, and an acquire of a leased but unpublished token that asked to, are parked in
+ * bk->waiters (waiters.c) and served here when the registry says space freed or the
+ * buffer is published; batches (lease_many, release_many) come last in this file. */
 #include "broker.h"
 
 #include <errno.h>

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* broker.h: what each lease request means: the lease lifecycle (lease, publish, acquire,
- * release) and a disconnect's reclaim. Private to the daemon. The broker knows a client
+ * release, their batches, and waiting for quota, space or a publish) and a disconnect's
+ * reclaim. Private to the daemon. The broker knows a client
  * only as a struct broker_peer (a session embeds one; a unit test fakes one): it replies
  * through the peer's ops and never touches a socket. Every refusal is an error reply whose
  * message names the numbers; the broker never closes a connection. */
