@@ -137,6 +137,7 @@ static struct waiter *add(struct waiters *ws, void *owner, uint32_t id, uint32_t
         return NULL;
     w->owner = owner;
     w->id = id;
+    w->count = 1;
     w->wait_ms = wait_ms;
     w->since_ms = uv_now(ws->loop);
     w->deadline_ms = w->since_ms + wait_ms;
@@ -262,5 +263,6 @@ void waiters_remove(struct waiters *ws, struct waiter *w)
         uv_timer_stop(&ws->deadline);
         ws->armed_ms = 0;
     }
+    free(w->data);
     free(w);
 }

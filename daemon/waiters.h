@@ -26,6 +26,9 @@ struct waiter {
     uint32_t wait_ms;           /* the wait granted (for messages) */
     uint64_t size;              /* a lease: bytes asked */
     int blocked;                /* a lease: what it last met, EDQUOT or ENOSPC */
+    uint32_t count;             /* places under max-leases it takes (a batch: its leases) */
+    void *data;                 /* the owner's, freed with the waiter (a batch's sizes) */
+    bool busy;                  /* being tried (a batch whose buffers are being made) */
     struct waiter *prev, *next;   /* every waiter, in arrival order */
     struct waiter *qprev, *qnext; /* its queue */
     struct waiters_queue *q;
