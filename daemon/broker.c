@@ -708,6 +708,18 @@ static bool batch_done(struct batch *bt)
     struct broker *bk = bt->broker;
     struct broker_peer *p = bt->peer;
     struct waiter *w = bt->waiter;
+    /* The items' handles are the client's to guess (generation << 32 | slot) before the
+     * reply names them: one released meanwhile (release, release_many) took its buffer
+     * with it, which may be gone. Every item must still be held as it was, or the batch is
+     * undone like any other failure (never a reply naming a dead buffer). */
+    for (uint32_t i = 0; i < bt->n && !bt->code && !p->closing && !bt->expired; i++) {
+        struct registry_lease *l = bt->items[i].handle ? registry_lease_of(&p->holder, bt->items[i].handle) : NULL;
+        if (bt->items[i].handle && (!l || l->buf != bt->items[i].buf)) {
+            bt->items[i].handle = 0;
+            bt->hard = true; /* not a want of space: waiting would not cure it */
+            batch_fail(bt, i, EINVAL, "its handle was released before the lease_many reply named it");
+        }
+    }
     if (bt->code || p->closing || bt->expired) {
         for (uint32_t i = 0; i < bt->n; i++)
             if (bt->items[i].handle)
