@@ -27,6 +27,16 @@ struct transport_out {
     uint8_t data[];
 };
 
+/* A request received (with others, by one recvmmsg) after the transport reached a cap of
+ * fds in flight: held, and handled when the cap clears, so that no reply past the cap is
+ * made (a lease_many reply carries up to TRANSPORT_MAX_FDS fds: 16 of them read at once
+ * would be 512 fds in flight to a peer capped at 64). */
+struct transport_in {
+    struct transport_in *next;
+    size_t len;
+    uint8_t data[];
+};
+
 struct transport {
     uv_poll_t poll;
     int fd;
@@ -39,6 +49,7 @@ struct transport {
     void *ctx;
     struct transport_out *out_head, *out_tail;
     unsigned out_count;
+    struct transport_in *in_head, *in_tail; /* requests held at an fd cap, in order */
     /* fds in flight: fd-carrying replies sent that the peer may not have read yet (reset
      * when SIOCOUTQ shows nothing unread), capped per transport and, through *shared,
      * per group of transports (one uid's); at a cap the transport reads no requests. */
@@ -103,6 +114,11 @@ static void on_closed(uv_handle_t *h)
         for (unsigned i = 0; i < o->nfds; i++)
             close(o->fds[i]);
         free(o);
+    }
+    while (t->in_head) {
+        struct transport_in *i = t->in_head;
+        t->in_head = i->next;
+        free(i);
     }
     free(t);
 }
@@ -198,6 +214,10 @@ static void set_events(struct transport *t)
     /* (Not UV_DISCONNECT while paused: a peer's half-close is level-triggered and would
      * wake the loop forever; a full close still shows as an error when flushing.) */
     int ev = t->out_head ? UV_WRITABLE : UV_READABLE | UV_DISCONNECT;
+    /* Requests held at a cap that has cleared: handled on the next wake-up (a writable
+     * socket wakes the loop at once) before anything new is read. */
+    if (!t->out_head && t->in_head)
+        ev = UV_WRITABLE;
     /* A send that met ETOOMANYREFS, or a cap of fds in flight: wait for the timer (the
      * socket itself stays writable, so polling it would spin). */
     if (t->out_head && t->fd_wait)
@@ -441,31 +461,71 @@ static void framing_fault(struct transport *t, const char *why)
     end(t, TRANSPORT_END_FRAMING, why);
 }
 
-/* handle: one received message (n bytes in buf, control data in mh). */
-static void handle(struct transport *t, struct msghdr *mh, const uint8_t *buf, size_t n)
+/* admit: whether one received message (n bytes, control data in mh) is a request to
+ * handle; framing faults close the transport. */
+static bool admit(struct transport *t, struct msghdr *mh, size_t n)
 {
     char why[80];
     unsigned nfds = close_fds(t->poll.loop, mh);
     if (t->closing)
-        return; /* an earlier message of the batch closed it: only the fds mattered */
+        return false; /* an earlier message of the batch closed it: only the fds mattered */
     if (n == 0 && !(mh->msg_flags & MSG_CTRUNC) && nfds == 0) {
         end(t, TRANSPORT_END_PEER, NULL); /* EOF: the peer closed or died */
-        return;
+        return false;
     }
     if (mh->msg_flags & MSG_CTRUNC) {
         framing_fault(t, "truncated control data (too many fds sent)");
-        return;
+        return false;
     }
     if (nfds) {
         framing_fault(t, "unexpected file descriptors from client");
-        return;
+        return false;
     }
     if ((mh->msg_flags & MSG_TRUNC) || n > t->max_message) {
         snprintf(why, sizeof(why), "message larger than the %zu-byte limit", t->max_message);
         framing_fault(t, why);
+        return false;
+    }
+    return true;
+}
+
+/* hold: a request that came past an fd cap waits in t->in_head (drain handles it). */
+static void hold(struct transport *t, const uint8_t *buf, size_t n)
+{
+    struct transport_in *i = malloc(sizeof(*i) + n);
+    if (!i) {
+        end(t, TRANSPORT_END_FAILED, "out of memory holding a request");
         return;
     }
-    t->ops->on_message(t->ctx, buf, n);
+    i->next = NULL;
+    i->len = n;
+    memcpy(i->data, buf, n);
+    if (t->in_tail) t->in_tail->next = i; else t->in_head = i;
+    t->in_tail = i;
+}
+
+/* drain: the held requests, in order, while no cap is reached and no reply is queued. */
+static void drain(struct transport *t)
+{
+    while (t->in_head && !t->closing && !t->out_head && !fd_blocked(t)) {
+        struct transport_in *i = t->in_head;
+        if (!(t->in_head = i->next))
+            t->in_tail = NULL;
+        t->ops->on_message(t->ctx, i->data, i->len);
+        free(i);
+    }
+}
+
+/* handle: one received message (n bytes in buf, control data in mh): handled now, or held
+ * when the transport is at an fd cap (or already holds requests: order is kept). */
+static void handle(struct transport *t, struct msghdr *mh, const uint8_t *buf, size_t n)
+{
+    if (!admit(t, mh, n))
+        return;
+    if (t->in_head || fd_blocked(t))
+        hold(t, buf, n);
+    else
+        t->ops->on_message(t->ctx, buf, n);
 }
 
 /* read_batch: receive up to TRANSPORT_BATCH messages with one recvmmsg and handle them
@@ -497,7 +557,7 @@ static int read_batch(struct transport *t, unsigned max)
     }
     for (int i = 0; i < n; i++)
         handle(t, &mm[i].msg_hdr, rbuf[i], mm[i].msg_len);
-    return n == (int)max && !t->closing && !t->out_head;
+    return n == (int)max && !t->closing && !t->out_head && !t->in_head;
 }
 
 static void on_poll(uv_poll_t *p, int status, int events)
@@ -517,13 +577,18 @@ static void on_poll(uv_poll_t *p, int status, int events)
         if (!t->fd_unread)
             arm_recheck(t, false); /* stops the recheck: the peer has read everything */
     }
+    bool held = t->in_head != NULL;
+    if (held)
+        drain(t);
     /* A few batches per wake-up at most: other clients get their turn. */
-    if (!t->closing && !t->out_head && !fd_blocked(t) && (events & (UV_READABLE | UV_DISCONNECT))) {
+    if (!t->closing && !t->out_head && !t->in_head && !fd_blocked(t) && (events & (UV_READABLE | UV_DISCONNECT))) {
         for (int i = 0; i < 4 && !fd_blocked(t) && read_batch(t, shared_full(t) ? 1 : TRANSPORT_BATCH); i++)
             ;
     }
     if (!t->closing && !t->out_head && fd_blocked(t)) {
         set_events(t); /* stops reading until the recheck finds the replies read */
         arm_recheck(t, false);
+    } else if (held && !t->closing) {
+        set_events(t); /* back to reading once nothing is held */
     }
 }
