@@ -269,6 +269,38 @@ static bool park_lease(struct broker *bk, struct broker_peer *p, uint32_t id, ui
     return true;
 }
 
+/* beyond_all: a waiting lease (n sizes: a batch waits as a unit) asks more than the
+ * tenant's whole quota or the whole pool: waiting cannot cure that, so it is refused at
+ * once (and never holds up its tenant's later waiters). Returns true after refusing. */
+static bool beyond_all(struct broker *bk, struct broker_peer *p, uint32_t id, const uint64_t *sizes, uint32_t n,
+                       const char *what)
+{
+    char msg[PROTO_MAX_ERRMSG], a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX];
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        struct pool_cls cls;
+        if (pool_class(bk->pool, sizes[i], &cls) < 0)
+            return false; /* the attempt refuses it (EFBIG) */
+        sum += cls.size;
+    }
+    uint64_t quota = quota_limit(bk->quota, p->uid), cap = pool_cap(bk->pool);
+    if (sum > quota) {
+        snprintf(msg, sizeof(msg), "%s of %s (%llu bytes, size classes included) is more than uid %u's whole quota "
+                 "%s (%llu bytes): waiting cannot make it fit", what, units_format(sum, a), (unsigned long long)sum,
+                 (unsigned)p->uid, units_format(quota, b), (unsigned long long)quota);
+        refuse(bk, p, id, EDQUOT, what, msg);
+        return true;
+    }
+    if (sum > cap) {
+        snprintf(msg, sizeof(msg), "%s of %s (%llu bytes, size classes included) is more than the whole pool "
+                 "%s (%llu bytes): waiting cannot make it fit", what, units_format(sum, a), (unsigned long long)sum,
+                 units_format(cap, b), (unsigned long long)cap);
+        refuse(bk, p, id, ENOSPC, what, msg);
+        return true;
+    }
+    return false;
+}
+
 static void do_lease(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
 {
     uint64_t size = m->u.lease.size;
@@ -290,6 +322,8 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     uint32_t wait = bk->loop ? m->u.lease.wait_ms : 0;
     if (wait > PROTO_MAX_LEASE_WAIT_MS)
         wait = PROTO_MAX_LEASE_WAIT_MS;
+    if (wait && beyond_all(bk, p, m->id, &size, 1, "lease"))
+        return;
     /* FIFO within a tenant: a waiting lease never overtakes its tenant's earlier waiters. */
     struct waiters_queue *q = wait ? waiters_tenant(&bk->waiters, p->uid) : NULL;
     if (q && park_lease(bk, p, m->id, size, q->tail->blocked, wait))
@@ -910,6 +944,8 @@ static void do_lease_many(struct broker *bk, struct broker_peer *p, const struct
         batch_start(bk, p, m->id, n, m->u.lease_many.sizes, NULL);
         return;
     }
+    if (beyond_all(bk, p, m->id, m->u.lease_many.sizes, n, "lease_many"))
+        return;
     /* A waiting batch waits as a unit: parked first (FIFO behind its tenant's earlier
      * waiters), then tried; refused EDQUOT/ENOSPC, it stays parked and is tried again
      * whole when space frees. */

@@ -514,3 +514,47 @@ Test(hostile_v2, lease_many_never_read_stalls_only_its_client, .timeout = 120)
     close(good);
     daemon_stop(&d);
 }
+
+/* ---- a waiting lease that can never fit -------------------------------------------- */
+
+/* A lease larger than the tenant's whole quota (or the pool) cannot be cured by waiting:
+ * refused at once, and it never holds up the tenant's later waiting leases. */
+Test(hostile_v2, a_waiting_lease_beyond_the_whole_quota_is_refused_at_once, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--tenant-quota", "1M", NULL);
+    int fd = rv_connect(&d, PROTO_FEAT_NOREPLY_RELEASE);
+    long t0 = now_ms();
+    rv_lease_send(fd, 10, 2 * MiB, 20000);
+    rv_lease_send(fd, 11, 64 * KiB, 20000);
+    uint64_t sizes[2] = { 768 * KiB, 768 * KiB };
+    lease_many_send(fd, 12, 2, sizes, 20000);
+    char text[PROTO_MAX_ERRMSG + 1];
+    rv_expect_error(fd, 20000, 10, EDQUOT, text, sizeof(text), "a waiting lease beyond the whole quota");
+    cr_assert_lt(now_ms() - t0, 2000, "refused only after %ld ms: it waited for what can never come: %s",
+                 now_ms() - t0, text);
+    /* the next two in either order (the 64 KiB lease's buffer is made off the loop) */
+    uint64_t h = 0;
+    bool got11 = false, got12 = false;
+    for (int k = 0; k < 2; k++) {
+        struct proto_msg r;
+        cr_assert_gt(rv_recv(fd, 5000, &r), 0, "reply %d", k);
+        if (r.id == 11) {
+            cr_assert_eq(r.op, PROTO_OP_LEASE + PROTO_OP_REPLY, "the tenant's next waiting lease: %.*s",
+                         (int)r.u.error.msg_len, r.u.error.msg);
+            h = r.u.lease_reply.handle;
+            got11 = true;
+        } else {
+            cr_assert_eq(r.id, 12);
+            cr_assert_eq(r.op, PROTO_OP_ERROR);
+            cr_assert_eq(r.u.error.code, EDQUOT, "lease_many: %.*s", (int)r.u.error.msg_len, r.u.error.msg);
+            got12 = true;
+        }
+    }
+    cr_assert(got11 && got12);
+    cr_assert_lt(now_ms() - t0, 2000, "served after %ld ms", now_ms() - t0);
+    rv_release_send(fd, 13, h);
+    cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, 5000), 0);
+    close(fd);
+    daemon_stop(&d);
+}
