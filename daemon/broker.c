@@ -422,6 +422,9 @@ static void lease_expired(struct broker *bk, struct waiter *w)
     uint32_t id = w->id;
     p->parked -= w->count;
     waiters_remove(&bk->waiters, w);
+    /* It may have been its tenant's blocked head: the ones behind it may fit now, though
+     * nothing freed. */
+    waiters_kick(&bk->waiters);
     if (!p->closing)
         refuse(bk, p, id, ETIMEDOUT, "lease", msg);
 }
@@ -1029,15 +1032,19 @@ void broker_unmapped(struct broker *bk, struct broker_peer *p, uint64_t buf_id)
 uint32_t broker_disconnect(struct broker *bk, struct broker_peer *p)
 {
     /* Its waiters go first, silently (nothing was charged for them). */
+    bool leases = false;
     for (struct waiter *w = bk->waiters.head, *nx; w && p->parked; w = nx) {
         nx = w->next;
         if (w->owner == p) {
             if (w->data)
                 batch_detach(w);
+            leases = leases || !w->acquire;
             p->parked -= w->count;
             waiters_remove(&bk->waiters, w);
         }
     }
+    if (leases) /* a tenant's blocked head may have gone: the ones behind it may fit */
+        waiters_kick(&bk->waiters);
     uint32_t n = registry_release_all(bk->reg, &p->holder);
     if (n) {
         bk->counters->reclaimed_leases += n;

@@ -558,3 +558,47 @@ Test(hostile_v2, a_waiting_lease_beyond_the_whole_quota_is_refused_at_once, .tim
     close(fd);
     daemon_stop(&d);
 }
+
+/* ---- the head of a tenant's queue goes: the ones behind it are tried --------------- */
+
+/* FIFO: a small waiting lease that would fit queues behind a big one that does not. When
+ * the big one leaves the queue without anything freeing (its wait runs out, or its
+ * connection closes holding nothing), the small one must be tried then, not at the next
+ * free or its own timeout. */
+Test(hostile_v2, a_waiter_behind_a_head_that_goes_is_tried_at_once, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--tenant-quota", "1M", NULL);
+    int holder = rv_connect(&d, PROTO_FEAT_NOREPLY_RELEASE);
+    uint64_t h = rv_lease(holder, 1, 512 * KiB, NULL);
+    int big = rv_connect(&d, PROTO_FEAT_NOREPLY_RELEASE), small = rv_connect(&d, PROTO_FEAT_NOREPLY_RELEASE);
+    struct proto_msg r;
+
+    /* the head's wait runs out */
+    rv_lease_send(big, 10, MiB, 500);
+    cr_assert_eq(wait_status(&d, "counters.lease_waits", 1, 5000), 1);
+    rv_lease_send(small, 20, 64 * KiB, 20000);
+    cr_assert_eq(wait_status(&d, "counters.lease_waits", 2, 5000), 2);
+    rv_expect_error(big, 5000, 10, ETIMEDOUT, NULL, 0, "the big head's wait");
+    long t0 = now_ms();
+    rv_expect(small, 10000, PROTO_OP_LEASE + PROTO_OP_REPLY, 20, &r, "the small lease behind it");
+    cr_assert_lt(now_ms() - t0, 1500, "served %ld ms after the head timed out", now_ms() - t0);
+    rv_release_send(small, 21, r.u.lease_reply.handle);
+
+    /* the head's connection closes, holding nothing */
+    rv_lease_send(big, 11, MiB, 30000);
+    cr_assert_eq(wait_status(&d, "counters.lease_waits", 3, 5000), 3);
+    rv_lease_send(small, 22, 64 * KiB, 20000);
+    cr_assert_eq(wait_status(&d, "counters.lease_waits", 4, 5000), 4);
+    rv_nothing(small, 200, "the small lease behind a big head");
+    close(big);
+    t0 = now_ms();
+    rv_expect(small, 10000, PROTO_OP_LEASE + PROTO_OP_REPLY, 22, &r, "the small lease once the head went");
+    cr_assert_lt(now_ms() - t0, 1500, "served %ld ms after the head's connection closed", now_ms() - t0);
+    rv_release_send(small, 23, r.u.lease_reply.handle);
+    rv_release_send(holder, 2, h);
+    cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, 5000), 0);
+    close(small);
+    close(holder);
+    daemon_stop(&d);
+}
