@@ -65,7 +65,7 @@ static void send_buffer(struct broker_peer *p, uint32_t id, uint64_t handle, str
     struct proto_msg r = { .op = PROTO_OP_LEASE + PROTO_OP_REPLY, .id = id };
     r.u.lease_reply.handle = handle;
     r.u.lease_reply.buf_id = b->pb->id;
-    memcpy(r.u.lease_reply.token, b->token, PROTO_TOKEN_LEN); /* zeros until published (interim) */
+    memcpy(r.u.lease_reply.token, b->token, PROTO_TOKEN_LEN); /* given at lease, kept at publish */
     r.u.lease_reply.size = b->size;
     r.u.lease_reply.capacity = b->pb->size;
     if (b->published) {
@@ -85,8 +85,12 @@ static void lease_finish(struct broker *bk, struct broker_peer *p, uint32_t id, 
     uint64_t handle;
     struct registry_buf *b = registry_buf_charged(bk->reg, pb, charge, size);
     if (!b) {
+        int e = errno;
         registry_abandon(bk->reg, charge, pb);
-        fail(p, id, ENOMEM, "daemon out of memory");
+        if (e == ENOMEM)
+            fail(p, id, ENOMEM, "daemon out of memory");
+        else
+            fail(p, id, e, "no random token for the lease: getrandom: %s", strerror(e));
         return;
     }
     if (registry_hold(bk->reg, &p->holder, b, true, &handle) < 0) {
@@ -133,11 +137,14 @@ static void lease_created(struct pool *pool, struct pool_buf *pb, int err, void 
 
 static bool leases_left(struct broker *bk, struct broker_peer *p, uint32_t id, const char *what)
 {
-    if (p->holder.leases + p->pending < bk->opt->max_leases)
+    unsigned n = p->holder.leases + p->pending + p->parked;
+    if (n < bk->opt->max_leases)
         return true;
-    char msg[PROTO_MAX_ERRMSG];
-    snprintf(msg, sizeof(msg), "too many leases on this connection: %u held, limit %u",
-             p->holder.leases + p->pending, bk->opt->max_leases);
+    char msg[PROTO_MAX_ERRMSG], parked[64] = "";
+    if (p->parked)
+        snprintf(parked, sizeof(parked), " (%u of them waiting)", p->parked);
+    snprintf(msg, sizeof(msg), "too many leases on this connection: %u held%s, limit %u", n, parked,
+             bk->opt->max_leases);
     refuse(bk, p, id, EMFILE, what, msg);
     return false;
 }
@@ -162,24 +169,27 @@ static bool fd_share_left(struct broker *bk, struct broker_peer *p, uint32_t id)
     return false;
 }
 
-/* lease_refused: the pool said no to a charged lease (its charge is already back). */
-static void lease_refused(struct broker *bk, struct broker_peer *p, uint32_t id, int r, uint64_t csize)
+/* pool_full_msg: why a buffer of csize bytes does not fit in the pool, with the numbers. */
+static void pool_full_msg(struct broker *bk, uint64_t csize, char *msg, size_t cap)
 {
-    char msg[PROTO_MAX_ERRMSG], a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], d[UNITS_TEXT_MAX];
-    if (r == -ENOSPC) {
-        struct registry_stats st = registry_stats(bk->reg);
-        char e[UNITS_TEXT_MAX], pinned[160] = "";
-        uint64_t pin = pool_bytes_pinned(bk->pool);
-        if (pin)
-            snprintf(pinned, sizeof(pinned), ", and %s (%llu bytes) pinned (retired buffers that clients still map)",
-                     units_format(pin, e), (unsigned long long)pin);
-        snprintf(msg, sizeof(msg),
-                 "pool full: %s (%llu bytes) held%s of %s (%llu bytes); a %s (%llu bytes) buffer does not fit",
-                 units_format(st.bytes, a), (unsigned long long)st.bytes, pinned,
-                 units_format(pool_cap(bk->pool), b), (unsigned long long)pool_cap(bk->pool),
-                 units_format(csize, d), (unsigned long long)csize);
-        refuse(bk, p, id, ENOSPC, "lease", msg);
-    } else if (r == -EMFILE) {
+    char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], d[UNITS_TEXT_MAX], e[UNITS_TEXT_MAX], pinned[160] = "";
+    struct registry_stats st = registry_stats(bk->reg);
+    uint64_t pin = pool_bytes_pinned(bk->pool);
+    if (pin)
+        snprintf(pinned, sizeof(pinned), ", and %s (%llu bytes) pinned (retired buffers that clients still map)",
+                 units_format(pin, e), (unsigned long long)pin);
+    snprintf(msg, cap, "pool full: %s (%llu bytes) held%s of %s (%llu bytes); a %s (%llu bytes) buffer does not fit",
+             units_format(st.bytes, a), (unsigned long long)st.bytes, pinned,
+             units_format(pool_cap(bk->pool), b), (unsigned long long)pool_cap(bk->pool),
+             units_format(csize, d), (unsigned long long)csize);
+}
+
+/* lease_refused: the pool said no (other than ENOSPC) to a charged lease (its charge is
+ * already back). */
+static void lease_refused(struct broker *bk, struct broker_peer *p, uint32_t id, int r)
+{
+    char msg[PROTO_MAX_ERRMSG];
+    if (r == -EMFILE) {
         snprintf(msg, sizeof(msg),
                  "daemon at its fd limit: its buffers hold %llu fds of the %llu it allows itself "
                  "(three quarters of RLIMIT_NOFILE); release buffers or raise LimitNOFILE",
@@ -188,6 +198,72 @@ static void lease_refused(struct broker *bk, struct broker_peer *p, uint32_t id,
     } else {
         fail(p, id, -r, "lease failed: %s", strerror(-r));
     }
+}
+
+/* lease_try: one attempt at a lease that passed the request's checks (size, max-leases).
+ * Returns 0 when the lease is answered: served, on its way (a new buffer is being made),
+ * or refused with a reply; or -EDQUOT / -ENOSPC with nothing sent and the refusal's text
+ * in msg: the caller refuses, or parks the lease until quota or space frees. */
+static int lease_try(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, char *msg, size_t cap)
+{
+    struct pool_cls cls;
+    if (pool_class(bk->pool, size, &cls) < 0) {
+        refuse(bk, p, id, EFBIG, "lease", "lease size beyond every size class");
+        return 0;
+    }
+    if (!fd_share_left(bk, p, id))
+        return 0;
+    /* A warm buffer first: if this tenant's clients still map it, its bytes are charged
+     * as pinned until it is taken, and must not count twice against the quota. */
+    struct pool_buf *warm = pool_take_warm(bk->pool, &cls, p->uid);
+    struct quota_ticket charge;
+    int r = quota_take(bk->quota, p->uid, cls.size, &charge, msg, cap);
+    if (r < 0) {
+        if (warm)
+            pool_untake(bk->pool, warm);
+        if (r == -EDQUOT)
+            return r;
+        refuse(bk, p, id, -r, "lease", msg);
+        return 0;
+    }
+    if (warm) {
+        lease_finish(bk, p, id, warm, size, &charge);
+        return 0;
+    }
+    struct pending_lease *pl = malloc(sizeof(*pl));
+    struct pool_buf *pb = NULL;
+    if (pl)
+        *pl = (struct pending_lease){ .broker = bk, .peer = p, .id = id, .size = size, .charge = charge };
+    r = pl ? pool_get_class(bk->pool, &cls, p->uid, &pb, lease_created, pl) : -ENOMEM;
+    if (r == 1) {
+        p->ops->ref(p);
+        p->pending++;
+        bk->pending_bytes += cls.size;
+        return 0;
+    }
+    free(pl);
+    if (r == 0) {
+        lease_finish(bk, p, id, pb, size, &charge);
+        return 0;
+    }
+    registry_abandon(bk->reg, &charge, NULL);
+    if (r == -ENOSPC) {
+        pool_full_msg(bk, cls.size, msg, cap);
+        return r;
+    }
+    lease_refused(bk, p, id, r);
+    return 0;
+}
+
+/* park_lease: the lease waits (FIFO behind its tenant's earlier waiters). false: no memory. */
+static bool park_lease(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, int blocked,
+                       uint32_t wait_ms)
+{
+    if (!waiters_park_lease(&bk->waiters, p, id, p->uid, size, blocked, wait_ms))
+        return false;
+    p->parked++;
+    bk->counters->lease_waits++;
+    return true;
 }
 
 static void do_lease(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
@@ -208,47 +284,87 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     }
     if (!leases_left(bk, p, m->id, "lease"))
         return;
-    struct pool_cls cls;
-    if (pool_class(bk->pool, size, &cls) < 0) {
-        refuse(bk, p, m->id, EFBIG, "lease", "lease size beyond every size class");
+    uint32_t wait = bk->loop ? m->u.lease.wait_ms : 0;
+    if (wait > PROTO_MAX_LEASE_WAIT_MS)
+        wait = PROTO_MAX_LEASE_WAIT_MS;
+    /* FIFO within a tenant: a waiting lease never overtakes its tenant's earlier waiters. */
+    struct waiters_queue *q = wait ? waiters_tenant(&bk->waiters, p->uid) : NULL;
+    if (q && park_lease(bk, p, m->id, size, q->tail->blocked, wait))
         return;
-    }
-    if (!fd_share_left(bk, p, m->id))
+    int r = lease_try(bk, p, m->id, size, msg, sizeof(msg));
+    if (r == 0)
         return;
-    /* A warm buffer first: if this tenant's clients still map it, its bytes are charged
-     * as pinned until it is taken, and must not count twice against the quota. */
-    struct pool_buf *warm = pool_take_warm(bk->pool, &cls, p->uid);
-    struct quota_ticket charge;
-    int r = quota_take(bk->quota, p->uid, cls.size, &charge, msg, sizeof(msg));
-    if (r < 0) {
-        if (warm)
-            pool_untake(bk->pool, warm);
-        refuse(bk, p, m->id, -r, "lease", msg);
+    if (wait && park_lease(bk, p, m->id, size, -r, wait))
         return;
-    }
-    if (warm) {
-        lease_finish(bk, p, m->id, warm, size, &charge);
-        return;
-    }
-    struct pending_lease *pl = malloc(sizeof(*pl));
-    struct pool_buf *pb = NULL;
-    if (pl)
-        *pl = (struct pending_lease){ .broker = bk, .peer = p, .id = m->id, .size = size, .charge = charge };
-    r = pl ? pool_get_class(bk->pool, &cls, p->uid, &pb, lease_created, pl) : -ENOMEM;
-    if (r == 1) {
-        p->ops->ref(p);
-        p->pending++;
-        bk->pending_bytes += cls.size;
-        return;
-    }
-    free(pl);
-    if (r == 0) {
-        lease_finish(bk, p, m->id, pb, size, &charge);
-        return;
-    }
-    registry_abandon(bk->reg, &charge, NULL);
-    lease_refused(bk, p, m->id, r, cls.size);
+    refuse(bk, p, m->id, -r, "lease", msg);
 }
+
+/* retry_leases: quota or pool space may have freed: each tenant's waiting leases are
+ * tried in order until one is still blocked (FIFO: the rest stay behind it); a tenant's
+ * blocked head never stops another tenant's. Tenants served go to the back, so space that
+ * frees a little at a time is shared in turn. */
+static void retry_leases(void *arg)
+{
+    struct broker *bk = arg;
+    struct waiters *ws = &bk->waiters;
+    char msg[PROTO_MAX_ERRMSG];
+    unsigned tenants = 0;
+    for (struct waiters_queue *q = ws->tenants_head; q; q = q->next)
+        tenants++;
+    for (unsigned t = 0; t < tenants && ws->tenants_head; t++) {
+        struct waiters_queue *q = ws->tenants_head;
+        for (;;) {
+            struct waiter *w = q->head;
+            struct broker_peer *p = w->owner;
+            bool last = w->qnext == NULL;
+            p->parked--; /* its place under max-leases goes to the lease, whatever comes */
+            if (!p->closing) {
+                int r = lease_try(bk, p, w->id, w->size, msg, sizeof(msg));
+                if (r < 0) { /* still blocked: the rest of this tenant stays behind it */
+                    p->parked++;
+                    w->blocked = -r;
+                    waiters_tenant_last(ws, q);
+                    break;
+                }
+            }
+            waiters_remove(ws, w); /* frees q with its last waiter */
+            if (last)
+                break;
+        }
+    }
+    broker_check(bk);
+}
+
+/* lease_expired: a waiting lease's deadline passed: ETIMEDOUT with the numbers. */
+static void lease_expired(struct broker *bk, struct waiter *w)
+{
+    struct broker_peer *p = w->owner;
+    char msg[PROTO_MAX_ERRMSG], a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], c[UNITS_TEXT_MAX];
+    uint64_t waited = uv_now(bk->loop) - w->since_ms;
+    bk->counters->lease_wait_timeouts++;
+    if (w->blocked == ENOSPC) {
+        struct registry_stats st = registry_stats(bk->reg);
+        uint64_t held = st.bytes + pool_bytes_pinned(bk->pool);
+        snprintf(msg, sizeof(msg),
+                 "lease of %s (%llu bytes) waited %llu ms for pool space: the pool holds %s (%llu bytes) of its %s "
+                 "(%llu bytes)", units_format(w->size, a), (unsigned long long)w->size, (unsigned long long)waited,
+                 units_format(held, b), (unsigned long long)held, units_format(pool_cap(bk->pool), c),
+                 (unsigned long long)pool_cap(bk->pool));
+    } else {
+        uint64_t held = quota_held(bk->quota, p->uid), limit = quota_limit(bk->quota, p->uid);
+        snprintf(msg, sizeof(msg),
+                 "lease of %s (%llu bytes) waited %llu ms for quota: uid %u holds %s (%llu bytes) of its %s quota",
+                 units_format(w->size, a), (unsigned long long)w->size, (unsigned long long)waited,
+                 (unsigned)p->uid, units_format(held, b), (unsigned long long)held, units_format(limit, c));
+    }
+    uint32_t id = w->id;
+    p->parked--;
+    waiters_remove(&bk->waiters, w);
+    if (!p->closing)
+        refuse(bk, p, id, ETIMEDOUT, "lease", msg);
+}
+
+static void serve_acquires(struct broker *bk, struct registry_buf *b);
 
 /* publish_seal: a sealed publish: F_SEAL_WRITE on the buffer before it gets a token.
  * Returns false after refusing. */
@@ -311,39 +427,37 @@ static void do_publish(struct broker *bk, struct broker_peer *p, const struct pr
         return;
     }
     bk->counters->publishes++;
-    struct proto_msg rep = { .op = PROTO_OP_PUBLISH + PROTO_OP_REPLY, .id = m->id };
-    memcpy(rep.u.publish_reply.token, b->token, PROTO_TOKEN_LEN);
-    rep.u.publish_reply.size = b->size;
-    p->ops->reply(p, &rep, -1);
+    /* NOREPLY: the producer knows the token from the lease reply */
+    if (!(m->u.publish.flags & PROTO_PUBLISH_NOREPLY)) {
+        struct proto_msg rep = { .op = PROTO_OP_PUBLISH + PROTO_OP_REPLY, .id = m->id };
+        memcpy(rep.u.publish_reply.token, b->token, PROTO_TOKEN_LEN);
+        rep.u.publish_reply.size = b->size;
+        p->ops->reply(p, &rep, -1);
+    }
+    serve_acquires(bk, b); /* after sealing, for a sealed publish */
 }
 
-static void do_acquire(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
+/* acquire_buf: an acquire of published buffer b, every check made now (also for an acquire
+ * that waited for the publish). */
+static void acquire_buf(struct broker *bk, struct broker_peer *p, uint32_t id, struct registry_buf *b)
 {
-    struct registry_buf *b = registry_find(bk->reg, m->u.acquire.token);
     uint64_t handle;
-
-    if (!b) {
-        fail(p, m->id, ENOENT,
-             "no published buffer for this descriptor (never published, released by every "
-             "holder, or its retention ran out)");
-        return;
-    }
-    if (!leases_left(bk, p, m->id, "acquire"))
+    if (!leases_left(bk, p, id, "acquire"))
         return;
     char msg[PROTO_MAX_ERRMSG];
     if (p->uid != b->tenant && quota_check_pinned(bk->quota, p->uid, msg, sizeof(msg)) < 0) {
-        refuse(bk, p, m->id, EDQUOT, "acquire", msg);
+        refuse(bk, p, id, EDQUOT, "acquire", msg);
         return;
     }
     int fd = pool_ro_fd(bk->pool, b->pb);
     if (fd < 0) {
         log_error("cannot open a read-only fd of buffer %llu: %s", (unsigned long long)b->pb->id,
                   strerror(-fd));
-        fail(p, m->id, -fd, "cannot open the buffer read-only: %s", strerror(-fd));
+        fail(p, id, -fd, "cannot open the buffer read-only: %s", strerror(-fd));
         return;
     }
     if (registry_hold(bk->reg, &p->holder, b, false, &handle) < 0) {
-        fail(p, m->id, ENOMEM, "daemon out of memory");
+        fail(p, id, ENOMEM, "daemon out of memory");
         return;
     }
     /* Another tenant will have mapped it: never hand it to its producer's next lease. */
@@ -351,7 +465,117 @@ static void do_acquire(struct broker *bk, struct broker_peer *p, const struct pr
         b->pb->foreign = true;
     registry_acquired(bk->reg, b);
     bk->counters->acquires++;
-    send_buffer(p, m->id, handle, b, fd);
+    send_buffer(p, id, handle, b, fd);
+}
+
+static void do_acquire(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
+{
+    struct registry_buf *b = registry_find(bk->reg, m->u.acquire.token);
+    if (b) {
+        acquire_buf(bk, p, m->id, b);
+        return;
+    }
+    uint32_t wait = bk->loop ? m->u.acquire.wait_ms : 0;
+    if (wait > PROTO_MAX_ACQUIRE_WAIT_MS)
+        wait = PROTO_MAX_ACQUIRE_WAIT_MS;
+    /* Leased under this token, not published yet: wait for its publish (the consumer may
+     * have the descriptor before the producer's one-way publish reached us). */
+    b = wait ? registry_find_writing(bk->reg, m->u.acquire.token) : NULL;
+    if (!b) {
+        fail(p, m->id, ENOENT,
+             "no published buffer for this descriptor (never published, released by every "
+             "holder, or its retention ran out)");
+        return;
+    }
+    if (!leases_left(bk, p, m->id, "acquire"))
+        return; /* a parked acquire takes a place under max-leases, as a lease does */
+    if (!waiters_park_acquire(&bk->waiters, p, m->id, &b->waiting, wait)) {
+        fail(p, m->id, ENOMEM, "daemon out of memory");
+        return;
+    }
+    p->parked++;
+    bk->counters->acquire_waits++;
+}
+
+/* serve_acquires: b was just published: its waiting acquires, in arrival order. Its
+ * producer holds it throughout, so b stays alive. */
+static void serve_acquires(struct broker *bk, struct registry_buf *b)
+{
+    while (b->waiting) {
+        struct waiter *w = b->waiting->head;
+        struct broker_peer *p = w->owner;
+        uint32_t id = w->id;
+        p->parked--;
+        waiters_remove(&bk->waiters, w);
+        if (!p->closing)
+            acquire_buf(bk, p, id, b);
+    }
+}
+
+/* acquire_expired: no publish within the wait: ENOENT, saying so. */
+static void acquire_expired(struct broker *bk, struct waiter *w)
+{
+    struct broker_peer *p = w->owner;
+    uint32_t id = w->id, ms = w->wait_ms;
+    bk->counters->acquire_wait_timeouts++;
+    p->parked--;
+    waiters_remove(&bk->waiters, w);
+    if (!p->closing)
+        fail(p, id, ENOENT, "buffer leased under this descriptor was not published within %u ms", (unsigned)ms);
+}
+
+static void waiter_expired(void *arg, struct waiter *w)
+{
+    if (w->acquire)
+        acquire_expired(arg, w);
+    else
+        lease_expired(arg, w);
+}
+
+/* on_gone_waited: a buffer with waiting acquires goes unpublished. */
+static void on_gone_waited(void *arg, struct registry_buf *b)
+{
+    struct broker *bk = arg;
+    while (b->waiting) {
+        struct waiter *w = b->waiting->head;
+        struct broker_peer *p = w->owner;
+        uint32_t id = w->id;
+        p->parked--;
+        waiters_remove(&bk->waiters, w);
+        if (!p->closing)
+            fail(p, id, ENOENT, "the buffer leased under this descriptor was released before it was published "
+                 "(its producer released it, or went away)");
+    }
+}
+
+static void on_freed(void *arg, struct registry_buf *b)
+{
+    (void)b;
+    struct broker *bk = arg;
+    waiters_kick(&bk->waiters);
+}
+
+void broker_start(struct broker *bk, uv_loop_t *loop)
+{
+    bk->loop = loop;
+    waiters_init(&bk->waiters, loop, waiter_expired, retry_leases, bk);
+    struct registry_events ev = { .freed = on_freed, .gone_waited = on_gone_waited, .arg = bk };
+    registry_set_events(bk->reg, &ev);
+}
+
+void broker_stop(struct broker *bk)
+{
+    if (!bk->loop)
+        return;
+    registry_set_events(bk->reg, NULL);
+    waiters_close(&bk->waiters);
+    bk->loop = NULL;
+}
+
+void broker_kick(struct broker *bk)
+{
+    if (bk->loop)
+        waiters_kick(&bk->waiters);
 }
 
 static void do_release(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
@@ -368,6 +592,244 @@ static void do_release(struct broker *bk, struct broker_peer *p, const struct pr
     p->ops->reply(p, &r, -1);
 }
 
+/* ---- batches: lease_many (all or nothing) and release_many ------------------------ */
+
+struct batch;
+struct batch_item {
+    struct batch *bt;
+    uint64_t size, csize;
+    uint64_t handle;             /* 0 until the lease is held */
+    struct registry_buf *buf;
+    struct quota_ticket charge;  /* until the registry takes it */
+};
+
+/* A lease_many in progress: its items are held (handles) as their buffers come, warm
+ * ones at once, new ones when made off the loop; the reply (or the error, which undoes
+ * every item) goes when the last one is in. */
+struct batch {
+    struct broker *broker;
+    struct broker_peer *peer;
+    uint32_t id, n, making;
+    int code;                    /* the first refusal, 0 if none */
+    char msg[PROTO_MAX_ERRMSG];
+    struct batch_item items[PROTO_MAX_BATCH];
+};
+
+static void batch_fail(struct batch *bt, uint32_t i, int code, const char *why)
+{
+    char a[UNITS_TEXT_MAX];
+    if (bt->code)
+        return; /* the first reason is the one told */
+    bt->code = code;
+    snprintf(bt->msg, sizeof(bt->msg), "lease_many item %u of %u (%s): %s; no lease of the batch was made", i,
+             bt->n, units_format(bt->items[i].size, a), why);
+}
+
+/* batch_hold: item it's buffer is here: register (the registry takes the charge) and hold. */
+static void batch_hold(struct batch *bt, struct batch_item *it, struct pool_buf *pb)
+{
+    struct broker *bk = bt->broker;
+    struct registry_buf *b = registry_buf_charged(bk->reg, pb, &it->charge, it->size);
+    if (!b) {
+        int e = errno;
+        registry_abandon(bk->reg, &it->charge, pb);
+        batch_fail(bt, (uint32_t)(it - bt->items), e, e == ENOMEM ? "daemon out of memory" : "no random token (getrandom)");
+        return;
+    }
+    if (registry_hold(bk->reg, &bt->peer->holder, b, true, &it->handle) < 0) {
+        registry_buf_drop(bk->reg, b);
+        it->handle = 0;
+        batch_fail(bt, (uint32_t)(it - bt->items), ENOMEM, "daemon out of memory");
+        return;
+    }
+    b->producer_pid = (int32_t)bt->peer->pid;
+    it->buf = b;
+}
+
+/* batch_done: every item is in: one reply with all of them, or every held item released
+ * and one error. */
+static void batch_done(struct batch *bt)
+{
+    struct broker *bk = bt->broker;
+    struct broker_peer *p = bt->peer;
+    if (bt->code || p->closing) {
+        for (uint32_t i = 0; i < bt->n; i++)
+            if (bt->items[i].handle)
+                registry_release(bk->reg, &p->holder, bt->items[i].handle); /* -ENOENT once reclaimed */
+        if (!p->closing)
+            refuse(bk, p, bt->id, bt->code, "lease_many", bt->msg);
+        free(bt);
+        return;
+    }
+    static struct proto_msg r; /* one loop thread */
+    int fds[PROTO_MAX_BATCH];
+    r = (struct proto_msg){ .op = PROTO_OP_LEASE_MANY + PROTO_OP_REPLY, .id = bt->id };
+    r.u.lease_many_reply.n = bt->n;
+    for (uint32_t i = 0; i < bt->n; i++) {
+        struct batch_item *it = &bt->items[i];
+        struct proto_item *o = &r.u.lease_many_reply.items[i];
+        o->handle = it->handle;
+        o->buf_id = it->buf->pb->id;
+        o->size = it->size;
+        o->capacity = it->buf->pb->size;
+        memcpy(o->token, it->buf->token, PROTO_TOKEN_LEN);
+        fds[i] = it->buf->pb->fd;
+    }
+    bk->counters->leases += bt->n;
+    p->ops->reply_many(p, &r, fds);
+    free(bt);
+}
+
+static void batch_created(struct pool *pool, struct pool_buf *pb, int err, void *data)
+{
+    struct batch_item *it = data;
+    struct batch *bt = it->bt;
+    struct broker *bk = bt->broker;
+    struct broker_peer *p = bt->peer;
+    (void)pool;
+    p->pending--;
+    bk->pending_bytes -= it->csize;
+    if (err < 0) {
+        registry_abandon(bk->reg, &it->charge, NULL);
+        batch_fail(bt, (uint32_t)(it - bt->items), err == -ENOSPC ? ENOSPC : -err, strerror(-err));
+    } else if (bt->code || p->closing || bk->stopping) {
+        registry_abandon(bk->reg, &it->charge, pb);
+    } else {
+        batch_hold(bt, it, pb);
+    }
+    if (--bt->making == 0)
+        batch_done(bt);
+    p->ops->unref(p);
+    broker_check(bk);
+}
+
+/* batch_item_start: charge item i and find its buffer (warm, or made off the loop).
+ * Returns false after batch_fail. */
+static bool batch_item_start(struct batch *bt, uint32_t i)
+{
+    struct broker *bk = bt->broker;
+    struct broker_peer *p = bt->peer;
+    struct batch_item *it = &bt->items[i];
+    char msg[PROTO_MAX_ERRMSG];
+    struct pool_cls cls;
+    if (pool_class(bk->pool, it->size, &cls) < 0) {
+        batch_fail(bt, i, EFBIG, "lease size beyond every size class");
+        return false;
+    }
+    it->csize = cls.size;
+    struct pool_buf *warm = pool_take_warm(bk->pool, &cls, p->uid);
+    int r = quota_take(bk->quota, p->uid, cls.size, &it->charge, msg, sizeof(msg));
+    if (r < 0) {
+        if (warm)
+            pool_untake(bk->pool, warm);
+        batch_fail(bt, i, -r, msg);
+        return false;
+    }
+    if (warm) {
+        batch_hold(bt, it, warm);
+        return !bt->code;
+    }
+    struct pool_buf *pb = NULL;
+    r = pool_get_class(bk->pool, &cls, p->uid, &pb, batch_created, it);
+    if (r == 1) {
+        p->ops->ref(p);
+        p->pending++;
+        bk->pending_bytes += cls.size;
+        bt->making++;
+        return true;
+    }
+    if (r == 0) {
+        batch_hold(bt, it, pb);
+        return !bt->code;
+    }
+    registry_abandon(bk->reg, &it->charge, NULL);
+    if (r == -ENOSPC)
+        pool_full_msg(bk, cls.size, msg, sizeof(msg));
+    else if (r == -EMFILE)
+        snprintf(msg, sizeof(msg), "daemon at its fd limit: its buffers hold %llu fds of the %llu it allows itself",
+                 (unsigned long long)pool_fds(bk->pool), (unsigned long long)pool_fd_budget(bk->pool));
+    else
+        snprintf(msg, sizeof(msg), "%s", strerror(-r));
+    batch_fail(bt, i, -r, msg);
+    return false;
+}
+
+static void do_lease_many(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
+{
+    uint32_t n = m->u.lease_many.n;
+    char msg[PROTO_MAX_ERRMSG], a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX];
+    if (m->u.lease_many.wait_ms) {
+        fail(p, m->id, EINVAL, "lease_many does not wait: its wait_ms must be 0 (lease one by one to wait)");
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t size = m->u.lease_many.sizes[i];
+        if (size == 0) {
+            fail(p, m->id, EINVAL, "lease_many item %u of %u: lease size must be at least 1 byte", i, n);
+            return;
+        }
+        if (size > bk->opt->max_lease_size) {
+            snprintf(msg, sizeof(msg), "lease_many item %u of %u: lease of %s (%llu bytes) exceeds the maximum "
+                     "lease size %s (%llu bytes)", i, n, units_format(size, a), (unsigned long long)size,
+                     units_format(bk->opt->max_lease_size, b), (unsigned long long)bk->opt->max_lease_size);
+            refuse(bk, p, m->id, EFBIG, "lease_many", msg);
+            return;
+        }
+    }
+    unsigned held = p->holder.leases + p->pending + p->parked;
+    if (held + n > bk->opt->max_leases) {
+        snprintf(msg, sizeof(msg), "too many leases on this connection: %u held, %u asked, limit %u", held, n,
+                 bk->opt->max_leases);
+        refuse(bk, p, m->id, EMFILE, "lease_many", msg);
+        return;
+    }
+    if (p->uid != 0 && p->uid != geteuid() &&
+        quota_buffers(bk->quota, p->uid) + n > pool_fd_budget(bk->pool) / 2) {
+        snprintf(msg, sizeof(msg), "uid %u holds %u buffers; %u more would pass its share of the daemon's fd "
+                 "budget (half of %llu); release buffers or raise LimitNOFILE", (unsigned)p->uid,
+                 quota_buffers(bk->quota, p->uid), n, (unsigned long long)pool_fd_budget(bk->pool));
+        refuse(bk, p, m->id, EMFILE, "lease_many", msg);
+        return;
+    }
+    struct batch *bt = calloc(1, sizeof(*bt));
+    if (!bt) {
+        fail(p, m->id, ENOMEM, "daemon out of memory");
+        return;
+    }
+    *bt = (struct batch){ .broker = bk, .peer = p, .id = m->id, .n = n };
+    for (uint32_t i = 0; i < n; i++) {
+        bt->items[i] = (struct batch_item){ .bt = bt, .size = m->u.lease_many.sizes[i] };
+        if (!batch_item_start(bt, i))
+            break;
+    }
+    if (bt->making == 0)
+        batch_done(bt); /* else the last buffer made finishes it */
+}
+
+static void do_release_many(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
+{
+    uint32_t n = m->u.release_many.n, bad = 0, unknown = UINT32_MAX;
+    for (uint32_t i = 0; i < n; i++) {
+        if (registry_release(bk->reg, &p->holder, m->u.release_many.handles[i]) == 0) {
+            bk->counters->releases++;
+        } else {
+            bad++;
+            if (unknown == UINT32_MAX)
+                unknown = i;
+        }
+    }
+    if (bad) {
+        fail(p, m->id, ENOENT, "no lease with handle %llu (item %u of %u) on this connection; %u of the %u "
+             "handles were unknown, the others were released",
+             (unsigned long long)m->u.release_many.handles[unknown], unknown, n, bad, n);
+        return;
+    }
+    if (m->u.release_many.flags & PROTO_RELEASE_NOREPLY)
+        return;
+    struct proto_msg r = { .op = PROTO_OP_RELEASE_MANY + PROTO_OP_REPLY, .id = m->id };
+    p->ops->reply(p, &r, -1);
+}
+
 bool broker_handle(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
 {
     switch (m->op) {
@@ -375,6 +837,8 @@ bool broker_handle(struct broker *bk, struct broker_peer *p, const struct proto_
     case PROTO_OP_PUBLISH: do_publish(bk, p, m); return true;
     case PROTO_OP_ACQUIRE: do_acquire(bk, p, m); return true;
     case PROTO_OP_RELEASE: do_release(bk, p, m); return true;
+    case PROTO_OP_LEASE_MANY: do_lease_many(bk, p, m); return true;
+    case PROTO_OP_RELEASE_MANY: do_release_many(bk, p, m); return true;
     default: return false;
     }
 }
@@ -391,6 +855,14 @@ void broker_unmapped(struct broker *bk, struct broker_peer *p, uint64_t buf_id)
 
 uint32_t broker_disconnect(struct broker *bk, struct broker_peer *p)
 {
+    /* Its waiters go first, silently (nothing was charged for them). */
+    for (struct waiter *w = bk->waiters.head, *nx; w && p->parked; w = nx) {
+        nx = w->next;
+        if (w->owner == p) {
+            p->parked--;
+            waiters_remove(&bk->waiters, w);
+        }
+    }
     uint32_t n = registry_release_all(bk->reg, &p->holder);
     if (n) {
         bk->counters->reclaimed_leases += n;

@@ -18,6 +18,7 @@
 #include "proto.h"
 #include "quota.h"
 #include "registry.h"
+#include "waiters.h"
 
 struct broker_peer;
 
@@ -29,6 +30,10 @@ struct broker_peer_ops {
     /* ref / unref: keep the peer's memory while a lease waits for a new buffer. */
     void (*ref)(struct broker_peer *p);
     void (*unref)(struct broker_peer *p);
+    /* reply_many: a lease_many reply m, fds[i] the buffer of item i (the fds stay the
+     * broker's); the peer sets each item's has_fd (fd-once) and sends the fds that travel,
+     * in item order, with the one message. */
+    void (*reply_many)(struct broker_peer *p, const struct proto_msg *m, const int *fds);
 };
 
 /* broker_peer: one client as the broker sees it. The owner fills ops, id, pid and uid,
@@ -41,6 +46,7 @@ struct broker_peer {
     uid_t uid;
     bool closing;
     unsigned pending;               /* leases waiting for a new buffer */
+    unsigned parked;                /* its leases and acquires in the broker's waiters */
     struct registry_holder holder;  /* the handle table */
     struct log_rate log_rate;       /* its refusal lines: LOG_RATE_LINES a second */
 };
@@ -54,7 +60,17 @@ struct broker {
     bool stopping;                  /* shutting down: a buffer created now goes back */
     uint64_t pending_bytes;         /* charged to leases still waiting for a buffer */
     bool drift_logged;
+    uv_loop_t *loop;                /* set by broker_start: without it nothing waits */
+    struct waiters waiters;         /* leases parked for quota or space, acquires for a publish */
 };
+
+/* broker_start: the waiters (their timers on loop) and the registry's events. Until it
+ * has run, a request's wait_ms is taken as 0. */
+void broker_start(struct broker *b, uv_loop_t *loop);
+/* broker_stop: forgets every waiter (their sessions are closing) and closes the timers. */
+void broker_stop(struct broker *b);
+/* broker_kick: quota limits changed (a reload): waiting leases are retried. */
+void broker_kick(struct broker *b);
 
 /* broker_handle: act on one decoded lease, publish, acquire or release request; returns
  * false for any other op (the caller's to handle). */
@@ -72,7 +88,8 @@ void broker_check(struct broker *b);
 void broker_mapped(struct broker *b, struct broker_peer *p, uint64_t buf_id);
 void broker_unmapped(struct broker *b, struct broker_peer *p, uint64_t buf_id);
 
-/* broker_disconnect: releases every handle p holds; returns how many there were. */
+/* broker_disconnect: drops p's waiting requests (nothing was charged for them) and
+ * releases every handle p holds; returns how many handles there were. */
 uint32_t broker_disconnect(struct broker *b, struct broker_peer *p);
 
 #endif

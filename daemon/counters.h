@@ -13,6 +13,9 @@ struct counters {
     uint64_t protocol_errors, slow_clients;
     uint64_t clients_closed;   /* went away holding nothing: a clean close */
     uint64_t clients_died;     /* went away holding leases (reclaimed) */
+    /* waits (protocol v2): leases parked for quota or pool space and acquires parked for a
+     * publish, and those whose deadline passed (ETIMEDOUT / ENOENT) */
+    uint64_t lease_waits, lease_wait_timeouts, acquire_waits, acquire_wait_timeouts;
 };
 
 #endif

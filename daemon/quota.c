@@ -209,6 +209,12 @@ int quota_check_pinned(const struct quota *q, uint32_t uid, char *why, size_t wh
     return -EDQUOT;
 }
 
+uint64_t quota_held(const struct quota *q, uint32_t uid)
+{
+    const struct entry *e = find(q, uid);
+    return e ? e->t.bytes + e->t.pinned : 0;
+}
+
 uint64_t quota_total(const struct quota *q)
 {
     uint64_t n = 0;

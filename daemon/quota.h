@@ -64,6 +64,9 @@ int quota_pin(struct quota *q, uint32_t uid, int64_t delta);
  * it once retired, is refused then. */
 int quota_check_pinned(const struct quota *q, uint32_t uid, char *why, size_t why_len);
 
+/* quota_held: what counts against uid's quota now: its charges plus its pinned bytes. */
+uint64_t quota_held(const struct quota *q, uint32_t uid);
+
 /* quota_total: bytes charged to all tenants (for cross-checking other ledgers). */
 uint64_t quota_total(const struct quota *q);
 

@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* registry.c: see registry.h. Tokens live in a chained hash keyed by their first 8
- * bytes (they are random, so that is a good hash). A handle is (slot generation << 32 |
- * slot index), with generations starting at 1, so 0 is never a handle. */
+/* registry.c: see registry.h. Every live buffer (writing or published) is in a chained
+ * hash keyed by its token's first 8 bytes (they are random, so that is a good hash): a
+ * buffer gets its token when it is leased, so the producer knows its descriptor before
+ * publishing. Tokens come from a stock refilled by one getrandom per TOKEN_STOCK leases.
+ * A handle is (slot generation << 32 | slot index), with generations starting at 1, so 0
+ * is never a handle. */
 #include "registry.h"
 
 #include <errno.h>
@@ -10,6 +13,7 @@
 #include <sys/random.h>
 
 #define NO_SLOT UINT32_MAX
+#define TOKEN_STOCK 64 /* tokens drawn by one getrandom */
 
 struct registry {
     uv_loop_t *loop;
@@ -18,6 +22,9 @@ struct registry {
     struct registry_buf **buckets;
     uint32_t nbuckets, nhashed;
     struct registry_stats st;
+    struct registry_events ev;
+    uint8_t stock[TOKEN_STOCK * PROTO_TOKEN_LEN]; /* random bytes not yet handed out */
+    unsigned stock_left;                          /* tokens left in stock */
 };
 
 /* on_pin: bytes a tenant's mappings keep alive after their buffer's end count against
@@ -26,6 +33,13 @@ static void on_pin(void *arg, uint32_t uid, int64_t delta)
 {
     struct registry *r = arg;
     quota_pin(r->quota, uid, delta);
+    if (delta < 0 && r->ev.freed)
+        r->ev.freed(r->ev.arg, NULL);
+}
+
+void registry_set_events(struct registry *r, const struct registry_events *ev)
+{
+    r->ev = ev ? *ev : (struct registry_events){ 0 };
 }
 
 int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct registry **ret)
@@ -76,6 +90,33 @@ static void hash_grow(struct registry *r)
     free(old);
 }
 
+static void hash_add(struct registry *r, struct registry_buf *b)
+{
+    if (r->nhashed >= r->nbuckets)
+        hash_grow(r);
+    uint32_t k = bucket_of(r, b->token);
+    b->hnext = r->buckets[k];
+    r->buckets[k] = b;
+    r->nhashed++;
+}
+
+/* token_new: a fresh random token. Never blocks the loop: main waited once for the
+ * kernel's generator at start, and after that getrandom does not block (GRND_NONBLOCK
+ * only makes sure of it). A used token is wiped from the stock. */
+static int token_new(struct registry *r, uint8_t *token)
+{
+    if (!r->stock_left) {
+        ssize_t got = getrandom(r->stock, sizeof(r->stock), GRND_NONBLOCK);
+        if (got != (ssize_t)sizeof(r->stock))
+            return got < 0 && errno == EAGAIN ? -EAGAIN : -EIO;
+        r->stock_left = TOKEN_STOCK;
+    }
+    uint8_t *t = r->stock + --r->stock_left * PROTO_TOKEN_LEN;
+    memcpy(token, t, PROTO_TOKEN_LEN);
+    memset(t, 0, PROTO_TOKEN_LEN);
+    return 0;
+}
+
 static void hash_remove(struct registry *r, struct registry_buf *b)
 {
     struct registry_buf **p = &r->buckets[bucket_of(r, b->token)];
@@ -93,8 +134,17 @@ struct registry_buf *registry_buf_charged(struct registry *r, struct pool_buf *p
     if (charge->bytes != pb->size)
         r->st.drift++; /* the class was computed twice, differently: a bug */
     struct registry_buf *b = calloc(1, sizeof(*b));
-    if (!b)
+    if (!b) {
+        errno = ENOMEM;
         return NULL;
+    }
+    int e = token_new(r, b->token);
+    if (e < 0) {
+        free(b);
+        errno = -e;
+        return NULL;
+    }
+    hash_add(r, b);
     b->pb = pb;
     b->tenant = charge->uid;
     charge->bytes = 0; /* the registry's now: given back in buf_gone */
@@ -121,6 +171,8 @@ static void give_back(struct registry *r, struct quota_ticket *charge, struct po
         r->st.drift++;
     if (pb)
         pool_put(r->pool, pb);
+    if (r->ev.freed)
+        r->ev.freed(r->ev.arg, NULL);
 }
 
 void registry_abandon(struct registry *r, struct quota_ticket *charge, struct pool_buf *pb)
@@ -131,10 +183,11 @@ void registry_abandon(struct registry *r, struct quota_ticket *charge, struct po
 /* buf_gone: the last reference went: credit the producer, recycle the buffer. */
 static void buf_gone(struct registry *r, struct registry_buf *b)
 {
-    if (b->published) {
-        hash_remove(r, b);
+    if (b->waiting && r->ev.gone_waited)
+        r->ev.gone_waited(r->ev.arg, b);
+    hash_remove(r, b); /* its token is forgotten: a recycled buffer gets a new one */
+    if (b->published)
         r->st.published--;
-    }
     r->st.buffers--;
     r->st.bytes -= b->pb->size;
     struct quota_ticket charge = { .uid = b->tenant, .bytes = b->pb->size };
@@ -273,11 +326,6 @@ int registry_publish(struct registry *r, struct registry_buf *b, uint64_t size, 
 {
     if (b->published)
         return -EALREADY;
-    /* Never blocks the loop: main waited once for the kernel's generator at start, and
-     * after that getrandom does not block (GRND_NONBLOCK only makes sure of it). */
-    ssize_t got = getrandom(b->token, sizeof(b->token), GRND_NONBLOCK);
-    if (got != (ssize_t)sizeof(b->token))
-        return got < 0 && errno == EAGAIN ? -EAGAIN : -EIO;
     uint8_t *m = NULL;
     if (meta_len) {
         if (!(m = malloc(meta_len)))
@@ -303,23 +351,29 @@ int registry_publish(struct registry *r, struct registry_buf *b, uint64_t size, 
     b->meta = m;
     b->meta_len = meta_len;
     b->size = size;
-    b->published = true;
+    b->published = true; /* under the token it got at its lease */
     r->st.published++;
-    if (r->nhashed >= r->nbuckets)
-        hash_grow(r);
-    uint32_t k = bucket_of(r, b->token);
-    b->hnext = r->buckets[k];
-    r->buckets[k] = b;
-    r->nhashed++;
     return 0;
 }
 
-struct registry_buf *registry_find(struct registry *r, const uint8_t *token)
+static struct registry_buf *lookup(const struct registry *r, const uint8_t *token)
 {
     struct registry_buf *b = r->buckets[bucket_of(r, token)];
     while (b && memcmp(b->token, token, PROTO_TOKEN_LEN) != 0)
         b = b->hnext;
-    if (!b)
+    return b;
+}
+
+struct registry_buf *registry_find_writing(struct registry *r, const uint8_t *token)
+{
+    struct registry_buf *b = lookup(r, token);
+    return b && !b->published ? b : NULL;
+}
+
+struct registry_buf *registry_find(struct registry *r, const uint8_t *token)
+{
+    struct registry_buf *b = lookup(r, token);
+    if (!b || !b->published)
         return NULL;
     if (b->retained && uv_now(r->loop) >= b->deadline && b->refs == 1) {
         /* Only the retention holds it and its time is up: it is gone. */
@@ -362,6 +416,7 @@ unsigned registry_published(const struct registry *r, const struct registry_buf 
     unsigned n = 0;
     for (uint32_t i = 0; i < r->nbuckets && n < max; i++)
         for (const struct registry_buf *b = r->buckets[i]; b && n < max; b = b->hnext)
-            ret[n++] = b;
+            if (b->published)
+                ret[n++] = b;
     return n;
 }

@@ -17,6 +17,8 @@
 #include "proto.h"
 #include "quota.h"
 
+struct waiters_queue;
+
 struct registry_buf {
     struct pool_buf *pb;
     uint8_t token[PROTO_TOKEN_LEN];
@@ -35,6 +37,7 @@ struct registry_buf {
     struct registry_buf *hnext;
     uint64_t created_ms;    /* uv_now() at registry_buf_new, for status ages */
     int32_t producer_pid;   /* the leasing connection's pid, for status */
+    struct waiters_queue *waiting; /* acquires waiting for its publish (the broker's) */
 };
 
 struct registry_lease {
@@ -52,16 +55,28 @@ struct registry_holder {
 
 struct registry;
 
+/* registry_events: what the broker hears of. freed: a charge went back to a tenant, or a
+ * tenant's pinned bytes went down (quota or pool space may be free now); b is NULL.
+ * gone_waited: b, whose waiting queue is not empty, is about to go (unpublished). */
+typedef void (*registry_event_cb)(void *arg, struct registry_buf *b);
+struct registry_events {
+    registry_event_cb freed, gone_waited;
+    void *arg;
+};
+
 int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct registry **ret);
+/* registry_set_events: who hears of freed space and waited-for buffers (NULL: nobody). */
+void registry_set_events(struct registry *reg, const struct registry_events *ev);
 /* registry_end_retentions: drops every retention (at shutdown; timers close on the loop). */
 void registry_end_retentions(struct registry *reg);
 /* registry_free: ends every retention; holders must have been released first. */
 void registry_free(struct registry *reg);
 
 /* registry_buf_charged: a writing buffer whose charge is *charge (for exactly pb->size
- * bytes). On success the registry owns the charge (*charge is emptied) and gives it back
- * with the buffer. It has no reference yet: hold it at once. Returns NULL on ENOMEM
- * (nothing is taken). */
+ * bytes), with a fresh random token (the one it will be published under; the lease
+ * reply carries it). On success the registry owns the charge (*charge is emptied) and
+ * gives it back with the buffer. It has no reference yet: hold it at once. Returns NULL
+ * with errno ENOMEM, or EAGAIN/EIO from getrandom (nothing is taken). */
 struct registry_buf *registry_buf_charged(struct registry *reg, struct pool_buf *pb,
                                           struct quota_ticket *charge, uint64_t size);
 /* registry_buf_new: registry_buf_charged for a charge of pb->size already made to tenant. */
@@ -83,13 +98,16 @@ int registry_release(struct registry *reg, struct registry_holder *h, uint64_t h
 /* registry_release_all: drop every handle of h and free its table; returns how many. */
 uint32_t registry_release_all(struct registry *reg, struct registry_holder *h);
 
-/* registry_publish: makes b findable by a fresh random token; keep_ms > 0 adds a
- * retention reference. Returns 0, or -EALREADY if published, -errno from getrandom. */
+/* registry_publish: makes b findable (registry_find) by the token it got at its lease;
+ * keep_ms > 0 adds a retention reference. Returns 0, or -EALREADY if published, -ENOMEM. */
 int registry_publish(struct registry *reg, struct registry_buf *b, uint64_t size, uint32_t keep_ms,
                      const uint8_t *meta, uint32_t meta_len);
 /* registry_find: the published, live buffer with this token, or NULL. A retention that
  * has run out counts as gone even if its timer has not fired yet. */
 struct registry_buf *registry_find(struct registry *reg, const uint8_t *token);
+/* registry_find_writing: the live buffer leased under this token and not published yet,
+ * or NULL (an acquire may wait for its publish). */
+struct registry_buf *registry_find_writing(struct registry *reg, const uint8_t *token);
 /* registry_end_retention: drops the retention reference, if any. */
 void registry_end_retention(struct registry *reg, struct registry_buf *b);
 /* registry_acquired: counts an acquire of b. The retention serves every consumer that

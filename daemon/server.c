@@ -70,6 +70,7 @@ int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
     }
     s->broker = (struct broker){ .opt = opt, .pool = s->pool, .quota = s->quota, .reg = s->reg,
                                  .counters = &s->counters };
+    broker_start(&s->broker, loop);
     s->sessions = (struct session_env){ .loop = loop, .opt = opt, .broker = &s->broker,
                                         .counters = &s->counters, .status = status_of, .status_arg = s };
     server_fd_caps(&s->sessions);
@@ -84,6 +85,7 @@ int server_apply_limits(struct server *s)
         if (quota_set(s->quota, s->opt->quotas[i].uid, s->opt->quotas[i].bytes) < 0)
             return -ENOMEM;
     log_max_level = s->opt->verbose ? LOG_DEBUG : LOG_INFO;
+    broker_kick(&s->broker); /* a raised quota may let waiting leases through */
     return 0;
 }
 
@@ -336,6 +338,7 @@ void server_stop(struct server *s)
     uv_close((uv_handle_t *)&s->accept_retry, noop_close);
     uv_close((uv_handle_t *)&s->housekeeping, noop_close);
     s->broker.stopping = true;
+    broker_stop(&s->broker); /* its waiters' sessions are closing */
     session_close_all(&s->sessions); /* each releases what it held from the loop */
     if (s->reg)
         registry_end_retentions(s->reg);

@@ -68,6 +68,23 @@ static void peer_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
     session_send(s, m, fd);
 }
 
+static void peer_reply_many(struct broker_peer *p, const struct proto_msg *m, const int *fds)
+{
+    struct session *s = (struct session *)p;
+    static struct proto_msg r; /* one loop thread; too large for the stack of every call */
+    int out[PROTO_MAX_BATCH];
+    unsigned n = 0;
+    r = *m;
+    for (uint32_t i = 0; i < r.u.lease_many_reply.n && i < PROTO_MAX_BATCH; i++) {
+        struct proto_item *it = &r.u.lease_many_reply.items[i];
+        int fd = fd_to_send(s, it->buf_id, true, false, fds[i]);
+        it->has_fd = fd >= 0;
+        if (fd >= 0)
+            out[n++] = fd;
+    }
+    session_send_fds(s, &r, out, n);
+}
+
 static void peer_refuse(struct broker_peer *p, uint32_t id, int code, const char *msg)
 {
     session_fail((struct session *)p, id, code, "%s", msg);
@@ -83,7 +100,7 @@ static void peer_unref(struct broker_peer *p)
     session_unref((struct session *)p);
 }
 
-static const struct broker_peer_ops peer_ops = { peer_reply, peer_refuse, peer_ref, peer_unref };
+static const struct broker_peer_ops peer_ops = { peer_reply, peer_refuse, peer_ref, peer_unref, peer_reply_many };
 
 /* ---- tenants: what one uid's sessions share ----------------------------------------- */
 
@@ -244,7 +261,7 @@ void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle
     if (!idle_ms)
         return;
     for (struct session *s = env->head; s; s = s->next) {
-        if (s->hello && !s->peer.closing && !s->peer.holder.leases && !s->peer.pending &&
+        if (s->hello && !s->peer.closing && !s->peer.holder.leases && !s->peer.pending && !s->peer.parked &&
             now_ms - s->last_ms >= idle_ms) {
             session_fail(s, 0, ETIMEDOUT, "idle for %llu s holding nothing (idle-timeout %llu s): closed",
                          (unsigned long long)((now_ms - s->last_ms) / 1000), (unsigned long long)(idle_ms / 1000));
@@ -271,6 +288,11 @@ void session_close_all(struct session_env *env)
 
 int session_send(struct session *s, const struct proto_msg *m, int fd)
 {
+    return session_send_fds(s, m, &fd, fd >= 0 ? 1 : 0);
+}
+
+int session_send_fds(struct session *s, const struct proto_msg *m, const int *fds, unsigned nfds)
+{
     if (!s->transport)
         return -EPIPE;
     int len = proto_encode(m, wbuf, sizeof(wbuf));
@@ -280,7 +302,7 @@ int session_send(struct session *s, const struct proto_msg *m, int fd)
         session_fail(s, m->id, EMSGSIZE, "reply too large");
         return len;
     }
-    return transport_send(s->transport, wbuf, (size_t)len, fd);
+    return transport_send_fds(s->transport, wbuf, (size_t)len, fds, nfds);
 }
 
 void session_fail(struct session *s, uint32_t id, int code, const char *fmt, ...)
@@ -312,7 +334,8 @@ static void do_hello(struct session *s, const struct proto_msg *m)
     if (m->u.hello.version != PROTO_VERSION) {
         s->env->counters->protocol_errors++;
         session_fail(s, m->id, EPROTONOSUPPORT,
-                     "protocol version %u is not supported: this shmrefd speaks version %d",
+                     "protocol version %u is not supported: this shmrefd speaks version %d; use a libshmref "
+                     "of the same protocol version",
                      (unsigned)m->u.hello.version, PROTO_VERSION);
         session_close(s, "protocol version mismatch");
         return;

@@ -76,6 +76,8 @@ int session_new(struct session_env *env, int fd, const struct ucred *cred, struc
 /* session_send: encode and send m, with fd attached if fd >= 0 (the fd stays the
  * caller's). Returns 0 when sent or queued; on failure the session is closing. */
 int session_send(struct session *s, const struct proto_msg *m, int fd);
+/* session_send_fds: session_send with nfds fds attached, in order (a lease_many reply). */
+int session_send_fds(struct session *s, const struct proto_msg *m, const int *fds, unsigned nfds);
 
 /* session_fail: an error reply with a formatted message (best effort). */
 void session_fail(struct session *s, uint32_t id, int code, const char *fmt, ...)

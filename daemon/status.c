@@ -222,7 +222,7 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     const struct counters *k = s->counters;
     struct pool_counters pc = pool_counters(s->pool);
     key(pk, "counters");
-    msgpack_pack_map(pk, 23);
+    msgpack_pack_map(pk, 27);
     kv_u64(pk, "connections", k->connections);
     kv_u64(pk, "leases", k->leases);
     kv_u64(pk, "publishes", k->publishes);
@@ -246,6 +246,10 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     kv_u64(pk, "retentions_expired", registry_stats(s->reg).expired);
     kv_u64(pk, "clients_closed", k->clients_closed);
     kv_u64(pk, "clients_died", k->clients_died);
+    kv_u64(pk, "lease_waits", k->lease_waits);
+    kv_u64(pk, "lease_wait_timeouts", k->lease_wait_timeouts);
+    kv_u64(pk, "acquire_waits", k->acquire_waits);
+    kv_u64(pk, "acquire_wait_timeouts", k->acquire_wait_timeouts);
 }
 
 static int build(const struct status_src *s, uint8_t *buf, size_t cap, unsigned max)

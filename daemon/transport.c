@@ -21,7 +21,8 @@
 
 struct transport_out {
     struct transport_out *next;
-    int fd;                 /* a dup the queue owns, or -1 */
+    unsigned nfds;
+    int fds[TRANSPORT_MAX_FDS]; /* dups the queue owns */
     size_t len;
     uint8_t data[];
 };
@@ -99,8 +100,8 @@ static void on_closed(uv_handle_t *h)
     while (t->out_head) {
         struct transport_out *o = t->out_head;
         t->out_head = o->next;
-        if (o->fd >= 0)
-            close(o->fd);
+        for (unsigned i = 0; i < o->nfds; i++)
+            close(o->fds[i]);
         free(o);
     }
     free(t);
@@ -222,23 +223,23 @@ unsigned transport_fds_unread(const struct transport *t)
     return t->fd_unread;
 }
 
-static ssize_t send_one(int sock, const uint8_t *data, size_t len, int fd)
+static ssize_t send_one(int sock, const uint8_t *data, size_t len, const int *fds, unsigned nfds)
 {
     struct iovec iov = { .iov_base = (void *)data, .iov_len = len };
     union {
         struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(TRANSPORT_MAX_FDS * sizeof(int))];
     } ctl;
     struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-    if (fd >= 0) {
+    if (nfds) {
         memset(&ctl, 0, sizeof(ctl));
         mh.msg_control = ctl.buf;
-        mh.msg_controllen = sizeof(ctl.buf);
+        mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
         struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+        cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+        memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
     }
     ssize_t n;
     do
@@ -247,12 +248,12 @@ static ssize_t send_one(int sock, const uint8_t *data, size_t len, int fd)
     return n < 0 ? -errno : n;
 }
 
-/* sent_fd: one more fd in flight to this peer. */
-static void sent_fd(struct transport *t)
+/* sent_fds: n more fds in flight to this peer (each counts against the caps). */
+static void sent_fds(struct transport *t, unsigned n)
 {
-    t->fd_unread++;
+    t->fd_unread += n;
     if (t->shared)
-        (*t->shared)++;
+        *t->shared += n;
     arm_recheck(t, false);
 }
 
@@ -265,7 +266,7 @@ static void send_failed(struct transport *t, ssize_t n)
         end(t, TRANSPORT_END_FAILED, "send failed");
 }
 
-static int enqueue(struct transport *t, const uint8_t *data, size_t len, int fd)
+static int enqueue(struct transport *t, const uint8_t *data, size_t len, const int *fds, unsigned nfds)
 {
     if (t->out_count >= TRANSPORT_MAX_QUEUED) {
         end(t, TRANSPORT_END_SLOW, "client does not read its replies");
@@ -278,13 +279,17 @@ static int enqueue(struct transport *t, const uint8_t *data, size_t len, int fd)
     }
     o->next = NULL;
     o->len = len;
-    o->fd = -1;
+    o->nfds = 0;
     memcpy(o->data, data, len);
-    /* The buffer may be retired before the queue drains: the queue keeps its own fd. */
-    if (fd >= 0 && (o->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
-        free(o);
-        end(t, TRANSPORT_END_FAILED, "cannot duplicate a buffer fd for a queued reply");
-        return -EMFILE;
+    /* The buffers may be retired before the queue drains: the queue keeps its own fds. */
+    for (; o->nfds < nfds; o->nfds++) {
+        if ((o->fds[o->nfds] = fcntl(fds[o->nfds], F_DUPFD_CLOEXEC, 3)) < 0) {
+            while (o->nfds)
+                close(o->fds[--o->nfds]);
+            free(o);
+            end(t, TRANSPORT_END_FAILED, "cannot duplicate a buffer fd for a queued reply");
+            return -EMFILE;
+        }
     }
     if (t->out_tail) t->out_tail->next = o; else t->out_head = o;
     t->out_tail = o;
@@ -295,13 +300,20 @@ static int enqueue(struct transport *t, const uint8_t *data, size_t len, int fd)
 
 int transport_send(struct transport *t, const uint8_t *data, size_t len, int fd)
 {
+    return transport_send_fds(t, data, len, &fd, fd >= 0 ? 1 : 0);
+}
+
+int transport_send_fds(struct transport *t, const uint8_t *data, size_t len, const int *fds, unsigned nfds)
+{
     if (t->closing)
         return -EPIPE;
+    if (nfds > TRANSPORT_MAX_FDS)
+        return -EINVAL;
     if (!t->out_head) {
-        ssize_t n = send_one(t->fd, data, len, fd);
+        ssize_t n = send_one(t->fd, data, len, fds, nfds);
         if (n >= 0) {
-            if (fd >= 0)
-                sent_fd(t);
+            if (nfds)
+                sent_fds(t, nfds);
             return 0;
         }
         /* ETOOMANYREFS: the daemon has as many fds in flight (to all its peers) as the
@@ -313,14 +325,14 @@ int transport_send(struct transport *t, const uint8_t *data, size_t len, int fd)
             return (int)n;
         }
     }
-    return enqueue(t, data, len, fd);
+    return enqueue(t, data, len, fds, nfds);
 }
 
 static void flush(struct transport *t)
 {
     while (t->out_head && !t->closing) {
         struct transport_out *o = t->out_head;
-        ssize_t n = send_one(t->fd, o->data, o->len, o->fd);
+        ssize_t n = send_one(t->fd, o->data, o->len, o->fds, o->nfds);
         if (n == -EAGAIN) {
             if (t->paused)
                 set_events(t); /* resumed by the timer: wait for the socket now */
@@ -339,10 +351,10 @@ static void flush(struct transport *t)
         if (!t->out_head)
             t->out_tail = NULL;
         t->out_count--;
-        if (o->fd >= 0) {
-            close(o->fd);
-            sent_fd(t);
-        }
+        for (unsigned i = 0; i < o->nfds; i++)
+            close(o->fds[i]);
+        if (o->nfds)
+            sent_fds(t, o->nfds);
         free(o);
     }
     set_events(t);

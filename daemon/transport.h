@@ -19,6 +19,7 @@
 
 #define TRANSPORT_MAX_QUEUED 256 /* replies queued before the peer counts as stuck */
 #define TRANSPORT_BATCH 16       /* messages read by one recvmmsg */
+#define TRANSPORT_MAX_FDS 32     /* fds attached to one message (a lease_many reply) */
 
 struct transport;
 
@@ -51,6 +52,9 @@ int transport_new(uv_loop_t *loop, int fd, size_t max_message, const struct tran
  * closing, or -errno after which the transport is closing (nothing is freed yet: the
  * caller may go on using its own objects). */
 int transport_send(struct transport *t, const uint8_t *data, size_t len, int fd);
+/* transport_send_fds: transport_send with nfds (at most TRANSPORT_MAX_FDS, else -EINVAL)
+ * fds attached to the one message, in order; each counts as one fd in flight. */
+int transport_send_fds(struct transport *t, const uint8_t *data, size_t len, const int *fds, unsigned nfds);
 
 /* transport_close: marks the transport closing (idempotent); on_close follows from the
  * loop with TRANSPORT_END_LOCAL and why (copied), or the first fault's reason. */

@@ -101,6 +101,10 @@ static void counters(const shmref_status *st, FILE *f)
         { "retentions_expired", "shmref_retentions_expired_total", "Retentions that ran out unacquired." },
         { "clients_closed", "shmref_clients_closed_total", "Clients that closed holding nothing (a clean close)." },
         { "clients_died", "shmref_clients_died_total", "Clients that went away holding leases (died, or closed without releasing)." },
+        { "lease_waits", "shmref_lease_waits_total", "Leases that waited for quota or pool space." },
+        { "lease_wait_timeouts", "shmref_lease_wait_timeouts_total", "Waiting leases whose deadline passed (ETIMEDOUT)." },
+        { "acquire_waits", "shmref_acquire_waits_total", "Acquires that waited for a publish." },
+        { "acquire_wait_timeouts", "shmref_acquire_wait_timeouts_total", "Waiting acquires whose deadline passed (ENOENT)." },
     };
     for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
         char k[64];

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # run.sh: build a proto/ fuzz target with clang's libFuzzer (+ ASan, UBSan) and run it
 # for SECONDS (default 20). Usage: run.sh SOURCE_DIR [SECONDS] [TARGET]; TARGET is proto
-# (the message and descriptor decoders, the default) or manifest (the unit-of-work
+# (the message and descriptor decoders, the default; seeded from tests/fuzz/seeds-proto, one
+# message of each v2 op) or manifest (the unit-of-work
 # manifest: envelope, decoder, validation; seeded from tests/fuzz/seeds-manifest with
 # tests/fuzz/manifest.dict). Exits 77 (skipped) only when clang's fuzzer runtime is not
 # installed; scripts/deps.sh installs it for tests.

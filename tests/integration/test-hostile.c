@@ -503,8 +503,8 @@ Test(hostile, mistyped_fields_are_dropped, .timeout = 60)
     uint64_t h = raw_lease(fd, 2, 4096);
     cr_assert_gt(status_u64(&d, "pool.bytes_leased"), 0);
     size_t len = enc_publish(msg, sizeof(msg), 3, h, 4096, NULL, 0);
-    cr_assert_eq(msg[len - 1], 0xc0, "meta nil is the last byte");
-    msg[len - 1] = 0x07;
+    cr_assert_eq(msg[len - 3], 0xc0, "meta nil comes before flags and max_acquires");
+    msg[len - 3] = 0x07;
     expect_dropped("publish meta is an integer", fd, msg, len, 3);
     close(fd);
     errors++;
@@ -604,7 +604,7 @@ Test(hostile, request_before_hello_is_dropped, .timeout = 60)
 
 Test(hostile, hello_wrong_version_is_refused, .timeout = 60)
 {
-    static const uint32_t versions[] = { 2, 0, UINT32_MAX };
+    static const uint32_t versions[] = { 1, 0, UINT32_MAX };
     struct daemon d;
     uint8_t msg[256], rep[1024];
     char text[PROTO_MAX_ERRMSG + 1];

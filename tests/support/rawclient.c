@@ -40,13 +40,15 @@ int rawclient_send(int fd, const void *msg, size_t len)
     return (size_t)n == len ? 0 : -EMSGSIZE;
 }
 
-/* recv_msg: one recvmsg, without waiting; fds as rawclient_recv says. */
-static ssize_t recv_msg(int fd, uint8_t *buf, size_t cap, int *ret_fd)
+/* recv_msg: one recvmsg, without waiting: the first max fds that came go to fds (in
+ * order; *ret_n says how many, when not NULL), the rest are closed. */
+static ssize_t recv_msg(int fd, uint8_t *buf, size_t cap, int *fds, unsigned max, unsigned *ret_n)
 {
     union {
         struct cmsghdr h;
-        char b[CMSG_SPACE(8 * sizeof(int))];
+        char b[CMSG_SPACE(64 * sizeof(int))];
     } ctl;
+    unsigned got = 0;
     struct iovec iov = { .iov_base = buf, .iov_len = cap };
     struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
                          .msg_controllen = sizeof(ctl.b) };
@@ -60,12 +62,16 @@ static ssize_t recv_msg(int fd, uint8_t *buf, size_t cap, int *ret_fd)
         for (size_t i = 0; i < k; i++) {
             int f;
             memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-            if (ret_fd && *ret_fd < 0)
-                *ret_fd = f;
+            if (got < max)
+                fds[got++] = f;
             else
                 close(f);
         }
     }
+    if (ret_n)
+        *ret_n = got;
+    if (mh.msg_flags & MSG_CTRUNC)
+        return -ENOBUFS;
     return n;
 }
 
@@ -73,9 +79,24 @@ ssize_t rawclient_recv(int fd, uint8_t *buf, size_t cap, int *ret_fd)
 {
     if (ret_fd)
         *ret_fd = -1;
-    ssize_t n = recv_msg(fd, buf, cap, ret_fd);
+    ssize_t n = recv_msg(fd, buf, cap, ret_fd, ret_fd ? 1 : 0, NULL);
     if (n == -ECONNRESET) {
-        n = recv_msg(fd, buf, cap, ret_fd);
+        n = recv_msg(fd, buf, cap, ret_fd, ret_fd ? 1 : 0, NULL);
+        if (n < 0)
+            n = 0;
+    }
+    return n;
+}
+
+ssize_t rawclient_recv_fds(int fd, uint8_t *buf, size_t cap, int *fds, unsigned max, unsigned *ret_n, int ms)
+{
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    *ret_n = 0;
+    if (poll(&p, 1, ms) <= 0)
+        return -ETIMEDOUT;
+    ssize_t n = recv_msg(fd, buf, cap, fds, max, ret_n);
+    if (n == -ECONNRESET) {
+        n = recv_msg(fd, buf, cap, fds, max, ret_n);
         if (n < 0)
             n = 0;
     }
@@ -116,7 +137,7 @@ int rawclient_closed(int fd, int ms)
         long left = deadline - now_ms();
         if (left <= 0 || poll(&p, 1, (int)left) <= 0)
             return 0;
-        ssize_t n = recv_msg(fd, buf, sizeof(buf), NULL);
+        ssize_t n = recv_msg(fd, buf, sizeof(buf), NULL, 0, NULL);
         if (n == 0 || n == -ECONNRESET)
             return 1;
     }

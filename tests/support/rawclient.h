@@ -28,6 +28,11 @@ ssize_t rawclient_recv(int fd, uint8_t *buf, size_t cap, int *ret_fd);
  * (fds are closed); -ETIMEDOUT if nothing came. */
 ssize_t rawclient_recv_wait(int fd, uint8_t *buf, size_t cap, int ms);
 
+/* rawclient_recv_fds: rawclient_recv after waiting up to ms, keeping the first max fds
+ * that came, in order, in fds (*ret_n of them); more are closed. -ENOBUFS when the
+ * control data was truncated (more than 64 fds). */
+ssize_t rawclient_recv_fds(int fd, uint8_t *buf, size_t cap, int *fds, unsigned max, unsigned *ret_n, int ms);
+
 /* rawclient_call: send one message and wait up to ms for one reply. Returns the reply's
  * length, 0 if the daemon closed the connection, -ETIMEDOUT if nothing came. */
 ssize_t rawclient_call(int fd, const void *msg, size_t len, uint8_t *rep, size_t cap, int ms);

@@ -28,6 +28,7 @@ struct fake {
     int code;                    /* of the last refusal, 0 if the last reply was not one */
     char msg[PROTO_MAX_ERRMSG + 1];
     uint8_t token[PROTO_TOKEN_LEN];
+    int fds[PROTO_MAX_BATCH];    /* of the last lease_many reply */
 };
 
 static void fake_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
@@ -53,7 +54,18 @@ static void fake_refuse(struct broker_peer *p, uint32_t id, int code, const char
 static void fake_ref(struct broker_peer *p) { ((struct fake *)p)->refs++; }
 static void fake_unref(struct broker_peer *p) { ((struct fake *)p)->refs--; }
 
-static const struct broker_peer_ops fake_ops = { fake_reply, fake_refuse, fake_ref, fake_unref };
+/* A lease_many reply: kept whole, with every item's fd (as if each travelled). */
+static void fake_reply_many(struct broker_peer *p, const struct proto_msg *m, const int *fds)
+{
+    struct fake *f = (struct fake *)p;
+    fake_reply(p, m, -1);
+    for (uint32_t i = 0; i < m->u.lease_many_reply.n; i++) {
+        f->last.u.lease_many_reply.items[i].has_fd = 1;
+        f->fds[i] = fds[i];
+    }
+}
+
+static const struct broker_peer_ops fake_ops = { fake_reply, fake_refuse, fake_ref, fake_unref, fake_reply_many };
 
 struct fx {
     uv_loop_t loop;
@@ -83,6 +95,7 @@ static void fx_open(struct fx *f)
                              .counters = &f->counters };
     fake_init(&f->a, 1, 1000);
     fake_init(&f->b, 2, 1001);
+    broker_start(&f->bk, &f->loop);
 }
 
 static void fx_close(struct fx *f)
@@ -91,6 +104,8 @@ static void fx_close(struct fx *f)
     broker_disconnect(&f->bk, &f->b.peer);
     broker_check(&f->bk);
     cr_assert_eq(quota_total(f->bk.quota), 0, "a charge outlived every lease");
+    cr_assert_eq(f->bk.waiters.n, 0, "a waiter outlived its peer");
+    broker_stop(&f->bk);
     core_close(&f->core, &f->loop);
 }
 
@@ -186,6 +201,49 @@ Test(broker, lease_publish_acquire_release)
     cr_assert_eq(f.counters.publishes, 1);
     cr_assert_eq(f.counters.acquires, 1);
     cr_assert_eq(f.counters.releases, 2);
+    fx_close(&f);
+}
+
+/* The lease reply names the token the publish keeps; a NOREPLY publish is silent on
+ * success, and its error still replies with the request id. */
+Test(broker, token_at_lease_and_noreply_publish)
+{
+    struct fx f;
+    fx_open(&f);
+    uint64_t h = lease(&f, &f.a, 5000);
+    cr_assert_neq(h, 0, "lease refused: %s", f.a.msg);
+    uint8_t token[PROTO_TOKEN_LEN], zero[PROTO_TOKEN_LEN] = { 0 };
+    memcpy(token, f.a.last.u.lease_reply.token, PROTO_TOKEN_LEN);
+    cr_assert_neq(memcmp(token, zero, PROTO_TOKEN_LEN), 0, "a lease reply without a token");
+
+    acquire(&f, &f.b, token);
+    cr_assert_eq(f.b.code, ENOENT, "an unpublished buffer was acquired");
+
+    struct proto_msg m = { .op = PROTO_OP_PUBLISH, .id = 31 };
+    m.u.publish.handle = h;
+    m.u.publish.size = 10;
+    m.u.publish.flags = PROTO_PUBLISH_NOREPLY;
+    unsigned before = f.a.replies;
+    request(&f, &f.a, &m);
+    cr_assert_eq(f.a.replies, before, "a NOREPLY publish replied");
+    cr_assert_eq(f.counters.publishes, 1);
+    acquire(&f, &f.b, token);
+    cr_assert_eq(f.b.last.op, PROTO_OP_ACQUIRE + PROTO_OP_REPLY, "acquire by the lease's token: %s", f.b.msg);
+    cr_assert_eq(memcmp(f.b.last.u.acquire_reply.token, token, PROTO_TOKEN_LEN), 0);
+    uint64_t hb = f.b.last.u.acquire_reply.handle;
+
+    m.id = 32; /* again: already published, an error with the id */
+    request(&f, &f.a, &m);
+    cr_assert_eq(f.a.replies, before + 1);
+    cr_assert_eq(f.a.code, EALREADY);
+    cr_assert_eq(f.a.last.id, 32);
+    release(&f, &f.a, h, 0);
+    release(&f, &f.b, hb, 0);
+
+    /* the next lease of the recycled buffer has a new token */
+    h = lease(&f, &f.a, 5000);
+    cr_assert_neq(memcmp(f.a.last.u.lease_reply.token, token, PROTO_TOKEN_LEN), 0);
+    release(&f, &f.a, h, 0);
     fx_close(&f);
 }
 
@@ -333,4 +391,351 @@ Test(broker, ledger_drift_aborts_a_test_build, .signal = SIGABRT)
     lease(&f, &f.a, 4096);
     cr_assert_eq(quota_charge(f.bk.quota, 1000, 4096, why, sizeof(why)), 0);
     broker_check(&f.bk);
+}
+
+/* ---- waits (protocol v2) ------------------------------------------------------------ */
+
+/* run_until: runs the loop until p has want replies or ms pass; returns its replies. */
+static unsigned run_until(struct fx *f, struct fake *p, unsigned want, int ms)
+{
+    for (int i = 0; i < ms && p->replies < want; i++) {
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+        if (p->replies < want)
+            usleep(1000);
+    }
+    broker_check(&f->bk);
+    return p->replies;
+}
+
+static void acquire_wait(struct fx *f, struct fake *p, const uint8_t *token, uint32_t id, uint32_t wait_ms)
+{
+    struct proto_msg m = { .op = PROTO_OP_ACQUIRE, .id = id };
+    memcpy(m.u.acquire.token, token, PROTO_TOKEN_LEN);
+    m.u.acquire.wait_ms = wait_ms;
+    cr_assert(broker_handle(&f->bk, &p->peer, &m));
+    broker_check(&f->bk);
+}
+
+static void lease_wait(struct fx *f, struct fake *p, uint64_t size, uint32_t id, uint32_t wait_ms)
+{
+    struct proto_msg m = { .op = PROTO_OP_LEASE, .id = id };
+    m.u.lease.size = size;
+    m.u.lease.wait_ms = wait_ms;
+    cr_assert(broker_handle(&f->bk, &p->peer, &m));
+    broker_check(&f->bk);
+}
+
+static void publish_noreply(struct fx *f, struct fake *p, uint64_t handle)
+{
+    struct proto_msg m = { .op = PROTO_OP_PUBLISH, .id = 30 };
+    m.u.publish.handle = handle;
+    m.u.publish.size = 10;
+    m.u.publish.flags = PROTO_PUBLISH_NOREPLY;
+    cr_assert(broker_handle(&f->bk, &p->peer, &m));
+    broker_check(&f->bk);
+}
+
+Test(broker, acquire_waits_for_the_publish)
+{
+    struct fx f;
+    fx_open(&f);
+    uint64_t h = lease(&f, &f.a, 5000);
+    uint8_t token[PROTO_TOKEN_LEN];
+    memcpy(token, f.a.last.u.lease_reply.token, PROTO_TOKEN_LEN);
+    unsigned before = f.b.replies;
+    acquire_wait(&f, &f.b, token, 41, 5000);
+    acquire_wait(&f, &f.b, token, 42, 5000);
+    cr_assert_eq(f.b.replies, before, "a waiting acquire replied before the publish");
+    cr_assert_eq(f.b.peer.parked, 2);
+    cr_assert_eq(f.counters.acquire_waits, 2);
+    publish_noreply(&f, &f.a, h);
+    cr_assert_eq(f.b.replies, before + 2, "the publish did not serve its waiters");
+    cr_assert_eq(f.b.last.op, PROTO_OP_ACQUIRE + PROTO_OP_REPLY, "%s", f.b.msg);
+    cr_assert_eq(f.b.last.id, 42, "served out of arrival order");
+    cr_assert_eq(f.b.peer.parked, 0);
+    cr_assert_eq(f.b.peer.holder.leases, 2);
+    cr_assert_eq(f.counters.acquires, 2);
+    cr_assert_eq(f.counters.acquire_wait_timeouts, 0);
+
+    /* wait 0: the old behaviour, ENOENT at once for an unpublished buffer */
+    uint64_t h2 = lease(&f, &f.a, 5000);
+    memcpy(token, f.a.last.u.lease_reply.token, PROTO_TOKEN_LEN);
+    before = f.b.replies;
+    acquire_wait(&f, &f.b, token, 43, 0);
+    cr_assert_eq(f.b.replies, before + 1);
+    cr_assert_eq(f.b.code, ENOENT);
+    /* a token never leased: ENOENT at once, wait or not */
+    token[0] ^= 0xff;
+    acquire_wait(&f, &f.b, token, 44, 5000);
+    cr_assert_eq(f.b.replies, before + 2);
+    cr_assert_eq(f.b.code, ENOENT);
+    release(&f, &f.a, h, 0);
+    release(&f, &f.a, h2, 0);
+    fx_close(&f);
+}
+
+Test(broker, acquire_wait_ends_with_enoent)
+{
+    struct fx f;
+    fx_open(&f);
+    uint64_t h = lease(&f, &f.a, 5000);
+    uint8_t token[PROTO_TOKEN_LEN];
+    memcpy(token, f.a.last.u.lease_reply.token, PROTO_TOKEN_LEN);
+    unsigned before = f.b.replies;
+
+    /* the producer releases it unpublished */
+    acquire_wait(&f, &f.b, token, 51, 5000);
+    release(&f, &f.a, h, 0);
+    cr_assert_eq(f.b.replies, before + 1);
+    cr_assert_eq(f.b.code, ENOENT);
+    cr_assert_eq(f.b.last.id, 51);
+    cr_assert(strstr(f.b.msg, "released before it was published"), "%s", f.b.msg);
+    cr_assert_eq(f.b.peer.parked, 0);
+
+    /* the wait runs out */
+    h = lease(&f, &f.a, 5000);
+    memcpy(token, f.a.last.u.lease_reply.token, PROTO_TOKEN_LEN);
+    acquire_wait(&f, &f.b, token, 52, 30);
+    cr_assert_eq(run_until(&f, &f.b, before + 2, 2000), before + 2, "the wait never ran out");
+    cr_assert_eq(f.b.code, ENOENT);
+    cr_assert_eq(f.b.last.id, 52);
+    cr_assert(strstr(f.b.msg, "was not published within 30 ms"), "%s", f.b.msg);
+    cr_assert_eq(f.counters.acquire_wait_timeouts, 1);
+
+    /* the producer disconnects */
+    acquire_wait(&f, &f.b, token, 53, 5000);
+    broker_disconnect(&f.bk, &f.a.peer);
+    cr_assert_eq(f.b.replies, before + 3);
+    cr_assert_eq(f.b.code, ENOENT);
+    cr_assert_eq(f.b.last.id, 53);
+    fx_close(&f);
+}
+
+/* Parked acquires take places under max-leases (4 here); a waiter's peer that goes drops it. */
+Test(broker, parked_acquires_count_against_max_leases)
+{
+    struct fx f;
+    fx_open(&f);
+    uint64_t h = lease(&f, &f.a, 5000);
+    uint8_t token[PROTO_TOKEN_LEN];
+    memcpy(token, f.a.last.u.lease_reply.token, PROTO_TOKEN_LEN);
+    unsigned before = f.b.replies;
+    for (uint32_t i = 0; i < 4; i++)
+        acquire_wait(&f, &f.b, token, 60 + i, 5000);
+    cr_assert_eq(f.b.replies, before);
+    acquire_wait(&f, &f.b, token, 64, 5000);
+    cr_assert_eq(f.b.replies, before + 1);
+    cr_assert_eq(f.b.code, EMFILE, "a fifth parked acquire: %s", f.b.msg);
+    cr_assert(strstr(f.b.msg, "4 of them waiting"), "%s", f.b.msg);
+    cr_assert_eq(lease(&f, &f.b, 100), 0, "a lease past max-leases");
+    cr_assert_eq(f.b.code, EMFILE);
+    broker_disconnect(&f.bk, &f.b.peer);
+    cr_assert_eq(f.bk.waiters.n, 0);
+    cr_assert_eq(f.b.peer.parked, 0);
+    before = f.b.replies;
+    publish_noreply(&f, &f.a, h);
+    cr_assert_eq(f.b.replies, before, "a dropped waiter was served");
+    release(&f, &f.a, h, 0);
+    fx_close(&f);
+}
+
+/* Quota is 16 MiB per uid here: a waiting lease at the quota is served when a release
+ * credits it, in FIFO order; another tenant is never held up. */
+Test(broker, lease_waits_for_quota_in_order)
+{
+    struct fx f;
+    fx_open(&f);
+    uint64_t h1 = lease(&f, &f.a, 8 * MiB), h2 = lease(&f, &f.a, 8 * MiB);
+    cr_assert(h1 && h2, "%s", f.a.msg);
+    unsigned before = f.a.replies;
+    lease_wait(&f, &f.a, 8 * MiB, 71, 5000);
+    lease_wait(&f, &f.a, 4 * KiB, 72, 5000);  /* queues behind the first, FIFO */
+    cr_assert_eq(f.a.replies, before, "a waiting lease replied at once: %s", f.a.msg);
+    cr_assert_eq(f.a.peer.parked, 2);
+    cr_assert_eq(f.counters.lease_waits, 2);
+    cr_assert_eq(f.counters.refused_quota, 0);
+    /* uid 1001 is not held up by uid 1000's waiters */
+    uint64_t hb = lease(&f, &f.b, 8 * MiB);
+    cr_assert_neq(hb, 0, "another tenant's lease: %s", f.b.msg);
+    /* room for the first waiter: it is served, and the second (4 KiB) still does not fit */
+    release(&f, &f.a, h1, PROTO_RELEASE_NOREPLY);
+    cr_assert_eq(run_until(&f, &f.a, before + 1, 3000), before + 1, "the first waiter was not served");
+    cr_assert_eq(f.a.code, 0, "%s", f.a.msg);
+    cr_assert_eq(f.a.last.id, 71, "the second waiter came first");
+    uint64_t h3 = f.a.last.u.lease_reply.handle;
+    cr_assert_eq(run_until(&f, &f.a, before + 2, 100), before + 1, "a lease past the quota was served");
+    cr_assert_eq(f.a.peer.parked, 1);
+    cr_assert_eq(quota_held(f.bk.quota, 1000), 16 * MiB);
+    release(&f, &f.a, h2, PROTO_RELEASE_NOREPLY);
+    cr_assert_eq(run_until(&f, &f.a, before + 2, 3000), before + 2, "the second waiter was not served");
+    cr_assert_eq(f.a.last.id, 72);
+    cr_assert_eq(f.a.code, 0, "%s", f.a.msg);
+    cr_assert_eq(f.a.peer.parked, 0);
+    cr_assert_eq(f.a.peer.holder.leases, 2);
+    cr_assert_eq(f.counters.refused_quota, 0, "a waiting lease was refused");
+    release(&f, &f.a, h3, 0);
+    release(&f, &f.b, hb, 0);
+    fx_close(&f);
+}
+
+Test(broker, lease_wait_times_out_with_the_numbers)
+{
+    struct fx f;
+    fx_open(&f);
+    uint64_t h1 = lease(&f, &f.a, 16 * MiB);
+    cr_assert_neq(h1, 0, "%s", f.a.msg);
+    unsigned before = f.a.replies;
+    lease_wait(&f, &f.a, MiB, 81, 40);
+    cr_assert_eq(run_until(&f, &f.a, before + 1, 3000), before + 1, "the wait never ran out");
+    cr_assert_eq(f.a.code, ETIMEDOUT);
+    cr_assert_eq(f.a.last.id, 81);
+    cr_assert(strstr(f.a.msg, "lease of 1.0 MiB (1048576 bytes) waited "), "%s", f.a.msg);
+    cr_assert(strstr(f.a.msg, " ms for quota: uid 1000 holds 16.0 MiB (16777216 bytes) of its 16.0 MiB quota"), "%s",
+              f.a.msg);
+    cr_assert_eq(f.counters.lease_wait_timeouts, 1);
+    cr_assert_eq(f.a.peer.parked, 0);
+    cr_assert_eq(quota_held(f.bk.quota, 1000), 16 * MiB, "a timed-out wait was charged");
+
+    /* a waiter whose peer goes is dropped with nothing charged */
+    lease_wait(&f, &f.a, MiB, 82, 5000);
+    cr_assert_eq(f.a.peer.parked, 1);
+    release(&f, &f.a, h1, 0);
+    broker_disconnect(&f.bk, &f.a.peer);
+    cr_assert_eq(f.bk.waiters.n, 0);
+    run_until(&f, &f.a, f.a.replies + 1, 50);
+    cr_assert_eq(quota_total(f.bk.quota), 0);
+    fx_close(&f);
+}
+
+/* The pool is 64 MiB here: a waiting lease for pool space (another tenant holds it). */
+Test(broker, lease_waits_for_pool_space)
+{
+    struct fx f;
+    fx_open(&f);
+    quota_set(f.bk.quota, 1000, 64 * MiB);
+    quota_set(f.bk.quota, 1001, 64 * MiB);
+    f.opt.max_leases = 8;
+    uint64_t h[4];
+    for (int i = 0; i < 4; i++)
+        cr_assert_neq(h[i] = lease(&f, &f.a, 16 * MiB), 0, "%s", f.a.msg);
+    unsigned before = f.b.replies;
+    lease_wait(&f, &f.b, 16 * MiB, 91, 5000);
+    cr_assert_eq(f.b.replies, before, "%s", f.b.msg);
+    cr_assert_eq(f.b.peer.parked, 1);
+    release(&f, &f.a, h[0], 0);
+    cr_assert_eq(run_until(&f, &f.b, before + 1, 3000), before + 1);
+    cr_assert_eq(f.b.code, 0, "%s", f.b.msg);
+    cr_assert_eq(f.b.last.op, PROTO_OP_LEASE + PROTO_OP_REPLY);
+    /* and a timeout names the pool's numbers */
+    lease_wait(&f, &f.b, 16 * MiB, 92, 30);
+    cr_assert_eq(run_until(&f, &f.b, before + 2, 3000), before + 2);
+    cr_assert_eq(f.b.code, ETIMEDOUT);
+    cr_assert(strstr(f.b.msg, "lease of 16.0 MiB (16777216 bytes) waited "), "%s", f.b.msg);
+    cr_assert(strstr(f.b.msg, "ms for pool space: the pool holds 64.0 MiB (67108864 bytes) of its 64.0 MiB"), "%s",
+              f.b.msg);
+    for (int i = 1; i < 4; i++)
+        release(&f, &f.a, h[i], 0);
+    fx_close(&f);
+}
+
+/* ---- batches ----------------------------------------------------------------------- */
+
+static void lease_many(struct fx *f, struct fake *p, uint32_t id, const uint64_t *sizes, uint32_t n, uint32_t wait)
+{
+    struct proto_msg m = { .op = PROTO_OP_LEASE_MANY, .id = id };
+    m.u.lease_many.n = n;
+    memcpy(m.u.lease_many.sizes, sizes, n * sizeof(sizes[0]));
+    m.u.lease_many.wait_ms = wait;
+    request(f, p, &m);
+}
+
+static void release_many(struct fx *f, struct fake *p, uint32_t id, const uint64_t *handles, uint32_t n,
+                         uint32_t flags)
+{
+    struct proto_msg m = { .op = PROTO_OP_RELEASE_MANY, .id = id };
+    m.u.release_many.n = n;
+    memcpy(m.u.release_many.handles, handles, n * sizeof(handles[0]));
+    m.u.release_many.flags = flags;
+    request(f, p, &m);
+}
+
+Test(broker, lease_many_and_release_many)
+{
+    struct fx f;
+    fx_open(&f);
+    f.opt.max_leases = 32;
+    /* one warm (recycled) buffer, three made off the loop */
+    uint64_t h0 = lease(&f, &f.a, 8 * KiB);
+    release(&f, &f.a, h0, 0);
+    static const uint64_t sizes[] = { 8 * KiB, 100, MiB, 3 * MiB };
+    unsigned before = f.a.replies;
+    lease_many(&f, &f.a, 101, sizes, 4, 0);
+    cr_assert_eq(run_until(&f, &f.a, before + 1, 5000), before + 1);
+    cr_assert_eq(f.a.last.op, PROTO_OP_LEASE_MANY + PROTO_OP_REPLY, "lease_many: %s", f.a.msg);
+    cr_assert_eq(f.a.last.id, 101);
+    cr_assert_eq(f.a.last.u.lease_many_reply.n, 4);
+    uint64_t handles[4];
+    for (uint32_t i = 0; i < 4; i++) {
+        const struct proto_item *it = &f.a.last.u.lease_many_reply.items[i];
+        cr_assert_eq(it->size, sizes[i], "item %u", i);
+        cr_assert_geq(it->capacity, sizes[i]);
+        cr_assert_geq(f.a.fds[i], 0);
+        handles[i] = it->handle;
+        for (uint32_t j = 0; j < i; j++)
+            cr_assert_neq(memcmp(it->token, f.a.last.u.lease_many_reply.items[j].token, PROTO_TOKEN_LEN), 0);
+    }
+    cr_assert_eq(f.a.peer.holder.leases, 4);
+    cr_assert_eq(f.counters.leases, 5);
+    /* each item can be published under its token */
+    publish(&f, &f.a, handles[2], 10, 0);
+    cr_assert_eq(f.a.last.op, PROTO_OP_PUBLISH + PROTO_OP_REPLY, "%s", f.a.msg);
+
+    /* release_many: an unknown handle is named, the others are released */
+    uint64_t rel[3] = { handles[0], 12345, handles[1] };
+    release_many(&f, &f.a, 102, rel, 3, PROTO_RELEASE_NOREPLY);
+    cr_assert_eq(f.a.code, ENOENT);
+    cr_assert_eq(f.a.last.id, 102);
+    cr_assert(strstr(f.a.msg, "handle 12345 (item 1 of 3)"), "%s", f.a.msg);
+    cr_assert_eq(f.a.peer.holder.leases, 2);
+    before = f.a.replies;
+    release_many(&f, &f.a, 103, handles + 2, 2, PROTO_RELEASE_NOREPLY);
+    cr_assert_eq(f.a.replies, before, "a no-reply release_many replied");
+    cr_assert_eq(f.a.peer.holder.leases, 0);
+    h0 = lease(&f, &f.a, 100);
+    release_many(&f, &f.a, 104, &h0, 1, 0);
+    cr_assert_eq(f.a.last.op, PROTO_OP_RELEASE_MANY + PROTO_OP_REPLY);
+    cr_assert_eq(f.counters.releases, 6);
+    fx_close(&f);
+}
+
+/* All or nothing: a batch one of whose items passes the quota (16 MiB) makes no lease. */
+Test(broker, lease_many_is_all_or_nothing)
+{
+    struct fx f;
+    fx_open(&f);
+    f.opt.max_leases = 32;
+    static const uint64_t sizes[] = { MiB, 8 * MiB, 4 * MiB, 8 * MiB, 100 };
+    lease_many(&f, &f.a, 111, sizes, 5, 0);
+    run_until(&f, &f.a, f.a.replies + 1, 300); /* items still being made finish */
+    cr_assert_eq(f.a.code, EDQUOT, "%s", f.a.msg);
+    cr_assert_eq(f.a.last.id, 111);
+    cr_assert(strstr(f.a.msg, "lease_many item 3 of 5 (8.0 MiB): quota exceeded for uid 1000"), "%s", f.a.msg);
+    cr_assert(strstr(f.a.msg, "no lease of the batch was made"), "%s", f.a.msg);
+    cr_assert_eq(f.a.peer.holder.leases, 0);
+    cr_assert_eq(f.a.peer.pending, 0);
+    cr_assert_eq(quota_total(f.bk.quota), 0, "an undone batch kept a charge");
+    cr_assert_eq(f.counters.leases, 0);
+
+    /* limits checked before anything: count, size, wait */
+    f.opt.max_leases = 4;
+    lease_many(&f, &f.a, 112, sizes, 5, 0);
+    cr_assert_eq(f.a.code, EMFILE, "%s", f.a.msg);
+    static const uint64_t zero[] = { 1, 0 };
+    lease_many(&f, &f.a, 113, zero, 2, 0);
+    cr_assert_eq(f.a.code, EINVAL);
+    cr_assert(strstr(f.a.msg, "item 1 of 2"), "%s", f.a.msg);
+    lease_many(&f, &f.a, 114, sizes, 1, 100);
+    cr_assert_eq(f.a.code, EINVAL, "a waiting lease_many: %s", f.a.msg);
+    cr_assert_eq(quota_total(f.bk.quota), 0);
+    fx_close(&f);
 }

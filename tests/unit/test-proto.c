@@ -22,6 +22,7 @@ static const uint32_t known_ops[] = {
     REPLY(PROTO_OP_HELLO), REPLY(PROTO_OP_LEASE), REPLY(PROTO_OP_PUBLISH),
     REPLY(PROTO_OP_ACQUIRE), REPLY(PROTO_OP_RELEASE), REPLY(PROTO_OP_STATUS),
     REPLY(PROTO_OP_PING), PROTO_OP_ERROR,
+    PROTO_OP_LEASE_MANY, REPLY(PROTO_OP_LEASE_MANY), PROTO_OP_RELEASE_MANY, REPLY(PROTO_OP_RELEASE_MANY),
 };
 #define N_KNOWN_OPS (sizeof(known_ops) / sizeof(known_ops[0]))
 
@@ -61,6 +62,7 @@ static void make_msg(uint32_t op, uint32_t id, struct proto_msg *m)
     case PROTO_OP_LEASE:
         m->u.lease.size = 83886080;
         m->u.lease.flags = 2;
+        m->u.lease.wait_ms = 1500;
         break;
     case REPLY(PROTO_OP_LEASE):
     case REPLY(PROTO_OP_ACQUIRE):
@@ -79,6 +81,8 @@ static void make_msg(uint32_t op, uint32_t id, struct proto_msg *m)
         m->u.publish.keep_ms = 250;
         m->u.publish.meta = sample_meta;
         m->u.publish.meta_len = sizeof(sample_meta);
+        m->u.publish.flags = PROTO_PUBLISH_NOREPLY;
+        m->u.publish.max_acquires = 9;
         break;
     case REPLY(PROTO_OP_PUBLISH):
         fill_token(m->u.publish_reply.token, 1);
@@ -87,6 +91,33 @@ static void make_msg(uint32_t op, uint32_t id, struct proto_msg *m)
     case PROTO_OP_ACQUIRE:
         fill_token(m->u.acquire.token, 2);
         m->u.acquire.flags = 6;
+        m->u.acquire.wait_ms = 250;
+        break;
+    case PROTO_OP_LEASE_MANY:
+        m->u.lease_many.n = 3;
+        m->u.lease_many.sizes[0] = 4096;
+        m->u.lease_many.sizes[1] = UINT64_C(1) << 33;
+        m->u.lease_many.sizes[2] = 1;
+        m->u.lease_many.flags = 4;
+        m->u.lease_many.wait_ms = 7;
+        break;
+    case REPLY(PROTO_OP_LEASE_MANY):
+        m->u.lease_many_reply.n = 2;
+        for (uint32_t i = 0; i < 2; i++) {
+            struct proto_item *it = &m->u.lease_many_reply.items[i];
+            it->handle = (UINT64_C(1) << 32) + i;
+            it->buf_id = 40 + i;
+            it->size = 100 + i;
+            it->capacity = 4096 * (i + 1);
+            fill_token(it->token, (uint8_t)(9 + i));
+            it->has_fd = i == 0;
+        }
+        break;
+    case PROTO_OP_RELEASE_MANY:
+        m->u.release_many.n = 2;
+        m->u.release_many.handles[0] = 12;
+        m->u.release_many.handles[1] = UINT64_MAX;
+        m->u.release_many.flags = PROTO_RELEASE_NOREPLY;
         break;
     case PROTO_OP_RELEASE:
         m->u.release.handle = 11;
@@ -166,6 +197,7 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
     case PROTO_OP_LEASE:
         cr_assert_eq(b->u.lease.size, a->u.lease.size);
         cr_assert_eq(b->u.lease.flags, a->u.lease.flags);
+        cr_assert_eq(b->u.lease.wait_ms, a->u.lease.wait_ms);
         break;
     case REPLY(PROTO_OP_LEASE):
     case REPLY(PROTO_OP_ACQUIRE):
@@ -183,6 +215,8 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         cr_assert_eq(b->u.publish.size, a->u.publish.size);
         cr_assert_eq(b->u.publish.keep_ms, a->u.publish.keep_ms);
         raw_eq(a->u.publish.meta, a->u.publish.meta_len, b->u.publish.meta, b->u.publish.meta_len, "meta");
+        cr_assert_eq(b->u.publish.flags, a->u.publish.flags);
+        cr_assert_eq(b->u.publish.max_acquires, a->u.publish.max_acquires);
         break;
     case REPLY(PROTO_OP_PUBLISH):
         raw_eq(a->u.publish_reply.token, PROTO_TOKEN_LEN, b->u.publish_reply.token, PROTO_TOKEN_LEN, "token");
@@ -191,6 +225,32 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
     case PROTO_OP_ACQUIRE:
         raw_eq(a->u.acquire.token, PROTO_TOKEN_LEN, b->u.acquire.token, PROTO_TOKEN_LEN, "token");
         cr_assert_eq(b->u.acquire.flags, a->u.acquire.flags);
+        cr_assert_eq(b->u.acquire.wait_ms, a->u.acquire.wait_ms);
+        break;
+    case PROTO_OP_LEASE_MANY:
+        cr_assert_eq(b->u.lease_many.n, a->u.lease_many.n);
+        for (uint32_t i = 0; i < a->u.lease_many.n; i++)
+            cr_assert_eq(b->u.lease_many.sizes[i], a->u.lease_many.sizes[i], "size %u", i);
+        cr_assert_eq(b->u.lease_many.flags, a->u.lease_many.flags);
+        cr_assert_eq(b->u.lease_many.wait_ms, a->u.lease_many.wait_ms);
+        break;
+    case REPLY(PROTO_OP_LEASE_MANY):
+        cr_assert_eq(b->u.lease_many_reply.n, a->u.lease_many_reply.n);
+        for (uint32_t i = 0; i < a->u.lease_many_reply.n; i++) {
+            const struct proto_item *x = &a->u.lease_many_reply.items[i], *y = &b->u.lease_many_reply.items[i];
+            cr_assert_eq(y->handle, x->handle, "item %u", i);
+            cr_assert_eq(y->buf_id, x->buf_id, "item %u", i);
+            cr_assert_eq(y->size, x->size, "item %u", i);
+            cr_assert_eq(y->capacity, x->capacity, "item %u", i);
+            raw_eq(x->token, PROTO_TOKEN_LEN, y->token, PROTO_TOKEN_LEN, "item token");
+            cr_assert_eq(y->has_fd, x->has_fd, "item %u", i);
+        }
+        break;
+    case PROTO_OP_RELEASE_MANY:
+        cr_assert_eq(b->u.release_many.n, a->u.release_many.n);
+        for (uint32_t i = 0; i < a->u.release_many.n; i++)
+            cr_assert_eq(b->u.release_many.handles[i], a->u.release_many.handles[i], "handle %u", i);
+        cr_assert_eq(b->u.release_many.flags, a->u.release_many.flags);
         break;
     case PROTO_OP_RELEASE:
         cr_assert_eq(b->u.release.handle, a->u.release.handle);
@@ -256,8 +316,9 @@ Test(proto, lease_has_expected_wire_bytes)
     struct proto_msg m = { .op = PROTO_OP_LEASE, .id = 7 };
     m.u.lease.size = 4096;
     m.u.lease.flags = 1;
+    m.u.lease.wait_ms = 300;
     uint8_t buf[64];
-    static const uint8_t expected[] = { 0x94, 0x02, 0x07, 0xcd, 0x10, 0x00, 0x01 };
+    static const uint8_t expected[] = { 0x95, 0x02, 0x07, 0xcd, 0x10, 0x00, 0x01, 0xcd, 0x01, 0x2c };
 
     cr_assert_eq(encode_ok(&m, buf, sizeof(buf)), sizeof(expected));
     cr_assert_arr_eq(buf, expected, sizeof(expected));
@@ -334,6 +395,7 @@ Test(proto, lease_round_trip)
         struct proto_msg m = { .op = PROTO_OP_LEASE, .id = 100 + i }, d;
         m.u.lease.size = sizes[i];
         m.u.lease.flags = UINT32_MAX - i;
+        m.u.lease.wait_ms = i * 1000;
         uint8_t buf[64];
         size_t len = encode_ok(&m, buf, sizeof(buf));
 
@@ -342,6 +404,7 @@ Test(proto, lease_round_trip)
         cr_assert_eq(d.id, 100 + i);
         cr_assert_eq(d.u.lease.size, sizes[i], "size %llu", (unsigned long long)sizes[i]);
         cr_assert_eq(d.u.lease.flags, UINT32_MAX - i);
+        cr_assert_eq(d.u.lease.wait_ms, i * 1000);
     }
 }
 
@@ -436,46 +499,55 @@ Test(proto, publish_round_trip)
     cr_assert_eq(d.u.publish.size, 1000);
     cr_assert_eq(d.u.publish.keep_ms, UINT32_MAX);
     cr_assert_eq(d.u.publish.meta_len, sizeof(sample_meta));
-    cr_assert_eq((const void *)d.u.publish.meta, (const void *)(buf + len - sizeof(sample_meta)));
+    cr_assert_eq((const void *)d.u.publish.meta, (const void *)(buf + len - 2 - sizeof(sample_meta)));
+    cr_assert_eq(d.u.publish.flags, 0);
+    cr_assert_eq(d.u.publish.max_acquires, 0);
     cr_assert_arr_eq(d.u.publish.meta, sample_meta, sizeof(sample_meta));
 }
 
-/* The optional publish fields (flags, max_acquires) and the acquire reply's flags travel
- * only when set: a plain publish encodes as before (older daemons read it), and a message
- * without them decodes as 0. */
-Test(proto, publish_flags_and_max_acquires_are_optional)
+/* Version 2: every field is required. A publish without its flags and max_acquires, and
+ * an acquire reply without its flags (what version 1 allowed), are malformed. */
+Test(proto, publish_and_reply_fields_are_required)
 {
-    uint8_t buf[256], plain[256];
+    uint8_t buf[256];
     struct proto_msg m = { .op = PROTO_OP_PUBLISH, .id = 5 }, d;
     const char *why = NULL;
     m.u.publish.handle = 7;
     m.u.publish.size = 100;
     m.u.publish.keep_ms = 1000;
-    int n0 = proto_encode(&m, plain, sizeof(plain));
-    cr_assert_gt(n0, 0);
-    cr_assert_eq(proto_decode(plain, (size_t)n0, sizeof(plain), &d, &why), 0, "%s", why);
-    cr_assert_eq(d.u.publish.flags, 0);
-    cr_assert_eq(d.u.publish.max_acquires, 0);
-    m.u.publish.flags = PROTO_PUBLISH_SEALED;
+    m.u.publish.flags = PROTO_PUBLISH_SEALED | PROTO_PUBLISH_NOREPLY;
     m.u.publish.max_acquires = 3;
     int n = proto_encode(&m, buf, sizeof(buf));
-    cr_assert_gt(n, n0, "the optional fields travel when set");
+    cr_assert_gt(n, 0);
+    cr_assert_eq(buf[0], 0x98, "a publish always carries its 6 fields");
     cr_assert_eq(proto_decode(buf, (size_t)n, sizeof(buf), &d, &why), 0, "%s", why);
-    cr_assert_eq(d.u.publish.flags, PROTO_PUBLISH_SEALED);
+    cr_assert_eq(d.u.publish.flags, PROTO_PUBLISH_SEALED | PROTO_PUBLISH_NOREPLY);
     cr_assert_eq(d.u.publish.max_acquires, 3);
     cr_assert_eq(d.u.publish.keep_ms, 1000);
+    /* without max_acquires (its last byte), then without flags too */
+    buf[0] = 0x97;
+    expect_decode(-EPROTO, buf, (size_t)n - 1, "publish without max_acquires");
+    buf[0] = 0x96;
+    expect_decode(-EPROTO, buf, (size_t)n - 2, "publish without flags");
 
     struct proto_msg r = { .op = PROTO_OP_ACQUIRE + PROTO_OP_REPLY, .id = 6 };
     r.u.acquire_reply.size = 10;
     r.u.acquire_reply.capacity = 4096;
-    n0 = proto_encode(&r, plain, sizeof(plain));
     r.u.acquire_reply.flags = PROTO_BUF_SEALED;
     n = proto_encode(&r, buf, sizeof(buf));
-    cr_assert_eq(n, n0 + 1);
+    cr_assert_gt(n, 0);
     cr_assert_eq(proto_decode(buf, (size_t)n, sizeof(buf), &d, &why), 0, "%s", why);
     cr_assert_eq(d.u.acquire_reply.flags, PROTO_BUF_SEALED);
-    cr_assert_eq(proto_decode(plain, (size_t)n0, sizeof(plain), &d, &why), 0, "%s", why);
-    cr_assert_eq(d.u.acquire_reply.flags, 0);
+    buf[0] = 0x98;
+    expect_decode(-EPROTO, buf, (size_t)n - 1, "acquire reply without flags");
+
+    /* a lease without wait_ms, an acquire without wait_ms */
+    EXPECT_EPROTO(0x94, 0x02, 0x01, 0x05, 0x00);
+    struct proto_msg a = { .op = PROTO_OP_ACQUIRE, .id = 1 };
+    n = proto_encode(&a, buf, sizeof(buf));
+    cr_assert_eq(buf[0], 0x95);
+    buf[0] = 0x94;
+    expect_decode(-EPROTO, buf, (size_t)n - 1, "acquire without wait_ms");
 }
 
 Test(proto, publish_nil_meta_decodes_as_null)
@@ -486,7 +558,7 @@ Test(proto, publish_nil_meta_decodes_as_null)
     m.u.publish.keep_ms = 10;
     uint8_t buf[64];
     size_t len = encode_ok(&m, buf, sizeof(buf));
-    cr_assert_eq(buf[len - 1], 0xc0);
+    cr_assert_eq(buf[len - 3], 0xc0, "no meta travels as nil (before flags and max_acquires)");
 
     memset(&d, 0xa5, sizeof(d));
     decode_ok(buf, len, &d);
@@ -747,9 +819,10 @@ Test(proto, rejects_every_truncation_of_lease)
     struct proto_msg m = { .op = PROTO_OP_LEASE, .id = 0xdeadbeef };
     m.u.lease.size = UINT64_MAX;
     m.u.lease.flags = UINT32_MAX;
+    m.u.lease.wait_ms = UINT32_MAX;
     uint8_t buf[64];
     size_t len = encode_ok(&m, buf, sizeof(buf));
-    cr_assert_eq(len, 1 + 1 + 5 + 9 + 5);
+    cr_assert_eq(len, 1 + 1 + 5 + 9 + 5 + 5);
     for (size_t n = 0; n < len; n++) {
         char label[32];
         snprintf(label, sizeof(label), "prefix %zu", n);
@@ -963,29 +1036,35 @@ Test(proto, rejects_bad_id_and_accepts_uint32_max)
 
 Test(proto, rejects_bad_lease_fields)
 {
-    EXPECT_EPROTO(0x94, 0x02, 0x01, 0xa1, '5', 0x00);         /* size as a string */
-    EXPECT_EPROTO(0x94, 0x02, 0x01, 0xff, 0x00);              /* size -1 */
-    EXPECT_EPROTO(0x94, 0x02, 0x01, 0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0, 0x00);  /* INT64_MIN */
-    EXPECT_EPROTO(0x94, 0x02, 0x01, 0xc0, 0x00);              /* size nil */
-    EXPECT_EPROTO(0x94, 0x02, 0x01, 0xcb, 0x40, 0xb0, 0, 0, 0, 0, 0, 0, 0x00);  /* 4096.0 */
-    EXPECT_EPROTO(0x94, 0x02, 0x01, 0x05, 0xff);              /* flags -1 */
-    EXPECT_EPROTO(0x94, 0x02, 0x01, 0x05, 0xcf, 0, 0, 0, 0x01, 0, 0, 0, 0);  /* flags 2^32 */
-    EXPECT_EPROTO(0x94, 0x02, 0x01, 0x05, 0xc2);              /* flags false */
+    EXPECT_EPROTO(0x95, 0x02, 0x01, 0xa1, '5', 0x00, 0x00);   /* size as a string */
+    EXPECT_EPROTO(0x95, 0x02, 0x01, 0xff, 0x00, 0x00);        /* size -1 */
+    EXPECT_EPROTO(0x95, 0x02, 0x01, 0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00);  /* INT64_MIN */
+    EXPECT_EPROTO(0x95, 0x02, 0x01, 0xc0, 0x00, 0x00);        /* size nil */
+    EXPECT_EPROTO(0x95, 0x02, 0x01, 0xcb, 0x40, 0xb0, 0, 0, 0, 0, 0, 0, 0x00, 0x00);  /* 4096.0 */
+    EXPECT_EPROTO(0x95, 0x02, 0x01, 0x05, 0xff, 0x00);        /* flags -1 */
+    EXPECT_EPROTO(0x95, 0x02, 0x01, 0x05, 0xcf, 0, 0, 0, 0x01, 0, 0, 0, 0, 0x00);  /* flags 2^32 */
+    EXPECT_EPROTO(0x95, 0x02, 0x01, 0x05, 0xc2, 0x00);        /* flags false */
+    EXPECT_EPROTO(0x95, 0x02, 0x01, 0x05, 0x00, 0xff);        /* wait_ms -1 */
+    EXPECT_EPROTO(0x95, 0x02, 0x01, 0x05, 0x00, 0xcf, 0, 0, 0, 0x01, 0, 0, 0, 0);  /* wait_ms 2^32 */
+    EXPECT_EPROTO(0x95, 0x02, 0x01, 0x05, 0x00, 0xc0);        /* wait_ms nil */
+    EXPECT_EPROTO(0x94, 0x02, 0x01, 0x05, 0x00);              /* wait_ms missing */
     EXPECT_EPROTO(0x93, 0x02, 0x01, 0x05);                    /* flags missing */
-    EXPECT_EPROTO(0x92, 0x02, 0x01);                          /* both missing */
+    EXPECT_EPROTO(0x92, 0x02, 0x01);                          /* all missing */
 
     /* the same shape with valid fields decodes */
     struct proto_msg m;
-    DECODE_RAW(&m, 0x94, 0x02, 0x01, 0x05, 0xce, 0xff, 0xff, 0xff, 0xff);
+    DECODE_RAW(&m, 0x95, 0x02, 0x01, 0x05, 0xce, 0xff, 0xff, 0xff, 0xff, 0xcd, 0x01, 0xf4);
     cr_assert_eq(m.u.lease.size, 5);
     cr_assert_eq(m.u.lease.flags, UINT32_MAX);
+    cr_assert_eq(m.u.lease.wait_ms, 500);
 }
 
-/* [op, 1, <token field>, 0] with the token as bin8 of n bytes (or another head). */
+/* [op, 1, <token field>, 0] with the token as bin8 of n bytes (or another head); an
+ * acquire gets one 0 more (flags, wait_ms). */
 static size_t build_token_msg(uint8_t *buf, uint32_t op, uint8_t head, size_t n)
 {
     size_t pos = 0;
-    buf[pos++] = 0x94;
+    buf[pos++] = op == PROTO_OP_ACQUIRE ? 0x95 : 0x94;
     buf[pos++] = (uint8_t)op;
     buf[pos++] = 0x01;
     buf[pos++] = head;
@@ -994,6 +1073,8 @@ static size_t build_token_msg(uint8_t *buf, uint32_t op, uint8_t head, size_t n)
     for (size_t i = 0; i < n; i++)
         buf[pos++] = (uint8_t)(0x30 + i);
     buf[pos++] = 0x00;
+    if (op == PROTO_OP_ACQUIRE)
+        buf[pos++] = 0x00;
     return pos;
 }
 
@@ -1212,7 +1293,7 @@ Test(proto, unknown_op_is_eopnotsupp)
     expect_unsupported(op50, sizeof(op50), 50, 1234);
     static const uint8_t op99[] = { 0x94, 99, 0x07, 0xa1, 'x', 0x92, 0x01, 0x02 };
     expect_unsupported(op99, sizeof(op99), 99, 7);
-    static const uint32_t ops[] = { 0, 9, 63, 64, 72, 126 };
+    static const uint32_t ops[] = { 0, 11, 63, 64, 72, 75, 126 };
     for (unsigned i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
         uint8_t b[] = { 0x92, (uint8_t)ops[i], 0xce, 0xff, 0xff, 0xff, 0xff };
         expect_unsupported(b, sizeof(b), ops[i], UINT32_MAX);
@@ -1233,13 +1314,14 @@ Test(proto, unknown_op_is_eopnotsupp)
 Test(proto, ignores_extra_trailing_fields)
 {
     struct proto_msg m;
-    /* [2, 9, 4096, 1, "future", [1, 2]] */
-    DECODE_RAW(&m, 0x96, 0x02, 0x09, 0xcd, 0x10, 0x00, 0x01,
+    /* [2, 9, 4096, 1, 20, "future", [1, 2]] */
+    DECODE_RAW(&m, 0x97, 0x02, 0x09, 0xcd, 0x10, 0x00, 0x01, 0x14,
                0xa6, 'f', 'u', 't', 'u', 'r', 'e', 0x92, 0x01, 0x02);
     cr_assert_eq(m.op, PROTO_OP_LEASE);
     cr_assert_eq(m.id, 9);
     cr_assert_eq(m.u.lease.size, 4096);
     cr_assert_eq(m.u.lease.flags, 1);
+    cr_assert_eq(m.u.lease.wait_ms, 20);
 
     DECODE_RAW(&m, 0x95, 0x07, 0x03, 0x01, 0x02, 0x03);     /* [7, 3, 1, 2, 3] */
     cr_assert_eq(m.op, PROTO_OP_PING);
@@ -1255,14 +1337,180 @@ Test(proto, ignores_extra_trailing_fields)
     cr_assert_eq(m.u.error.msg_len, 4);
     cr_assert_eq((const void *)m.u.error.msg, (const void *)(err + 5));
 
-    /* [3, 1, 2, 3, 4, bin "m", {1: 2}] */
-    static const uint8_t pub[] = { 0x97, 0x03, 0x01, 0x02, 0x03, 0x04, 0xc4, 0x01, 'm', 0x81, 0x01, 0x02 };
+    /* [3, 1, 2, 3, 4, bin "m", 1, 5, {1: 2}] */
+    static const uint8_t pub[] = { 0x99, 0x03, 0x01, 0x02, 0x03, 0x04, 0xc4, 0x01, 'm', 0x01, 0x05,
+                                   0x81, 0x01, 0x02 };
     cr_assert_eq(proto_decode(pub, sizeof(pub), PROTO_MAX_REPLY, &m, &why), 0);
+    cr_assert_eq(m.u.publish.flags, 1);
+    cr_assert_eq(m.u.publish.max_acquires, 5);
     cr_assert_eq(m.u.publish.handle, 2);
     cr_assert_eq(m.u.publish.size, 3);
     cr_assert_eq(m.u.publish.keep_ms, 4);
     cr_assert_eq(m.u.publish.meta_len, 1);
     cr_assert_eq((const void *)m.u.publish.meta, (const void *)(pub + 8));
+}
+
+/* Batches --------------------------------------------------------------------------- */
+
+Test(proto, lease_many_round_trip_at_every_count)
+{
+    for (uint32_t n = 1; n <= PROTO_MAX_BATCH; n++) {
+        struct proto_msg m = { .op = PROTO_OP_LEASE_MANY, .id = n }, d;
+        m.u.lease_many.n = n;
+        for (uint32_t i = 0; i < n; i++)
+            m.u.lease_many.sizes[i] = (UINT64_C(1) << (i * 2)) + i;
+        m.u.lease_many.wait_ms = n * 10;
+        uint8_t buf[1024];
+        size_t len = encode_ok(&m, buf, sizeof(buf));
+        decode_ok(buf, len, &d);
+        assert_msg_eq(&m, &d);
+
+        struct proto_msg r = { .op = REPLY(PROTO_OP_LEASE_MANY), .id = n }, e;
+        r.u.lease_many_reply.n = n;
+        for (uint32_t i = 0; i < n; i++) {
+            struct proto_item *it = &r.u.lease_many_reply.items[i];
+            it->handle = UINT64_MAX - i;
+            it->buf_id = i + 1;
+            it->size = i;
+            it->capacity = UINT64_MAX;
+            fill_token(it->token, (uint8_t)i);
+            it->has_fd = i % 2;
+        }
+        static uint8_t rbuf[PROTO_MAX_REPLY];
+        len = encode_ok(&r, rbuf, sizeof(rbuf));
+        decode_ok(rbuf, len, &e);
+        assert_msg_eq(&r, &e);
+
+        struct proto_msg q = { .op = PROTO_OP_RELEASE_MANY, .id = n }, f;
+        q.u.release_many.n = n;
+        for (uint32_t i = 0; i < n; i++)
+            q.u.release_many.handles[i] = (UINT64_C(1) << 32 | i) + 1;
+        len = encode_ok(&q, buf, sizeof(buf));
+        decode_ok(buf, len, &f);
+        assert_msg_eq(&q, &f);
+    }
+}
+
+Test(proto, encode_refuses_batch_over_limit)
+{
+    uint8_t buf[4096];
+    struct proto_msg m = { .op = PROTO_OP_LEASE_MANY, .id = 1 };
+    m.u.lease_many.n = PROTO_MAX_BATCH + 1;
+    cr_assert_eq(proto_encode(&m, buf, sizeof(buf)), -EMSGSIZE);
+    m = (struct proto_msg){ .op = PROTO_OP_RELEASE_MANY, .id = 1 };
+    m.u.release_many.n = PROTO_MAX_BATCH + 1;
+    cr_assert_eq(proto_encode(&m, buf, sizeof(buf)), -EMSGSIZE);
+    m = (struct proto_msg){ .op = REPLY(PROTO_OP_LEASE_MANY), .id = 1 };
+    m.u.lease_many_reply.n = PROTO_MAX_BATCH + 1;
+    cr_assert_eq(proto_encode(&m, buf, sizeof(buf)), -EMSGSIZE);
+}
+
+/* [9, 1, [n x 1], 0, 0] with n sizes */
+static size_t build_lease_many(uint8_t *buf, uint32_t n)
+{
+    size_t pos = 0;
+    buf[pos++] = 0x95;
+    buf[pos++] = PROTO_OP_LEASE_MANY;
+    buf[pos++] = 0x01;
+    if (n < 16) {
+        buf[pos++] = (uint8_t)(0x90 | n);
+    } else {
+        buf[pos++] = 0xdc;
+        buf[pos++] = (uint8_t)(n >> 8);
+        buf[pos++] = (uint8_t)n;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        buf[pos++] = 0x01;
+    buf[pos++] = 0x00;
+    buf[pos++] = 0x00;
+    return pos;
+}
+
+Test(proto, rejects_bad_lease_many)
+{
+    uint8_t buf[128];
+    expect_decode(-EPROTO, buf, build_lease_many(buf, 0), "lease_many of 0 items");
+    expect_decode(-EPROTO, buf, build_lease_many(buf, PROTO_MAX_BATCH + 1), "lease_many of 33 items");
+    struct proto_msg m;
+    decode_ok(buf, build_lease_many(buf, PROTO_MAX_BATCH), &m);
+    cr_assert_eq(m.u.lease_many.n, PROTO_MAX_BATCH);
+    decode_ok(buf, build_lease_many(buf, 1), &m);
+    cr_assert_eq(m.u.lease_many.n, 1);
+    cr_assert_eq(m.u.lease_many.sizes[0], 1);
+
+    EXPECT_EPROTO(0x95, 0x09, 0x01, 0x92, 0x01, 0xa1, '2', 0x00, 0x00);   /* a size as a string */
+    EXPECT_EPROTO(0x95, 0x09, 0x01, 0x92, 0x01, 0xff, 0x00, 0x00);        /* a size -1 */
+    EXPECT_EPROTO(0x95, 0x09, 0x01, 0x92, 0x01, 0xcb, 0x40, 0xb0, 0, 0, 0, 0, 0, 0, 0x00, 0x00); /* 4096.0 */
+    EXPECT_EPROTO(0x95, 0x09, 0x01, 0x92, 0x01, 0x91, 0x01, 0x00, 0x00);  /* a size as an array */
+    EXPECT_EPROTO(0x95, 0x09, 0x01, 0x01, 0x00, 0x00);                    /* sizes not an array */
+    EXPECT_EPROTO(0x95, 0x09, 0x01, 0x81, 0x01, 0x01, 0x00, 0x00);        /* sizes a map */
+    EXPECT_EPROTO(0x94, 0x09, 0x01, 0x91, 0x01, 0x00);                    /* wait_ms missing */
+    EXPECT_EPROTO(0x95, 0x09, 0x01, 0x91, 0x01, 0x00, 0xff);              /* wait_ms -1 */
+}
+
+/* A lease_many reply with one item [handle, buf_id, size, capacity, token, has_fd]; the
+ * bytes of the item's fields after the array header are given. */
+Test(proto, rejects_bad_lease_many_reply)
+{
+    struct proto_msg r = { .op = REPLY(PROTO_OP_LEASE_MANY), .id = 3 }, d;
+    r.u.lease_many_reply.n = 1;
+    r.u.lease_many_reply.items[0] = (struct proto_item){ .handle = 1, .buf_id = 2, .size = 3, .capacity = 4 };
+    uint8_t buf[128];
+    size_t len = encode_ok(&r, buf, sizeof(buf));
+    decode_ok(buf, len, &d);
+    /* layout: 93 49 03 91 96 01 02 03 04 c4 10 <16> 00 */
+    cr_assert_eq(buf[3], 0x91);
+    cr_assert_eq(buf[4], 0x96);
+    cr_assert_eq(len, 5 + 4 + 2 + PROTO_TOKEN_LEN + 1);
+
+    uint8_t bad[128];
+    memcpy(bad, buf, len);
+    bad[len - 1] = 0x02;                          /* has_fd 2 */
+    expect_decode(-EPROTO, bad, len, "has_fd 2");
+    memcpy(bad, buf, len);
+    bad[7] = 0x05;                                /* size 5 > capacity 4 */
+    expect_decode(-EPROTO, bad, len, "size over capacity");
+    memcpy(bad, buf, len);
+    bad[7] = 0xa1;                                /* size as a 1-byte string "\x04"... */
+    expect_decode(-EPROTO, bad, len, "size as a string");
+    memcpy(bad, buf, len);
+    bad[4] = 0x95;                                /* 5 fields: has_fd missing, token then trails */
+    expect_decode(-EPROTO, bad, len - 1, "item without has_fd");
+    memcpy(bad, buf, len);
+    bad[10] = 0x0f;                               /* a 15-byte token */
+    expect_decode(-EPROTO, bad, len - 1, "token of 15 bytes");
+
+    EXPECT_EPROTO(0x93, 0x49, 0x03, 0x91, 0x01);  /* item not an array */
+    EXPECT_EPROTO(0x93, 0x49, 0x03, 0x91, 0xc0);  /* item nil */
+    EXPECT_EPROTO(0x93, 0x49, 0x03, 0x90);        /* no items */
+    EXPECT_EPROTO(0x92, 0x49, 0x03);              /* items missing */
+}
+
+Test(proto, rejects_bad_release_many)
+{
+    EXPECT_EPROTO(0x94, 0x0a, 0x01, 0x90, 0x00);               /* no handles */
+    EXPECT_EPROTO(0x94, 0x0a, 0x01, 0x92, 0x01, 0xa1, 'x', 0x00); /* a handle as a string */
+    EXPECT_EPROTO(0x94, 0x0a, 0x01, 0x92, 0x01, 0xd0, 0xff, 0x00); /* a handle -1 */
+    EXPECT_EPROTO(0x94, 0x0a, 0x01, 0x01, 0x00);               /* handles not an array */
+    EXPECT_EPROTO(0x93, 0x0a, 0x01, 0x91, 0x01);               /* flags missing */
+    EXPECT_EPROTO(0x94, 0x0a, 0x01, 0x91, 0x01, 0xc2);         /* flags false */
+    uint8_t buf[128];
+    size_t pos = 0;
+    buf[pos++] = 0x94;
+    buf[pos++] = PROTO_OP_RELEASE_MANY;
+    buf[pos++] = 0x01;
+    buf[pos++] = 0xdc;
+    buf[pos++] = 0x00;
+    buf[pos++] = PROTO_MAX_BATCH + 1;
+    for (unsigned i = 0; i < PROTO_MAX_BATCH + 1; i++)
+        buf[pos++] = 0x01;
+    buf[pos++] = 0x00;
+    expect_decode(-EPROTO, buf, pos, "release_many of 33 handles");
+    buf[5] = PROTO_MAX_BATCH;
+    struct proto_msg m;
+    buf[pos - 2] = 0x00;          /* the 33rd handle's byte becomes the flags */
+    decode_ok(buf, pos - 1, &m);
+    cr_assert_eq(m.u.release_many.n, PROTO_MAX_BATCH);
 }
 
 /* proto_check ---------------------------------------------------------------------- */
@@ -1575,7 +1823,10 @@ Test(proto, op_names)
         { REPLY(PROTO_OP_PUBLISH), "publish" }, { REPLY(PROTO_OP_ACQUIRE), "acquire" },
         { REPLY(PROTO_OP_RELEASE), "release" }, { REPLY(PROTO_OP_STATUS), "status" },
         { REPLY(PROTO_OP_PING), "ping" }, { PROTO_OP_ERROR, "error" },
-        { PROTO_OP_FORGET, "forget" }, { 0, "unknown" }, { 9, "unknown" }, { 50, "unknown" }, { 63, "unknown" },
+        { PROTO_OP_FORGET, "forget" }, { PROTO_OP_LEASE_MANY, "lease_many" },
+        { PROTO_OP_RELEASE_MANY, "release_many" }, { REPLY(PROTO_OP_LEASE_MANY), "lease_many" },
+        { REPLY(PROTO_OP_RELEASE_MANY), "release_many" }, { 11, "unknown" }, { 75, "unknown" },
+        { 0, "unknown" }, { 50, "unknown" }, { 63, "unknown" },
         { PROTO_OP_REPLY, "unknown" }, { 72, "unknown" }, { 99, "unknown" }, { 126, "unknown" },
         { 128, "unknown" }, { 128 + PROTO_OP_HELLO, "unknown" }, { 191, "unknown" },
         { UINT32_MAX, "unknown" },

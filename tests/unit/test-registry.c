@@ -293,6 +293,68 @@ Test(registry, publish_and_find)
     fx_close(&f);
 }
 
+/* Version 2: a buffer has its token from its lease on (the lease reply carries it), keeps
+ * it at publish, is findable as "writing" until then and as published after; its token
+ * dies with it, and the recycled buffer gets a new one at its next lease. */
+Test(registry, token_given_at_lease_kept_at_publish)
+{
+    struct fx f;
+    struct registry_holder h = { 0 };
+    uint64_t ha, hb;
+    uint8_t token[PROTO_TOKEN_LEN], zero[PROTO_TOKEN_LEN] = { 0 };
+    fx_open(&f);
+    struct registry_buf *a = lease(&f, &h, MiB, 1000, &ha);
+    memcpy(token, a->token, sizeof(token));
+    cr_assert_neq(memcmp(token, zero, sizeof(token)), 0, "no token at lease");
+    cr_assert_null(registry_find(f.reg, token), "an unpublished buffer is found as published");
+    cr_assert_eq(registry_find_writing(f.reg, token), a);
+    struct registry_buf *b = lease(&f, &h, MiB, 1000, &hb);
+    cr_assert_neq(memcmp(a->token, b->token, PROTO_TOKEN_LEN), 0, "two leases, one token");
+    const struct registry_buf *list[4];
+    cr_assert_eq(registry_published(f.reg, list, 4), 0, "status lists a writing buffer");
+
+    cr_assert_eq(registry_publish(f.reg, a, 10, 0, NULL, 0), 0);
+    cr_assert_eq(memcmp(a->token, token, sizeof(token)), 0, "publish changed the token");
+    cr_assert_eq(registry_find(f.reg, token), a);
+    cr_assert_null(registry_find_writing(f.reg, token));
+    cr_assert_eq(registry_published(f.reg, list, 4), 1);
+    cr_assert_eq(list[0], a);
+
+    /* released unpublished: its token is gone too */
+    memcpy(token, b->token, sizeof(token));
+    uint64_t id = b->pb->id;
+    cr_assert_eq(registry_release(f.reg, &h, hb), 0);
+    cr_assert_null(registry_find_writing(f.reg, token));
+    /* the same (recycled) buffer, leased again, under a new token */
+    struct registry_buf *c = lease(&f, &h, MiB, 1000, &hb);
+    cr_assert_eq(c->pb->id, id, "not recycled");
+    cr_assert_neq(memcmp(c->token, token, PROTO_TOKEN_LEN), 0, "a recycled buffer kept its old token");
+    cr_assert_null(registry_find_writing(f.reg, token));
+    cr_assert_eq(registry_find_writing(f.reg, c->token), c);
+    cr_assert_eq(registry_release_all(f.reg, &h), 2);
+    fx_close(&f);
+}
+
+/* More leases than the token stock (64) and the table's first size: all distinct, all found. */
+Test(registry, many_leased_tokens_distinct_and_found)
+{
+    enum { N = 300 };
+    struct fx f;
+    struct registry_holder h = { 0 };
+    static struct registry_buf *bufs[N];
+    uint64_t handle;
+    fx_open(&f);
+    for (int i = 0; i < N; i++)
+        bufs[i] = lease(&f, &h, 4 * KiB, 1000, &handle);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(registry_find_writing(f.reg, bufs[i]->token), bufs[i], "token %d lost", i);
+        for (int j = 0; j < i; j++)
+            cr_assert_neq(memcmp(bufs[i]->token, bufs[j]->token, PROTO_TOKEN_LEN), 0, "tokens %d and %d", i, j);
+    }
+    cr_assert_eq(registry_release_all(f.reg, &h), N);
+    fx_close(&f);
+}
+
 /* Enough publications to make the token table grow (64 buckets at first). */
 Test(registry, many_published_tokens_all_found)
 {

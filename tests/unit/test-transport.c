@@ -10,6 +10,8 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -344,4 +346,70 @@ Test(transport, unread_fds_at_the_cap_stop_reading_until_the_peer_reads)
     close(fd);
     fx_close(&f);
     cr_assert_eq(shared, 98, "a closed transport left its count behind");
+}
+
+/* A lease_many reply: up to TRANSPORT_MAX_FDS fds with one message, in order, each
+ * counted in flight; more is refused; and the same through the queue. */
+Test(transport, sends_many_fds_in_one_message)
+{
+    struct fx f;
+    fx_open(&f, PROTO_MAX_REQUEST);
+    int fds[TRANSPORT_MAX_FDS + 1];
+    for (unsigned i = 0; i <= TRANSPORT_MAX_FDS; i++) {
+        fds[i] = memfd_create("t", MFD_CLOEXEC);
+        cr_assert_geq(fds[i], 0);
+        cr_assert_eq(ftruncate(fds[i], 4096 * (i + 1)), 0);
+    }
+    cr_assert_eq(transport_send_fds(f.t, (const uint8_t *)"many", 4, fds, TRANSPORT_MAX_FDS + 1), -EINVAL);
+    cr_assert_eq(transport_send_fds(f.t, (const uint8_t *)"many", 4, fds, TRANSPORT_MAX_FDS), 0);
+    cr_assert_eq(transport_fds_unread(f.t), TRANSPORT_MAX_FDS);
+    uint8_t buf[16];
+    int got[64];
+    unsigned n = 0;
+    cr_assert_eq(rawclient_recv_fds(f.peer, buf, sizeof(buf), got, 64, &n, 1000), 4);
+    cr_assert_eq(n, TRANSPORT_MAX_FDS, "%u fds came", n);
+    for (unsigned i = 0; i < n; i++) {
+        struct stat st;
+        cr_assert_eq(fstat(got[i], &st), 0);
+        cr_assert_eq(st.st_size, 4096 * (i + 1), "fd %u out of order", i);
+        close(got[i]);
+    }
+    /* queued: the first reply waits behind a full socket buffer, the fds with it */
+    static uint8_t big[60000];
+    int r;
+    unsigned sent = 0;
+    while ((r = transport_send(f.t, big, sizeof(big), -1)) == 0 && sent < 10000) {
+        sent++;
+        if (transport_closing(f.t))
+            break;
+        int q = 0;
+        ioctl(f.fd, SIOCOUTQ, &q);
+        if (q > 100000)
+            break;
+    }
+    cr_assert_eq(transport_send_fds(f.t, (const uint8_t *)"late", 4, fds, 3), 0);
+    for (unsigned i = 0; i <= TRANSPORT_MAX_FDS; i++)
+        close(fds[i]); /* the queue holds its own */
+    unsigned seen = 0;
+    for (int tries = 0; tries < 2000; tries++) {
+        run(&f);
+        ssize_t k;
+        while ((k = rawclient_recv_fds(f.peer, big, sizeof(big), got, 64, &n, 0)) > 0) {
+            if (k == 4) {
+                cr_assert_eq(memcmp(big, "late", 4), 0);
+                cr_assert_eq(n, 3);
+                for (unsigned i = 0; i < n; i++) {
+                    struct stat st;
+                    cr_assert_eq(fstat(got[i], &st), 0);
+                    cr_assert_eq(st.st_size, 4096 * (i + 1));
+                    close(got[i]);
+                }
+                seen = 1;
+            }
+        }
+        if (seen)
+            break;
+    }
+    cr_assert(seen, "the queued reply with 3 fds never came");
+    fx_close(&f);
 }
