@@ -103,7 +103,7 @@ struct client_out {
 /* CLIENT_WIRE_BATCH: lease_many, release_many and multi-lease refills as single
  * lease_many / release_many messages (protocol 2). */
 #ifndef CLIENT_WIRE_BATCH
-#define CLIENT_WIRE_BATCH 0
+#define CLIENT_WIRE_BATCH 1
 #endif
 
 #define STOCK_CLASSES 4

@@ -181,14 +181,6 @@ int shmref_lease_ex(shmref_conn *conn, size_t size, unsigned flags, uint32_t wai
     return lease_wait(conn, p, wait_ms, ret_buf);
 }
 
-static bool token_known(const shmref_buf *buf)
-{
-    for (int i = 0; i < PROTO_TOKEN_LEN; i++)
-        if (buf->token[i])
-            return true;
-    return false;
-}
-
 int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms, const void *meta, size_t meta_len,
                    shmref_desc *ret_desc)
 {
@@ -229,7 +221,7 @@ int lease_publish_send(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t m
     req.u.publish.meta_len = (uint32_t)meta_len;
     req.u.publish.flags = sealed ? PROTO_PUBLISH_SEALED : 0;
     req.u.publish.max_acquires = max_acquires;
-    if (!sealed && token_known(buf)) {
+    if (!sealed) {
         /* The descriptor is known since the lease: nothing to wait for. The daemon
          * handles this connection's requests in order, so whatever it asks next sees the
          * buffer published, and an acquire from elsewhere that overtakes it waits for it. */

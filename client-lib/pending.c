@@ -400,15 +400,22 @@ static void dispatch(shmref_conn *conn, const struct proto_msg *rep, int *fds, u
         return;
     }
     unlink_out(conn, prev, p);
-    if (p->refill)
+    bool refill = p->refill;
+    if (refill) { /* counted once: a refill taken over and sent again is a plain lease */
         conn->stock.out--;
+        p->refill = false;
+    }
     char keep[sizeof(conn->errmsg)];
     memcpy(keep, conn->errmsg, sizeof(keep));
     if (rep->op == PROTO_OP_ERROR) {
         for (unsigned i = 0; i < nfds; i++)
             close(fds[i]);
-        if (retry(conn, p, rep->u.error.code))
+        if (retry(conn, p, rep->u.error.code)) {
+            memcpy(conn->errmsg, keep, sizeof(keep));
+            if (refill)
+                pending_resend_parked(conn);
             return;
+        }
         char msg[PROTO_MAX_ERRMSG + 1];
         snprintf(msg, sizeof(msg), "%.*s", (int)rep->u.error.msg_len, rep->u.error.msg);
         set_error(p, -rep->u.error.code, msg);
@@ -425,7 +432,6 @@ static void dispatch(shmref_conn *conn, const struct proto_msg *rep, int *fds, u
             set_error(p, r, conn->errmsg);
     }
     memcpy(conn->errmsg, keep, sizeof(keep));
-    bool refill = p->refill;
     pending_complete(conn, p);
     if (refill)
         pending_resend_parked(conn);
