@@ -29,7 +29,7 @@ int client_fail(shmref_conn *conn, int err, const char *fmt, ...)
     return err;
 }
 
-static int64_t mono_ms(void)
+int64_t client_mono_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -45,83 +45,138 @@ int client_usable(shmref_conn *conn)
     if (conn->abandoned)
         return client_fail(conn, -ENOTCONN, "connection abandoned after %s timed out (%d ms): connect again",
                            conn->abandoned, conn->timeout_ms);
+    if (conn->failed)
+        return client_fail(conn, conn->failed, "%s", conn->fail_msg);
     return 0;
 }
 
-/* start_exchange: the deadline for what is sent now and the replies it waits for. */
-static void start_exchange(shmref_conn *conn, const char *op)
+int client_enter(shmref_conn *conn)
 {
-    conn->op = op;
-    conn->deadline_ms = conn->timeout_ms > 0 ? mono_ms() + conn->timeout_ms : -1;
+    int r = client_usable(conn);
+    if (r < 0)
+        return r;
+    conn->errmsg[0] = '\0';
+    r = pending_intake(conn);
+    if (r < 0)
+        return client_fail(conn, r, "%s", conn->fail_msg);
+    if (conn->late[0]) { /* an error reply to a one-way request: said once, at the next call */
+        snprintf(conn->errmsg, sizeof(conn->errmsg), "%s", conn->late);
+        conn->late[0] = '\0';
+    }
+    return 0;
 }
 
-/* wait_io: poll fd for events until the exchange's deadline. */
-static int wait_io(shmref_conn *conn, short events)
+/* broken: the socket failed under us: every outstanding request fails with it. */
+static int broken(shmref_conn *conn, int err, const char *msg)
+{
+    if (!conn->failed) {
+        conn->failed = err;
+        snprintf(conn->fail_msg, sizeof(conn->fail_msg), "%s", msg);
+        pending_fail_all(conn, err, msg);
+    }
+    return client_fail(conn, err, "%s", msg);
+}
+
+/* send_now: one message without blocking: 0 sent, 1 the socket is full, -errno. */
+static int send_now(shmref_conn *conn, const uint8_t *data, size_t len)
 {
     for (;;) {
-        int ms = -1;
-        if (conn->deadline_ms >= 0) {
-            int64_t left = conn->deadline_ms - mono_ms();
-            if (left <= 0) {
-                conn->abandoned = conn->op;
-                return client_fail(conn, -ETIMEDOUT, "%s: no answer from shmrefd within %d ms",
-                                   conn->op, conn->timeout_ms);
-            }
-            ms = (int)left;
+        ssize_t n = send(conn->fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n >= 0) {
+            conn->counters.sent++;
+            return 0;
         }
-        struct pollfd p = { .fd = conn->fd, .events = events };
-        int r = poll(&p, 1, ms);
-        if (r > 0)
-            return 0; /* ready, or an error/hang-up the next call reports */
-        if (r < 0 && errno != EINTR)
-            return client_fail(conn, -errno, "poll failed: %s", strerror(errno));
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN)
+            return 1;
+        /* A daemon that refuses a connection (access policy, too many clients) says why
+         * and closes it: the reason is still there to read, so this is not the failure
+         * yet; the next receive reports it (or the end of the connection). */
+        if (errno == EPIPE || errno == ECONNRESET)
+            return 0;
+        char msg[128];
+        snprintf(msg, sizeof(msg), "send to shmrefd failed: %s", strerror(errno));
+        return broken(conn, -errno, msg);
     }
 }
 
-static int send_req(shmref_conn *conn, const struct proto_msg *req)
+int client_flush(shmref_conn *conn)
 {
+    while (conn->q) {
+        struct client_out *m = conn->q;
+        int r = send_now(conn, m->data, m->len);
+        if (r < 0)
+            return r;
+        if (r == 1)
+            return 1;
+        conn->q = m->next;
+        if (!conn->q)
+            conn->q_tail = NULL;
+        free(m);
+    }
+    return 0;
+}
+
+int client_flush_wait(shmref_conn *conn, int ms)
+{
+    int64_t deadline = ms > 0 ? client_mono_ms() + ms : -1;
+    for (;;) {
+        int r = client_flush(conn);
+        if (r <= 0)
+            return r;
+        int left = -1;
+        if (deadline >= 0 && (left = (int)(deadline - client_mono_ms())) <= 0)
+            return -ETIMEDOUT;
+        struct pollfd p = { .fd = conn->fd, .events = POLLOUT };
+        if (poll(&p, 1, left) < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+int client_send(shmref_conn *conn, struct proto_msg *req)
+{
+    int r = client_usable(conn);
+    if (r < 0)
+        return r;
+    req->id = ++conn->next_id;
+    if (req->id == 0) /* id 0 is the daemon's word about the whole connection */
+        req->id = ++conn->next_id;
     int len = proto_encode(req, conn->wbuf, sizeof(conn->wbuf));
     if (len < 0)
         return client_fail(conn, -EMSGSIZE, "request too large for one message");
-    ssize_t n;
-    for (;;) {
-        n = send(conn->fd, conn->wbuf, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n >= 0 || (errno != EINTR && errno != EAGAIN))
-            break;
-        if (errno == EAGAIN) { /* the daemon is not reading: wait, within the deadline */
-            int r = wait_io(conn, POLLOUT);
-            if (r < 0)
-                return r;
-        }
-    }
-    if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
-        return client_fail(conn, -ECONNRESET, "shmrefd closed the connection");
-    if (n < 0)
-        return client_fail(conn, -errno, "send to shmrefd failed: %s", strerror(errno));
+    if (!conn->q && (r = send_now(conn, conn->wbuf, (size_t)len)) <= 0)
+        return r;
+    /* The socket is full (the daemon is behind): keep it, in order, for the next flush. */
+    struct client_out *m = malloc(sizeof(*m) + (size_t)len);
+    if (!m)
+        return client_fail(conn, -ENOMEM, "out of memory");
+    m->next = NULL;
+    m->len = (size_t)len;
+    memcpy(m->data, conn->wbuf, (size_t)len);
+    if (conn->q_tail)
+        conn->q_tail->next = m;
+    else
+        conn->q = m;
+    conn->q_tail = m;
     return 0;
 }
 
-/* recv_reply: one message; its fd (if any) in *ret_fd, else -1. */
-static int recv_reply(shmref_conn *conn, size_t *ret_len, int *ret_fd)
+int client_recv(shmref_conn *conn, struct proto_msg *rep, int *fds, unsigned *ret_nfds, bool *ret_lost)
 {
     union {
         struct cmsghdr h;
-        char buf[CMSG_SPACE(4 * sizeof(int))];
+        char buf[CMSG_SPACE(PROTO_MAX_BATCH * sizeof(int))];
     } ctl;
     struct iovec iov = { .iov_base = conn->rbuf, .iov_len = sizeof(conn->rbuf) };
     struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
                          .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf) };
     ssize_t n;
-    for (;;) {
+    do
         n = recvmsg(conn->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-        if (n >= 0 || (errno != EINTR && errno != EAGAIN))
-            break;
-        if (errno == EAGAIN) {
-            int r = wait_io(conn, POLLIN);
-            if (r < 0)
-                return r;
-        }
-    }
+    while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == EAGAIN)
+        return 0;
     /* When the daemon closes a connection it had not read to the end, the kernel reports
      * ECONNRESET once, ahead of replies still queued (its reason among them). */
     if (n < 0 && errno == ECONNRESET) {
@@ -131,122 +186,53 @@ static int recv_reply(shmref_conn *conn, size_t *ret_len, int *ret_fd)
             errno = ECONNRESET;
     }
     if (n < 0 && errno == ECONNRESET)
-        return client_fail(conn, -ECONNRESET, "shmrefd closed the connection");
-    if (n < 0)
-        return client_fail(conn, -errno, "receive from shmrefd failed: %s", strerror(errno));
-    int fd = -1;
+        return broken(conn, -ECONNRESET, "shmrefd closed the connection");
+    if (n < 0) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "receive from shmrefd failed: %s", strerror(errno));
+        return broken(conn, -errno, msg);
+    }
+    unsigned k = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
             continue;
-        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < k; i++) {
+        size_t c = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < c; i++) {
             int f;
             memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-            if (fd < 0)
-                fd = f;
+            if (k < PROTO_MAX_BATCH)
+                fds[k++] = f;
             else
-                close(f); /* more than one fd: never sent by shmrefd */
+                close(f);
         }
     }
-    if (n == 0 && fd < 0 && !(mh.msg_flags & MSG_CTRUNC))
-        return client_fail(conn, -ECONNRESET, "shmrefd closed the connection");
-    if (mh.msg_flags & MSG_TRUNC) {
-        if (fd >= 0)
-            close(fd);
-        return client_fail(conn, -EPROTO, "reply from shmrefd was truncated");
-    }
-    /* Only the control data was cut: the fd did not fit in this process (RLIMIT_NOFILE).
-     * The reply itself is whole; client_recv undoes what it gave us. */
-    conn->fd_lost = (mh.msg_flags & MSG_CTRUNC) != 0;
-    if (conn->fd_lost && fd >= 0) {
-        close(fd);
-        fd = -1;
-    }
-    *ret_len = (size_t)n;
-    *ret_fd = fd;
-    return 0;
-}
-
-int client_send(shmref_conn *conn, struct proto_msg *req)
-{
-    int r = client_usable(conn);
-    if (r < 0)
-        return r;
-    /* A one-way message (release, forget) gets a deadline of its own for its send and
-     * leaves the exchange it may be part of (a pipelined lease) as it was. */
-    bool one_way = req->op == PROTO_OP_FORGET ||
-                   (req->op == PROTO_OP_RELEASE && (req->u.release.flags & PROTO_RELEASE_NOREPLY));
-    const char *op = conn->op;
-    int64_t deadline = conn->deadline_ms;
-    start_exchange(conn, proto_op_name(req->op));
-    req->id = ++conn->next_id;
-    if (req->id == 0) /* id 0 is the daemon's word about the whole connection */
-        req->id = ++conn->next_id;
-    r = send_req(conn, req);
-    if (one_way && r == 0) {
-        conn->op = op;
-        conn->deadline_ms = deadline;
-    }
-    return r;
-}
-
-/* fd_lost: a lease or acquire reply whose fd this process could not receive (it is at
- * its open-file limit). The daemon holds a handle for us and counts the fd as sent
- * (fd-once): release the handle and forget the buffer (one-way, in order, so the next
- * request sees both done), and turn the reply into an EMFILE error for its request. */
-static void fd_lost(shmref_conn *conn, struct proto_msg *rep)
-{
-    bool writable = rep->op == PROTO_OP_LEASE + PROTO_OP_REPLY;
-    uint64_t handle = rep->u.lease_reply.handle, buf_id = rep->u.lease_reply.buf_id;
-    struct proto_msg rel = { .op = PROTO_OP_RELEASE };
-    rel.u.release.handle = handle;
-    rel.u.release.flags = PROTO_RELEASE_NOREPLY; /* without the feature: a stray reply, skipped */
-    struct rlimit rl;
-    unsigned long long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (unsigned long long)rl.rlim_cur : 0;
-    int n = snprintf(conn->lost_msg, sizeof(conn->lost_msg),
-                     "the %s's fd could not be received: this process is at its open-file limit "
-                     "(RLIMIT_NOFILE %llu); the %s was released", writable ? "lease" : "acquired buffer",
-                     lim, writable ? "lease" : "buffer");
-    client_send(conn, &rel);
-    if (conn->features & PROTO_FEAT_FD_ONCE) {
-        struct proto_msg fg = { .op = PROTO_OP_FORGET };
-        fg.u.forget.buf_id = buf_id;
-        fg.u.forget.writable = writable;
-        client_send(conn, &fg);
-    }
-    conn->fd_lost = false;
-    rep->op = PROTO_OP_ERROR;
-    rep->u.error.code = EMFILE;
-    rep->u.error.msg = conn->lost_msg;
-    rep->u.error.msg_len = n > 0 ? (uint32_t)strnlen(conn->lost_msg, sizeof(conn->lost_msg)) : 0;
-}
-
-int client_recv(shmref_conn *conn, struct proto_msg *rep, int *ret_fd)
-{
-    const char *why;
-    size_t len = 0;
-    int fd = -1;
-    int r = client_usable(conn);
-    if (r < 0)
-        return r;
-    r = recv_reply(conn, &len, &fd);
-    if (r < 0)
-        return r;
-    r = proto_decode(conn->rbuf, len, sizeof(conn->rbuf), rep, &why);
+    bool lost = (mh.msg_flags & MSG_CTRUNC) != 0;
+    if (n == 0 && k == 0 && !lost)
+        return broken(conn, -ECONNRESET, "shmrefd closed the connection");
+    const char *why = NULL;
+    int r = 0;
+    if (mh.msg_flags & MSG_TRUNC)
+        why = "reply was truncated", r = -EPROTO;
+    else if ((r = proto_decode(conn->rbuf, (size_t)n, sizeof(conn->rbuf), rep, &why)) < 0)
+        r = -EPROTO;
     if (r < 0) {
-        if (fd >= 0)
-            close(fd);
-        return client_fail(conn, -EPROTO, "bad reply from shmrefd: %s", why);
+        for (unsigned i = 0; i < k; i++)
+            close(fds[i]);
+        char msg[160];
+        snprintf(msg, sizeof(msg), "bad reply from shmrefd: %s", why);
+        return broken(conn, -EPROTO, msg);
     }
-    if (conn->fd_lost && (rep->op == PROTO_OP_LEASE + PROTO_OP_REPLY || rep->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY))
-        fd_lost(conn, rep);
+    conn->counters.received++;
     if (rep->op == PROTO_OP_ERROR && rep->id == 0) { /* about the connection, not a request */
-        if (fd >= 0)
-            close(fd);
-        return client_fail(conn, -rep->u.error.code, "%.*s", (int)rep->u.error.msg_len, rep->u.error.msg);
+        for (unsigned i = 0; i < k; i++)
+            close(fds[i]);
+        char msg[PROTO_MAX_ERRMSG + 1];
+        snprintf(msg, sizeof(msg), "%.*s", (int)rep->u.error.msg_len, rep->u.error.msg);
+        return broken(conn, -rep->u.error.code, msg);
     }
-    *ret_fd = fd;
-    return 0;
+    *ret_nfds = k;
+    *ret_lost = lost;
+    return 1;
 }
 
 void client_forget(shmref_conn *conn, uint64_t buf_id, bool writable)
@@ -259,56 +245,25 @@ void client_forget(shmref_conn *conn, uint64_t buf_id, bool writable)
     client_send(conn, &req); /* a failure shows at the next call */
 }
 
+void client_release_handle(shmref_conn *conn, uint64_t handle)
+{
+    char keep[sizeof(conn->errmsg)];
+    memcpy(keep, conn->errmsg, sizeof(keep));
+    struct proto_msg req = { .op = PROTO_OP_RELEASE };
+    req.u.release.handle = handle;
+    req.u.release.flags = PROTO_RELEASE_NOREPLY;
+    client_send(conn, &req);
+    memcpy(conn->errmsg, keep, sizeof(keep));
+}
+
 static void on_unmap(void *ctx, uint64_t buf_id, bool writable)
 {
     client_forget(ctx, buf_id, writable);
 }
 
-int client_reply_error(shmref_conn *conn, const struct proto_msg *rep)
-{
-    return client_fail(conn, -rep->u.error.code, "%.*s", (int)rep->u.error.msg_len, rep->u.error.msg);
-}
-
-int client_call(shmref_conn *conn, struct proto_msg *req, struct proto_msg *rep, int *ret_fd)
-{
-    conn->errmsg[0] = '\0';
-    int r = client_send(conn, req);
-    /* A daemon that refuses a connection (access policy, too many clients) says why
-     * and closes it; our send then fails, but its reason is still there to read. */
-    bool sent = r == 0;
-    if (r < 0 && r != -ECONNRESET)
-        return r;
-    for (;;) {
-        int fd;
-        if ((r = client_recv(conn, rep, &fd)) < 0)
-            return r;
-        bool ours = sent && rep->id == req->id;
-        if (!ours || (rep->op != PROTO_OP_ERROR && rep->op != req->op + PROTO_OP_REPLY)) {
-            /* A late reply to an earlier request (e.g. an error for a no-reply release):
-             * not ours to wait for. */
-            if (fd >= 0)
-                close(fd);
-            if (ours)
-                return client_fail(conn, -EPROTO, "shmrefd answered %s with %s",
-                                   proto_op_name(req->op), proto_op_name(rep->op));
-            continue;
-        }
-        if (rep->op == PROTO_OP_ERROR) {
-            if (fd >= 0)
-                close(fd);
-            return client_reply_error(conn, rep);
-        }
-        if (ret_fd)
-            *ret_fd = fd;
-        else if (fd >= 0)
-            close(fd);
-        return 0;
-    }
-}
-
 /* connect_path: a non-blocking SOCK_SEQPACKET connection to path. A listener whose
  * backlog is full answers EAGAIN: retried until the deadline. */
-static int connect_path(shmref_conn *conn, const char *path)
+static int connect_path(shmref_conn *conn, const char *path, int64_t deadline)
 {
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     if (strlen(path) >= sizeof(sa.sun_path))
@@ -324,7 +279,7 @@ static int connect_path(shmref_conn *conn, const char *path)
         int e = errno;
         if (e == EINTR)
             continue;
-        if (e == EAGAIN && (conn->deadline_ms < 0 || mono_ms() < conn->deadline_ms)) {
+        if (e == EAGAIN && (deadline < 0 || client_mono_ms() < deadline)) {
             struct timespec ts = { .tv_nsec = 2 * 1000 * 1000 };
             nanosleep(&ts, NULL);
             continue;
@@ -354,7 +309,7 @@ static int default_timeout(void)
     return (int)v;
 }
 
-static int hello(shmref_conn *conn)
+static int hello(shmref_conn *conn, int64_t deadline)
 {
     char name[PROTO_MAX_NAME + 1] = "";
     int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
@@ -366,20 +321,26 @@ static int hello(shmref_conn *conn)
             name[strcspn(name, "\n")] = '\0';
         }
     }
-    struct proto_msg req = { .op = PROTO_OP_HELLO }, rep;
+    struct proto_msg req = { .op = PROTO_OP_HELLO };
     req.u.hello.version = PROTO_VERSION;
     req.u.hello.features = PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED;
     req.u.hello.name = name;
     req.u.hello.name_len = (uint32_t)strlen(name);
-    int r = client_call(conn, &req, &rep, NULL);
+    struct pending *p = pending_new(conn, PROTO_OP_HELLO, PENDING_WAIT);
+    if (!p)
+        return -ENOMEM;
+    int r = pending_submit_msg(conn, p, &req);
+    if (r < 0) {
+        pending_free(conn, p);
+        return r;
+    }
+    int ms = 0;
+    if (deadline >= 0 && (ms = (int)(deadline - client_mono_ms())) <= 0)
+        ms = 1;
+    r = pending_wait(conn, p, ms); /* the reply's fields are the connection's (pending.c) */
+    pending_free(conn, p);
     if (r < 0)
         return r;
-    if (rep.u.hello_reply.version != PROTO_VERSION)
-        return client_fail(conn, -EPROTONOSUPPORT, "shmrefd speaks protocol %u, this library %d",
-                           (unsigned)rep.u.hello_reply.version, PROTO_VERSION);
-    conn->daemon_pid = (pid_t)rep.u.hello_reply.pid;
-    conn->features = rep.u.hello_reply.features;
-    conn->max_lease = rep.u.hello_reply.max_lease;
     mapcache_fit(&conn->cache, conn->max_lease);
     return 0;
 }
@@ -423,18 +384,19 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
     mapcache_init(&conn->cache);
     conn->cache.on_unmap = on_unmap;
     conn->cache.ctx = conn;
-    start_exchange(conn, "connect");
-    int r = connect_path(conn, path);
-    if (r == 0 && (r = hello(conn)) < 0) {
+    stock_init(&conn->stock);
+    conn->acquire_wait_ms = client_acquire_wait_default(conn->timeout_ms);
+    int64_t deadline = conn->timeout_ms > 0 ? client_mono_ms() + conn->timeout_ms : -1;
+    int r = connect_path(conn, path, deadline);
+    if (r == 0 && (r = hello(conn, deadline)) < 0) {
         char msg[sizeof(conn->errmsg)];
         snprintf(msg, sizeof(msg), "%s", conn->errmsg);
         client_fail(conn, r, "shmrefd at %.*s: %.*s", 200, path, (int)(sizeof(conn->errmsg) - 220), msg);
     }
     if (r < 0) {
         copy_msg(errbuf, errcap, conn->errmsg);
-        if (conn->fd >= 0)
-            close(conn->fd);
-        free(conn);
+        conn->cache.on_unmap = NULL;
+        client_teardown(conn);
         return r;
     }
     conn->errmsg[0] = '\0';
@@ -452,7 +414,14 @@ int shmref_set_timeout(shmref_conn *conn, int timeout_ms)
     if (!conn || timeout_ms < -1)
         return -EINVAL;
     conn->timeout_ms = timeout_ms < 0 ? default_timeout() : timeout_ms;
+    if (!conn->acquire_wait_set)
+        conn->acquire_wait_ms = client_acquire_wait_default(conn->timeout_ms);
     return 0;
+}
+
+int client_acquire_wait_default(int timeout_ms)
+{
+    return timeout_ms > 0 && timeout_ms < CLIENT_ACQUIRE_WAIT_MS ? timeout_ms : CLIENT_ACQUIRE_WAIT_MS;
 }
 
 int shmref_get_timeout(const shmref_conn *conn)
@@ -465,8 +434,8 @@ int shmref_conn_pid(const shmref_conn *conn)
     return conn ? (int)conn->pid : -EINVAL;
 }
 
-/* teardown: the last of a connection: every mapping, the socket, the memory. */
-static void teardown(shmref_conn *conn)
+/* client_teardown: the last of a connection: every mapping, the socket, the memory. */
+void client_teardown(shmref_conn *conn)
 {
     conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     /* In a forked child the mappings stay: arrays it inherited may still be read there;
@@ -475,17 +444,43 @@ static void teardown(shmref_conn *conn)
         mapcache_clear(&conn->cache);
     if (conn->fd >= 0)
         close(conn->fd);
+    pending_discard(conn);
+    while (conn->q) {
+        struct client_out *m = conn->q;
+        conn->q = m->next;
+        free(m);
+    }
     free(conn->cache.v);
     free(conn);
 }
+
+/* CLOSE_DRAIN_MS: how long shmref_close waits for leases still on their way. */
+#define CLOSE_DRAIN_MS 2000
 
 void shmref_close(shmref_conn *conn)
 {
     if (!conn)
         return;
     bool pinned = atomic_load(&conn->pins) > 0;
-    /* Release every handle first (one-way, no round trips), so the daemon sees a clean
-     * close, not a process that died holding leases. A pinned buffer (its unit's Arrow
+    bool live = client_usable(conn) == 0;
+    int ms = conn->timeout_ms > 0 && conn->timeout_ms < CLOSE_DRAIN_MS ? conn->timeout_ms : CLOSE_DRAIN_MS;
+    if (live) {
+        /* Requests still out (stock refills, submits nobody collected) become nobody's:
+         * a lease or handle they bring is released. A ping behind them brings every
+         * answer the daemon has made so far (waits the daemon still holds, a backpressured
+         * lease or an acquire of an unpublished buffer, end with the connection), so the
+         * daemon sees a clean close, not a process that died holding leases. */
+        pending_intake(conn);
+        stock_return(conn);
+        pending_orphan_all(conn);
+        if (conn->n_out > 0) {
+            struct pending *p = pending_new(conn, PROTO_OP_PING, PENDING_WAIT);
+            if (p && pending_submit(conn, p) == 0)
+                pending_wait(conn, p, ms);
+            pending_free(conn, p);
+        }
+    }
+    /* Release every handle (one-way, no round trips). A pinned buffer (its unit's Arrow
      * exports are alive) stays: the last export releases it. */
     conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     for (shmref_buf *b = conn->bufs, *next; b; b = next) {
@@ -498,8 +493,10 @@ void shmref_close(shmref_conn *conn)
         conn->bufs = b->next;
         b->prev = b->next = NULL;
     }
+    if (client_usable(conn) == 0)
+        client_flush_wait(conn, ms);
     if (!pinned) {
-        teardown(conn);
+        client_teardown(conn);
         return;
     }
     atomic_store(&conn->closed, true);
@@ -523,7 +520,10 @@ void client_unpin(shmref_buf *buf)
     /* Closed by its owner: only pinned buffers' holders use it now, maybe from several
      * threads, so no shared state but the atomic count (send is atomic per message). */
     /* In a forked child the socket is the parent's: its handle is not the child's to drop. */
-    if ((conn->features & PROTO_FEAT_NOREPLY_RELEASE) && getpid() == conn->pid) {
+    bool last = !buf->share || atomic_fetch_sub(&buf->share->refs, 1) == 1;
+    if (buf->share && last)
+        free(buf->share);
+    if (last && (conn->features & PROTO_FEAT_NOREPLY_RELEASE) && getpid() == conn->pid) {
         struct proto_msg req = { .op = PROTO_OP_RELEASE, .id = 1 };
         uint8_t msg[64];
         req.u.release.handle = buf->handle;
@@ -535,7 +535,7 @@ void client_unpin(shmref_buf *buf)
     free(buf->meta);
     free(buf);
     if (atomic_fetch_sub(&conn->pins, 1) == 1)
-        teardown(conn);
+        client_teardown(conn);
 }
 
 const char *shmref_errmsg(const shmref_conn *conn)
@@ -547,8 +547,16 @@ int shmref_ping(shmref_conn *conn)
 {
     if (!conn)
         return -EINVAL;
-    struct proto_msg req = { .op = PROTO_OP_PING }, rep;
-    return client_call(conn, &req, &rep, NULL);
+    int r = client_enter(conn);
+    if (r < 0)
+        return r;
+    struct pending *p = pending_new(conn, PROTO_OP_PING, PENDING_WAIT);
+    if (!p)
+        return -ENOMEM;
+    if ((r = pending_submit(conn, p)) == 0)
+        r = pending_wait(conn, p, pending_budget(conn, 0));
+    pending_free(conn, p);
+    return r;
 }
 
 int shmref_daemon_pid(const shmref_conn *conn)

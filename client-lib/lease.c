@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+
 static void link_buf(shmref_conn *conn, shmref_buf *b)
 {
     b->conn = conn;
@@ -26,36 +27,13 @@ static void unlink_buf(shmref_buf *b)
     if (b->next) b->next->prev = b->prev;
 }
 
-/* send_release: drop a handle without waiting: the daemon processes a connection's
- * requests in order, so whatever this connection asks next sees the release done; an
- * error (impossible for a handle the library holds) would arrive as a stray reply, which
- * client_call skips. Without the feature, a plain round trip. */
-static int send_release(shmref_conn *conn, uint64_t handle)
-{
-    struct proto_msg req = { .op = PROTO_OP_RELEASE }, rep;
-    req.u.release.handle = handle;
-    if (!(conn->features & PROTO_FEAT_NOREPLY_RELEASE))
-        return client_call(conn, &req, &rep, NULL);
-    req.u.release.flags = PROTO_RELEASE_NOREPLY;
-    return client_send(conn, &req);
-}
-
-/* release_handle: tell the daemon to drop a handle we could not hand to the caller. */
-static void release_handle(shmref_conn *conn, uint64_t handle)
-{
-    char keep[sizeof(conn->errmsg)];
-    memcpy(keep, conn->errmsg, sizeof(keep));
-    send_release(conn, handle);
-    memcpy(conn->errmsg, keep, sizeof(keep));
-}
-
 #define SEALS_NEEDED (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)
 
 /* check_seals: for a buffer the daemon says is sealed (or one the caller requires
  * sealed), the seals on its fd, before anything maps it. */
-static int check_seals(shmref_conn *conn, const struct proto_msg *rep, int fd, bool require)
+static int check_seals(shmref_conn *conn, uint32_t flags, int fd, bool require)
 {
-    bool said = (rep->u.acquire_reply.flags & PROTO_BUF_SEALED) != 0;
+    bool said = (flags & PROTO_BUF_SEALED) != 0;
     if (!said && !require)
         return 0;
     if (!said)
@@ -69,13 +47,12 @@ static int check_seals(shmref_conn *conn, const struct proto_msg *rep, int fd, b
     return 1;
 }
 
-/* take_buffer: turn a lease or acquire reply (and its fd) into a handle. */
-static int take_buffer(shmref_conn *conn, const struct proto_msg *rep, int fd, bool writable,
-                       bool require_sealed, shmref_buf **ret_buf)
+int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t size, uint64_t capacity,
+               const uint8_t *token, const uint8_t *meta, uint32_t meta_len, uint32_t flags, int fd,
+               bool writable, bool require_sealed, shmref_buf **ret_buf)
 {
-    uint64_t handle = rep->u.lease_reply.handle, buf_id = rep->u.lease_reply.buf_id;
     shmref_buf *b = NULL;
-    int r = writable ? 0 : check_seals(conn, rep, fd, require_sealed);
+    int r = writable ? 0 : check_seals(conn, flags, fd, require_sealed);
     if (r < 0)
         goto fail;
     bool sealed = r == 1;
@@ -84,15 +61,16 @@ static int take_buffer(shmref_conn *conn, const struct proto_msg *rep, int fd, b
         goto fail;
     b->sealed = sealed;
     b->handle = handle;
-    b->buf_id = rep->u.lease_reply.buf_id;
-    b->size = rep->u.lease_reply.size;
-    b->capacity = rep->u.lease_reply.capacity;
+    b->buf_id = buf_id;
+    b->size = size;
+    b->capacity = capacity;
     b->writable = writable;
-    if (rep->u.lease_reply.meta_len) {
-        if (!(b->meta = malloc(rep->u.lease_reply.meta_len)))
+    memcpy(b->token, token, PROTO_TOKEN_LEN);
+    if (meta_len) {
+        if (!(b->meta = malloc(meta_len)))
             goto fail;
-        memcpy(b->meta, rep->u.lease_reply.meta, rep->u.lease_reply.meta_len);
-        b->meta_len = rep->u.lease_reply.meta_len;
+        memcpy(b->meta, meta, meta_len);
+        b->meta_len = meta_len;
     }
     /* A cached mapping needs no fd; a new one does. */
     b->data = mapcache_find(&conn->cache, b->buf_id, b->capacity, writable);
@@ -120,29 +98,87 @@ fail:
     if (b)
         free(b->meta);
     free(b);
-    release_handle(conn, handle);
+    client_release_handle(conn, handle);
     return r == -ENOMEM ? client_fail(conn, -ENOMEM, "out of memory") : r;
+}
+
+uint64_t lease_forget(shmref_buf *buf)
+{
+    uint64_t handle = buf->handle;
+    unlink_buf(buf);
+    if (buf->data)
+        mapcache_put(&buf->conn->cache, buf->data);
+    if (buf->share) {
+        if (atomic_fetch_sub(&buf->share->refs, 1) == 1)
+            free(buf->share);
+        else
+            handle = 0; /* another local handle still holds the daemon's */
+    }
+    free(buf->meta);
+    free(buf);
+    return handle;
+}
+
+void lease_drop(shmref_buf *buf)
+{
+    shmref_conn *conn = buf->conn;
+    uint64_t handle = lease_forget(buf);
+    if (handle && client_usable(conn) == 0)
+        client_release_handle(conn, handle);
 }
 
 int shmref_lease(shmref_conn *conn, size_t size, shmref_buf **ret_buf)
 {
+    return shmref_lease_ex(conn, size, 0, 0, ret_buf);
+}
+
+/* lease_wait: a foreground lease (or a stock refill taken over, p) and its wait. */
+static int lease_wait(shmref_conn *conn, struct pending *p, uint32_t wait_ms, shmref_buf **ret_buf)
+{
+    int r = pending_wait(conn, p, pending_budget(conn, wait_ms));
+    if (r == 0) {
+        *ret_buf = p->buf; /* its size is the caller's, the stock learnt its class (pending.c) */
+        p->buf = NULL;
+    }
+    pending_free(conn, p);
+    return r;
+}
+
+int shmref_lease_ex(shmref_conn *conn, size_t size, unsigned flags, uint32_t wait_ms, shmref_buf **ret_buf)
+{
     if (!conn)
         return -EINVAL;
-    if (!ret_buf || size == 0)
-        return client_fail(conn, -EINVAL, "lease: size must be at least 1 and ret_buf not NULL");
-    struct proto_msg req = { .op = PROTO_OP_LEASE }, rep;
-    int fd = -1;
-    req.u.lease.size = size;
-    int r = client_call(conn, &req, &rep, &fd);
-    /* Idle mappings this process keeps cached pin the pages of buffers the daemon may
-     * have evicted since (the daemon charges them to this client, and its private tmpfs
-     * is only as large as the pool): a lease refused for space is tried once more after
-     * they are dropped. */
-    if ((r == -ENOSPC || r == -EDQUOT) && mapcache_drop_idle(&conn->cache) > 0)
-        r = client_call(conn, &req, &rep, &fd);
+    if (!ret_buf || size == 0 || flags || wait_ms > PROTO_MAX_LEASE_WAIT_MS)
+        return client_fail(conn, -EINVAL, "lease: size must be at least 1, ret_buf not NULL, flags 0 and "
+                           "wait_ms at most %d", PROTO_MAX_LEASE_WAIT_MS);
+    int r = client_enter(conn);
     if (r < 0)
         return r;
-    return take_buffer(conn, &rep, fd, true, false, ret_buf);
+    if (stock_eligible(conn, size)) {
+        struct pending *refill = NULL;
+        shmref_buf *b;
+        if ((r = stock_take(conn, size, &b, &refill)) == 1) {
+            conn->counters.stock_hits++;
+            *ret_buf = b;
+            return 0;
+        }
+        conn->counters.stock_misses++;
+        if (refill) { /* a refill of this class is on its way: it is ours */
+            if ((r = lease_wait(conn, refill, 0, ret_buf)) == 0 || client_usable(conn) < 0)
+                return r;
+            conn->errmsg[0] = '\0'; /* the refill failed: a lease of our own, below */
+        }
+    }
+    struct pending *p = pending_new(conn, PROTO_OP_LEASE, PENDING_WAIT);
+    if (!p)
+        return -ENOMEM;
+    p->size = p->want = size;
+    p->wait_ms = wait_ms;
+    if ((r = pending_submit(conn, p)) < 0) {
+        pending_free(conn, p);
+        return r;
+    }
+    return lease_wait(conn, p, wait_ms, ret_buf);
 }
 
 int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms, const void *meta, size_t meta_len,
@@ -151,11 +187,8 @@ int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms, const void *me
     return shmref_publish_ex(buf, len, keep_ms, 0, 0, meta, meta_len, ret_desc);
 }
 
-int shmref_publish_ex(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t max_acquires, unsigned flags,
-                      const void *meta, size_t meta_len, shmref_desc *ret_desc)
+int lease_publish_check(shmref_buf *buf, size_t len, unsigned flags)
 {
-    if (!buf || !ret_desc || (meta_len && !meta) || meta_len > SHMREF_META_MAX || (flags & ~SHMREF_PUBLISH_SEALED))
-        return -EINVAL;
     shmref_conn *conn = buf->conn;
     if (!buf->writable)
         return client_fail(conn, -EPERM, "an acquired buffer cannot be published");
@@ -164,15 +197,23 @@ int shmref_publish_ex(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t ma
     bool sealed = flags & SHMREF_PUBLISH_SEALED;
     if (sealed && !(conn->features & PROTO_FEAT_SEALED))
         return client_fail(conn, -EOPNOTSUPP, "this shmrefd does not take sealed publishes");
-    if (sealed && buf->published)
+    if (buf->published)
         return client_fail(conn, -EALREADY, "the buffer is already published");
+    return 0;
+}
+
+int lease_publish_send(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t max_acquires, unsigned flags,
+                       const void *meta, size_t meta_len, struct pending *p, shmref_desc *ret_desc)
+{
+    shmref_conn *conn = buf->conn;
+    bool sealed = flags & SHMREF_PUBLISH_SEALED;
     if (sealed && buf->data) {
         /* F_SEAL_WRITE needs every writable mapping gone: ours goes (and the daemon is
          * told, before the publish, that this connection no longer maps it). */
         mapcache_drop(&conn->cache, buf->data);
         buf->data = NULL;
     }
-    struct proto_msg req = { .op = PROTO_OP_PUBLISH }, rep;
+    struct proto_msg req = { .op = PROTO_OP_PUBLISH };
     req.u.publish.handle = buf->handle;
     req.u.publish.size = len;
     req.u.publish.keep_ms = keep_ms;
@@ -180,18 +221,94 @@ int shmref_publish_ex(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t ma
     req.u.publish.meta_len = (uint32_t)meta_len;
     req.u.publish.flags = sealed ? PROTO_PUBLISH_SEALED : 0;
     req.u.publish.max_acquires = max_acquires;
-    int r = client_call(conn, &req, &rep, NULL);
-    if (r < 0)
+    if (!sealed) {
+        /* The descriptor is known since the lease: nothing to wait for. The daemon
+         * handles this connection's requests in order, so whatever it asks next sees the
+         * buffer published, and an acquire from elsewhere that overtakes it waits for it. */
+        req.u.publish.flags |= PROTO_PUBLISH_NOREPLY;
+        int r = client_send(conn, &req);
+        if (r < 0)
+            return r;
+        buf->published = true;
+        memcpy(ret_desc->token, buf->token, SHMREF_TOKEN_LEN);
+        ret_desc->size = len;
+        return 0;
+    }
+    /* Sealed: the caller must know that the seal held. */
+    p->buf = buf;
+    return pending_submit_msg(conn, p, &req);
+}
+
+int shmref_publish_ex(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t max_acquires, unsigned flags,
+                      const void *meta, size_t meta_len, shmref_desc *ret_desc)
+{
+    if (!buf || !ret_desc || (meta_len && !meta) || meta_len > SHMREF_META_MAX || (flags & ~SHMREF_PUBLISH_SEALED))
+        return -EINVAL;
+    shmref_conn *conn = buf->conn;
+    int r = client_enter(conn);
+    if (r < 0 || (r = lease_publish_check(buf, len, flags)) < 0)
         return r;
-    buf->published = true;
-    memcpy(ret_desc->token, rep.u.publish_reply.token, SHMREF_TOKEN_LEN);
-    ret_desc->size = rep.u.publish_reply.size;
-    return 0;
+    struct pending *p = pending_new(conn, PROTO_OP_PUBLISH, PENDING_WAIT);
+    if (!p)
+        return -ENOMEM;
+    r = lease_publish_send(buf, len, keep_ms, max_acquires, flags, meta, meta_len, p, ret_desc);
+    if (r == 0 && p->buf) { /* a publish with a reply */
+        if ((r = pending_wait(conn, p, pending_budget(conn, 0))) == 0)
+            *ret_desc = p->desc;
+    }
+    p->buf = NULL;
+    pending_free(conn, p);
+    return r;
 }
 
 int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_buf)
 {
     return shmref_acquire_ex(conn, desc, 0, ret_buf);
+}
+
+shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned flags)
+{
+    /* While any local handle holds the daemon's handle the daemon keeps its reference, so
+     * the buffer cannot be recycled under a mapping: a new handle may share it. */
+    for (shmref_buf *src = conn->bufs; src; src = src->next) {
+        if (src->writable || src->pinned || !src->data || src->size != desc->size ||
+            memcmp(src->token, desc->token, SHMREF_TOKEN_LEN) != 0 ||
+            ((flags & SHMREF_ACQUIRE_SEALED) && !src->sealed))
+            continue;
+        shmref_buf *b = calloc(1, sizeof(*b));
+        if (!b)
+            return NULL;
+        if (src->meta_len && !(b->meta = malloc(src->meta_len))) {
+            free(b);
+            return NULL;
+        }
+        if (!src->share) {
+            if (!(src->share = malloc(sizeof(*src->share)))) {
+                free(b->meta);
+                free(b);
+                return NULL;
+            }
+            atomic_init(&src->share->refs, 1);
+        }
+        atomic_fetch_add(&src->share->refs, 1);
+        b->share = src->share;
+        b->handle = src->handle;
+        b->buf_id = src->buf_id;
+        b->size = src->size;
+        b->capacity = src->capacity;
+        b->sealed = src->sealed;
+        memcpy(b->token, src->token, SHMREF_TOKEN_LEN);
+        if (src->meta_len)
+            memcpy(b->meta, src->meta, src->meta_len);
+        b->meta_len = src->meta_len;
+        b->data = mapcache_find(&conn->cache, src->buf_id, src->capacity, false); /* one more user */
+        if (!b->data) /* cannot be: src uses it */
+            b->data = src->data;
+        link_buf(conn, b);
+        conn->counters.local_acquires++;
+        return b;
+    }
+    return NULL;
 }
 
 int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags, shmref_buf **ret_buf)
@@ -200,36 +317,36 @@ int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags
         return -EINVAL;
     if (!desc || !ret_buf || (flags & ~SHMREF_ACQUIRE_SEALED))
         return client_fail(conn, -EINVAL, "acquire: desc and ret_buf must not be NULL, flags known");
-    struct proto_msg req = { .op = PROTO_OP_ACQUIRE }, rep;
-    int fd = -1;
-    memcpy(req.u.acquire.token, desc->token, SHMREF_TOKEN_LEN);
-    int r = client_call(conn, &req, &rep, &fd);
-    /* Over quota with pinned bytes (idle mappings of buffers no lease holds): once more
-     * after dropping them, as for a lease. */
-    if (r == -EDQUOT && mapcache_drop_idle(&conn->cache) > 0)
-        r = client_call(conn, &req, &rep, &fd);
+    int r = client_enter(conn);
     if (r < 0)
         return r;
-    if (rep.u.acquire_reply.size != desc->size) {
-        uint64_t have = rep.u.acquire_reply.size;
-        if (fd >= 0) {
-            close(fd);
-            client_forget(conn, rep.u.acquire_reply.buf_id, false);
-        }
-        release_handle(conn, rep.u.acquire_reply.handle);
-        return client_fail(conn, -EINVAL, "descriptor says %llu bytes, the buffer has %llu",
-                           (unsigned long long)desc->size, (unsigned long long)have);
+    shmref_buf *b = lease_share(conn, desc, flags);
+    if (b) {
+        *ret_buf = b;
+        return 0;
     }
-    return take_buffer(conn, &rep, fd, false, (flags & SHMREF_ACQUIRE_SEALED) != 0, ret_buf);
+    struct pending *p = pending_new(conn, PROTO_OP_ACQUIRE, PENDING_WAIT);
+    if (!p)
+        return -ENOMEM;
+    p->desc = *desc;
+    p->wait_ms = (uint32_t)conn->acquire_wait_ms;
+    p->require_sealed = (flags & SHMREF_ACQUIRE_SEALED) != 0;
+    if ((r = pending_submit(conn, p)) == 0 &&
+        (r = pending_wait(conn, p, pending_budget(conn, p->wait_ms))) == 0) {
+        *ret_buf = p->buf;
+        p->buf = NULL;
+    }
+    pending_free(conn, p);
+    return r;
 }
 
-/* forget: the handle's local half: list, mapping use, memory. */
-static void forget(shmref_buf *buf)
+int shmref_set_acquire_wait(shmref_conn *conn, int wait_ms)
 {
-    unlink_buf(buf);
-    mapcache_put(&buf->conn->cache, buf->data);
-    free(buf->meta);
-    free(buf);
+    if (!conn || wait_ms < -1 || wait_ms > PROTO_MAX_ACQUIRE_WAIT_MS)
+        return -EINVAL;
+    conn->acquire_wait_set = wait_ms >= 0;
+    conn->acquire_wait_ms = wait_ms >= 0 ? wait_ms : client_acquire_wait_default(conn->timeout_ms);
+    return 0;
 }
 
 int shmref_release(shmref_buf *buf)
@@ -237,10 +354,26 @@ int shmref_release(shmref_buf *buf)
     if (!buf)
         return 0;
     shmref_conn *conn = buf->conn;
-    uint64_t handle = buf->handle;
-    conn->errmsg[0] = '\0';
-    forget(buf);
-    return send_release(conn, handle);
+    int r = client_enter(conn);
+    uint64_t handle = lease_forget(buf);
+    if (r < 0 || handle == 0)
+        return r;
+    struct proto_msg req = { .op = PROTO_OP_RELEASE };
+    req.u.release.handle = handle;
+    req.u.release.flags = PROTO_RELEASE_NOREPLY;
+    return client_send(conn, &req);
+}
+
+/* send_release_many: one one-way release_many of n handles. */
+static int send_release_many(shmref_conn *conn, const uint64_t *handles, unsigned n)
+{
+    if (n == 0)
+        return 0;
+    struct proto_msg req = { .op = PROTO_OP_RELEASE_MANY };
+    req.u.release_many.n = n;
+    req.u.release_many.flags = PROTO_RELEASE_NOREPLY;
+    memcpy(req.u.release_many.handles, handles, n * sizeof(*handles));
+    return client_send(conn, &req);
 }
 
 int shmref_release_many(shmref_buf **bufs, size_t n)
@@ -248,65 +381,82 @@ int shmref_release_many(shmref_buf **bufs, size_t n)
     int first = 0;
     if (!bufs && n)
         return -EINVAL;
+    shmref_conn *cur = NULL;
+    uint64_t handles[PROTO_MAX_BATCH];
+    unsigned k = 0;
+    int ok = 0;
     for (size_t i = 0; i < n; i++) {
-        int r = shmref_release(bufs[i]);
+        shmref_buf *b = bufs[i];
+        if (!b)
+            continue;
         bufs[i] = NULL;
-        if (r < 0 && first == 0)
+        if (b->conn != cur) { /* handles of another connection: its own messages */
+            int r = cur && ok == 0 ? send_release_many(cur, handles, k) : 0;
+            if (r < 0 && !first)
+                first = r;
+            k = 0;
+            cur = b->conn;
+            ok = client_enter(cur);
+            if (ok < 0 && !first)
+                first = ok;
+        }
+        uint64_t h = lease_forget(b);
+        if (!h || ok < 0)
+            continue;
+        if (!CLIENT_WIRE_BATCH) {
+            client_release_handle(cur, h);
+            continue;
+        }
+        handles[k++] = h;
+        if (k == PROTO_MAX_BATCH) {
+            int r = send_release_many(cur, handles, k);
+            if (r < 0 && !first)
+                first = r;
+            k = 0;
+        }
+    }
+    if (cur && ok == 0) {
+        int r = send_release_many(cur, handles, k);
+        if (r < 0 && !first)
             first = r;
     }
     return first;
 }
 
-/* A window of pipelined leases: small enough that requests and replies always fit in
- * the socket buffers, so neither side can block on the other. */
-#define LEASE_WINDOW 32
-
-/* lease_window: k leases pipelined; replies may come back in any order (a lease that
- * needs a new buffer completes later), so they are matched by id. */
-static int lease_window(shmref_conn *conn, const size_t *sizes, size_t k, shmref_buf **ret)
+/* lease_many_chunk: one request for k leases: a lease_many (or, without it, k leases). */
+static int lease_many_submit(shmref_conn *conn, const size_t *sizes, size_t k, struct pending **ret)
 {
-    struct proto_msg req = { .op = PROTO_OP_LEASE }, rep;
-    uint32_t ids[LEASE_WINDOW];
-    size_t sent = 0, got = 0;
-    int err = 0;
-    for (; sent < k; sent++) {
-        req.u.lease.size = sizes[sent];
-        if ((err = client_send(conn, &req)) < 0)
-            break;
-        ids[sent] = req.id; /* ids may wrap (and skip 0) inside a window: match, don't subtract */
-    }
-    while (got < sent) {
-        int fd, r = client_recv(conn, &rep, &fd);
-        if (r < 0)
-            return err ? err : r; /* the connection is gone: nothing more will come */
-        size_t slot = 0;
-        while (slot < sent && ids[slot] != rep.id)
-            slot++;
-        bool mine = slot < sent && !ret[slot] &&
-                    (rep.op == PROTO_OP_ERROR || rep.op == PROTO_OP_LEASE + PROTO_OP_REPLY);
-        if (!mine) { /* a stray reply to an earlier request: not one of ours */
-            if (fd >= 0)
-                close(fd);
-            continue;
+    if (!CLIENT_WIRE_BATCH) {
+        for (size_t i = 0; i < k; i++) {
+            struct pending *p = pending_new(conn, PROTO_OP_LEASE, PENDING_WAIT);
+            if (!p)
+                return -ENOMEM;
+            p->size = p->want = sizes[i];
+            p->refill = false;
+            int r = pending_submit(conn, p);
+            if (r < 0) {
+                pending_free(conn, p);
+                return r;
+            }
+            ret[i] = p;
         }
-        got++;
-        ids[slot] = 0; /* answered (0 is never an id) */
-        if (rep.op == PROTO_OP_ERROR) {
-            if (fd >= 0)
-                close(fd);
-            if (!err)
-                err = client_reply_error(conn, &rep);
-            continue;
-        }
-        char keep[sizeof(conn->errmsg)];
-        memcpy(keep, conn->errmsg, sizeof(keep));
-        r = take_buffer(conn, &rep, fd, true, false, &ret[slot]);
-        if (r < 0 && !err)
-            err = r;
-        else if (r < 0)
-            memcpy(conn->errmsg, keep, sizeof(keep)); /* the first error's message stays */
+        return 0;
     }
-    return err;
+    struct pending *p = pending_new(conn, PROTO_OP_LEASE_MANY, PENDING_WAIT);
+    if (!p || !(p->sizes = malloc(k * sizeof(uint64_t)))) {
+        pending_free(conn, p);
+        return client_fail(conn, -ENOMEM, "out of memory");
+    }
+    p->n = (unsigned)k;
+    for (size_t i = 0; i < k; i++)
+        p->sizes[i] = sizes[i];
+    int r = pending_submit(conn, p);
+    if (r < 0) {
+        pending_free(conn, p);
+        return r;
+    }
+    ret[0] = p;
+    return 0;
 }
 
 int shmref_lease_many(shmref_conn *conn, const size_t *sizes, size_t n, shmref_buf **ret_bufs)
@@ -318,18 +468,44 @@ int shmref_lease_many(shmref_conn *conn, const size_t *sizes, size_t n, shmref_b
     for (size_t i = 0; i < n; i++)
         if (sizes[i] == 0)
             return client_fail(conn, -EINVAL, "lease_many: sizes[%zu] is 0", i);
-    conn->errmsg[0] = '\0';
-    if (n == 0)
-        return 0;
+    int err = client_enter(conn);
+    if (err < 0 || n == 0)
+        return err;
     memset(ret_bufs, 0, n * sizeof(*ret_bufs));
-    int err = 0;
-    for (size_t done = 0; done < n && !err; done += LEASE_WINDOW) {
-        size_t k = n - done < LEASE_WINDOW ? n - done : LEASE_WINDOW;
-        err = lease_window(conn, sizes + done, k, ret_bufs + done);
+    /* Every chunk is sent before the first answer is waited for: one round trip per chunk
+     * at most, overlapping. Records are matched to their slice of ret_bufs in order. */
+    size_t nrec = CLIENT_WIRE_BATCH ? (n + PROTO_MAX_BATCH - 1) / PROTO_MAX_BATCH : n;
+    struct pending **recs = calloc(nrec, sizeof(*recs));
+    if (!recs)
+        return client_fail(conn, -ENOMEM, "out of memory");
+    size_t per = CLIENT_WIRE_BATCH ? PROTO_MAX_BATCH : 1;
+    for (size_t done = 0; done < n && !err; done += per * (CLIENT_WIRE_BATCH ? 1 : PROTO_MAX_BATCH)) {
+        size_t chunk = CLIENT_WIRE_BATCH ? per : PROTO_MAX_BATCH;
+        size_t k = n - done < chunk ? n - done : chunk;
+        err = lease_many_submit(conn, sizes + done, k, recs + done / per);
     }
-    if (err) {
-        char keep[sizeof(conn->errmsg)];
+    char keep[sizeof(conn->errmsg)] = "";
+    if (err)
         memcpy(keep, conn->errmsg, sizeof(keep));
+    for (size_t i = 0; i < nrec; i++) {
+        struct pending *p = recs[i];
+        if (!p)
+            continue;
+        int r = pending_wait(conn, p, pending_budget(conn, 0));
+        if (r < 0 && !err) {
+            err = r;
+            memcpy(keep, conn->errmsg, sizeof(keep));
+        } else if (r == 0 && p->op == PROTO_OP_LEASE) {
+            ret_bufs[i] = p->buf;
+            p->buf = NULL;
+        } else if (r == 0) {
+            memcpy(ret_bufs + i * per, p->bufs, p->n * sizeof(*p->bufs));
+            memset(p->bufs, 0, p->n * sizeof(*p->bufs));
+        }
+        pending_free(conn, p);
+    }
+    free(recs);
+    if (err) {
         shmref_release_many(ret_bufs, n);
         memcpy(conn->errmsg, keep, sizeof(keep));
     }

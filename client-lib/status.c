@@ -20,17 +20,11 @@ struct shmref_status {
     unsigned nstrs;
 };
 
-int shmref_status_get(shmref_conn *conn, shmref_status **ret_status)
+int status_from_reply(shmref_conn *conn, const struct proto_msg *rep, shmref_status **ret_status)
 {
     const char *why;
-    if (!conn || !ret_status)
-        return -EINVAL;
-    struct proto_msg req = { .op = PROTO_OP_STATUS }, rep;
-    int r = client_call(conn, &req, &rep, NULL);
-    if (r < 0)
-        return r;
-    const uint8_t *body = rep.u.status_reply.body;
-    size_t len = rep.u.status_reply.body_len;
+    const uint8_t *body = rep->u.status_reply.body;
+    size_t len = rep->u.status_reply.body_len;
     if (len == 0 || proto_check(body, len, PROTO_MAX_DEPTH, &why) < 0)
         return client_fail(conn, -EPROTO, "bad status from shmrefd");
     shmref_status *st = calloc(1, sizeof(*st));
@@ -49,6 +43,24 @@ int shmref_status_get(shmref_conn *conn, shmref_status **ret_status)
     }
     *ret_status = st;
     return 0;
+}
+
+int shmref_status_get(shmref_conn *conn, shmref_status **ret_status)
+{
+    if (!conn || !ret_status)
+        return -EINVAL;
+    int r = client_enter(conn);
+    if (r < 0)
+        return r;
+    struct pending *p = pending_new(conn, PROTO_OP_STATUS, PENDING_WAIT);
+    if (!p)
+        return -ENOMEM;
+    if ((r = pending_submit(conn, p)) == 0 && (r = pending_wait(conn, p, pending_budget(conn, 0))) == 0) {
+        *ret_status = p->status;
+        p->status = NULL;
+    }
+    pending_free(conn, p);
+    return r;
 }
 
 void shmref_status_free(shmref_status *st)

@@ -89,12 +89,16 @@ SHMREF_EXPORT int shmref_lease(shmref_conn *conn, size_t size, shmref_buf **ret_
  * retention serves every consumer that comes within that time (shmref_publish_ex's
  * max_acquires ends it earlier). meta (up to SHMREF_META_MAX bytes, may be NULL)
  * is returned to every consumer: dtype, shape, a manifest. The producer keeps its lease
- * and must not write after publishing. A buffer is published at most once. */
+ * and must not write after publishing. A buffer is published at most once (-EALREADY).
+ * It does not wait for the daemon: the descriptor is the lease's token and len (see
+ * issue 12's section); a refusal of it (not expected: the library checks what the daemon
+ * would) is reported by shmref_errmsg after the next call. */
 SHMREF_EXPORT int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms,
                                  const void *meta, size_t meta_len, shmref_desc *ret_desc);
 
 /* shmref_acquire: a read-only view of a published buffer. -ENOENT when the descriptor
- * is unknown, released by everyone, or its retention ran out; -EINVAL when the size in
+ * is unknown, released by everyone, or its retention ran out (a buffer leased but not yet
+ * published is waited for: shmref_set_acquire_wait); -EINVAL when the size in
  * the descriptor does not match. *ret_buf is owned by the caller until shmref_release(). */
 SHMREF_EXPORT int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_buf);
 
@@ -107,14 +111,15 @@ SHMREF_EXPORT int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shm
  * Accepts NULL (returns 0). */
 SHMREF_EXPORT int shmref_release(shmref_buf *buf);
 
-/* shmref_lease_many: n leases (sizes[i] > 0 bytes each) in pipelined requests, for the
- * cost of about one round trip per 32. On success ret_bufs[0..n) are the caller's; on
+/* shmref_lease_many: n leases (sizes[i] > 0 bytes each) in lease_many messages of up to
+ * 32 each, all sent before the first answer is awaited (not from the stock). On success ret_bufs[0..n) are the caller's; on
  * failure every lease already made is released, ret_bufs is all NULL, and the first
  * error is returned (its message in shmref_errmsg). */
 SHMREF_EXPORT int shmref_lease_many(shmref_conn *conn, const size_t *sizes, size_t n, shmref_buf **ret_bufs);
 
 /* shmref_release_many: shmref_release on each of bufs[0..n) (NULLs are skipped), which
- * are set to NULL. Returns the first error, or 0. */
+ * are set to NULL, as one-way release_many messages of up to 32 handles. Returns the first
+ * error, or 0. */
 SHMREF_EXPORT int shmref_release_many(shmref_buf **bufs, size_t n);
 
 /* Accessors of a buffer handle. data is writable for a lease, read-only for an acquire.
@@ -425,6 +430,109 @@ SHMREF_EXPORT int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, 
 
 /* shmref_buf_sealed: 1 if buf is a sealed buffer (its seals were checked), else 0. */
 SHMREF_EXPORT int shmref_buf_sealed(const shmref_buf *buf);
+
+/* ---- One round trip per handoff and the event-loop API (issue 12) ---- */
+
+/* What waits for the daemon. A plain shmref_publish is one-way (the descriptor is known
+ * from the lease); shmref_release is one-way; a lease is served from the connection's
+ * stock (below) when it can. So a zero-copy handoff waits for the daemon once: the
+ * consumer's acquire. Every call first takes in, without blocking, whatever replies
+ * have already arrived; a request the socket cannot take at once is queued in memory,
+ * in order, and sent by the next call (or shmref_flush). */
+
+/* The lease stock. After the first lease of a size (a round trip), the library asks for
+ * `depth` more leases of that size class in the background and keeps them ready; a later
+ * lease of the class (shmref_lease, shmref_lease_ex, shmref_lease_submit) takes one at
+ * once and asks for one more. Only sizes up to 16 MiB, at most 4 size classes per
+ * connection (the least recently used one is returned). Stock leases are leases like any
+ * other: charged to the tenant's quota and counted in status ("buffers.leases",
+ * "pool.bytes_leased" include them); they are returned at shmref_close, when a lease or
+ * acquire meets EDQUOT or ENOSPC (then the request is retried once), and when their class
+ * falls out. depth: $SHMREF_STOCK (0 disables), default 2, at most 16. */
+/* shmref_set_stock: the stock depth of conn (-1: the default above; 0 returns the stock). */
+SHMREF_EXPORT int shmref_set_stock(shmref_conn *conn, int depth);
+
+/* shmref_set_acquire_wait: how long an acquire of a descriptor whose buffer is leased but
+ * not yet published waits for its publish (the producer's one-way publish may reach the
+ * daemon after the consumer's acquire): -ENOENT after it, or at once if the producer
+ * releases or dies first. -1: the default, min(connection timeout, 2000 ms); 0: no wait;
+ * at most 60000. The acquire's own deadline is the connection's timeout plus this. */
+SHMREF_EXPORT int shmref_set_acquire_wait(shmref_conn *conn, int wait_ms);
+
+/* Re-acquire without a round trip: an acquire of a descriptor this connection already
+ * holds through an acquired handle not yet released gets a new handle sharing that one's
+ * daemon reference and mapping (the daemon's release is sent when the last of them goes).
+ * While any of them lives the daemon holds the buffer, so it cannot be recycled. Such an
+ * acquire does not count toward the publish's max_acquires. */
+
+/* shmref_lease_ex: shmref_lease that may wait up to wait_ms (0: not at all; at most
+ * 600000) for quota or pool space instead of failing with -EDQUOT/-ENOSPC at once: a
+ * producer that outruns its consumer slows to its pace. -ETIMEDOUT with the daemon's
+ * message (held, asked, quota) when the wait runs out; the call's deadline is the
+ * connection's timeout plus wait_ms. flags: 0. The stock is tried first. */
+SHMREF_EXPORT int shmref_lease_ex(shmref_conn *conn, size_t size, unsigned flags, uint32_t wait_ms,
+                                  shmref_buf **ret_buf);
+
+/* The event-loop API (the hiredis model). Poll shmref_conn_fd for what
+ * shmref_conn_events asks; submit requests with the *_submit functions (they never
+ * block, and return 0 once the request is queued or -errno with nothing queued); collect
+ * their completions with shmref_complete whenever the fd is readable, or at once when
+ * shmref_conn_events says SHMREF_READY (a stock lease, a plain publish and a local
+ * re-acquire complete without the daemon). Every submit completes exactly once, in no
+ * particular order; user is returned with it. Blocking calls may be mixed in: they take
+ * in the replies of submits too, whose completions then wait for shmref_complete. The
+ * library keeps no timers for submits: the daemon's bounds (a lease's wait_ms, an
+ * acquire's wait) end them; a blocking call on the connection that times out abandons it
+ * and every outstanding submit completes with -ETIMEDOUT; when the connection breaks they
+ * complete with its error, after which shmref_complete returns that error. At
+ * shmref_close, outstanding submits deliver no completion: leases and handles they bring
+ * are released, completions not collected are dropped (their handles released). */
+#define SHMREF_WANT_READ 1u  /* requests are outstanding: poll for readability */
+#define SHMREF_WANT_WRITE 2u /* requests are queued unsent: poll for writability, then shmref_flush */
+#define SHMREF_READY 4u      /* completions (or the connection's failure) wait for shmref_complete */
+
+#define SHMREF_OP_LEASE 1
+#define SHMREF_OP_PUBLISH 2
+#define SHMREF_OP_ACQUIRE 3
+#define SHMREF_OP_STATUS 4
+#define SHMREF_OP_PING 5
+
+typedef struct shmref_completion {
+    void *user;             /* as submitted */
+    int op;                 /* SHMREF_OP_* */
+    int result;             /* 0 or -errno */
+    const char *errmsg;     /* "" on success; valid until the next shmref_complete */
+    shmref_buf *buf;        /* lease, acquire: the new handle, now the caller's; publish: the buffer */
+    shmref_status *status;  /* status: the snapshot, the caller's (shmref_status_free) */
+    shmref_desc desc;       /* publish: the descriptor; acquire: the one acquired */
+} shmref_completion;
+
+/* shmref_conn_fd: the socket to poll (owned by conn; never read or write it). */
+SHMREF_EXPORT int shmref_conn_fd(const shmref_conn *conn);
+/* shmref_conn_events: SHMREF_WANT_READ | SHMREF_WANT_WRITE | SHMREF_READY, or -EINVAL. */
+SHMREF_EXPORT int shmref_conn_events(const shmref_conn *conn);
+/* shmref_flush: send queued requests without blocking: 0 all sent, 1 some remain, -errno. */
+SHMREF_EXPORT int shmref_flush(shmref_conn *conn);
+/* Submit forms of shmref_lease_ex, shmref_publish_ex, shmref_acquire_ex, shmref_status_get
+ * and shmref_ping (same arguments, same results in the completion). A plain publish is
+ * done when submitted (its completion comes with the next shmref_complete); a sealed one
+ * completes with the daemon's reply. */
+SHMREF_EXPORT int shmref_lease_submit(shmref_conn *conn, size_t size, unsigned flags, uint32_t wait_ms, void *user);
+SHMREF_EXPORT int shmref_publish_submit(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t max_acquires,
+                                        unsigned flags, const void *meta, size_t meta_len, void *user);
+SHMREF_EXPORT int shmref_acquire_submit(shmref_conn *conn, const shmref_desc *desc, unsigned flags, void *user);
+SHMREF_EXPORT int shmref_status_submit(shmref_conn *conn, void *user);
+SHMREF_EXPORT int shmref_ping_submit(shmref_conn *conn, void *user);
+/* shmref_complete: read whatever replies have arrived (never blocks) and write up to max
+ * completions into ret: returns how many (0: none yet), or -errno once the connection has
+ * failed and every completion was delivered. */
+SHMREF_EXPORT int shmref_complete(shmref_conn *conn, shmref_completion *ret, size_t max);
+
+/* shmref_conn_counter: a counter of conn since it connected: "waits" (times the library
+ * blocked waiting for a daemon reply), "sent" and "received" (messages), "stock_hits"
+ * and "stock_misses" (leases served from the stock, or not), "local_acquires"
+ * (re-acquires without a round trip). 0, -ENOENT for an unknown name, -EINVAL. */
+SHMREF_EXPORT int shmref_conn_counter(const shmref_conn *conn, const char *name, uint64_t *ret);
 
 #ifdef __cplusplus
 }

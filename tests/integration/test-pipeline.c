@@ -1,0 +1,345 @@
+/* SPDX-License-Identifier: MIT */
+/* test-pipeline: one round trip per handoff (issue 12), against a real shmrefd: the
+ * one-way publish and the acquire that waits for it (another process, 1000 times), the
+ * waits a zero-copy handoff costs (counters), the lease stock (charged, returned, LRU),
+ * the local re-acquire and why it is safe, backpressure, lease_many/release_many as one
+ * message per 32. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static uint64_t counter(shmref_conn *c, const char *name)
+{
+    uint64_t v = 0;
+    cr_assert_eq(shmref_conn_counter(c, name, &v), 0, "counter %s", name);
+    return v;
+}
+
+/* leases_now: buffers.leases after a round trip on c (so c's one-way messages are in). */
+static uint64_t leases_now(const struct daemon *d, shmref_conn *c)
+{
+    cr_assert_eq(shmref_ping(c), 0);
+    return status_u64(d, "buffers.leases");
+}
+
+/* ---- a one-way publish, a consumer in another process that never sees ENOENT ---- */
+
+struct relay {
+    const char *socket;
+    int desc_rd, ack_wr;
+    int n;
+};
+
+static int consumer(void *arg)
+{
+    struct relay *rl = arg;
+    shmref_conn *c;
+    if (shmref_connect(rl->socket, &c) < 0)
+        return 10;
+    for (int i = 0; i < rl->n; i++) {
+        shmref_desc desc;
+        if (read(rl->desc_rd, &desc, sizeof(desc)) != (ssize_t)sizeof(desc))
+            return 11;
+        shmref_buf *b;
+        int r = shmref_acquire(c, &desc, &b);
+        if (r < 0) {
+            fprintf(stderr, "handoff %d: acquire: %d %s\n", i, r, shmref_errmsg(c));
+            return 12;
+        }
+        if (check_pattern(shmref_buf_data(b), shmref_buf_size(b), (uint32_t)i + 1) != -1)
+            return 13;
+        shmref_release(b);
+        char ack = 1;
+        if (write(rl->ack_wr, &ack, 1) != 1)
+            return 14;
+    }
+    shmref_close(c);
+    return 0;
+}
+
+Test(pipeline, one_way_publish_is_never_enoent_for_a_fast_consumer, .timeout = 120)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    int dp[2], ap[2];
+    cr_assert_eq(pipe(dp), 0);
+    cr_assert_eq(pipe(ap), 0);
+    struct relay rl = { .socket = d.socket, .desc_rd = dp[0], .ack_wr = ap[1], .n = 1000 };
+    pid_t pid = child_run(consumer, &rl);
+    close(dp[0]);
+    close(ap[1]);
+    shmref_conn *p = connect_ok(&d);
+    uint64_t sent0 = counter(p, "sent");
+    for (int i = 0; i < rl.n; i++) {
+        shmref_buf *b;
+        size_t size = 4096 + (size_t)(i % 7) * 1000;
+        cr_assert_eq(shmref_lease(p, size, &b), 0, "%s", shmref_errmsg(p));
+        fill_pattern(shmref_buf_data(b), size, (uint32_t)i + 1);
+        uint64_t waits = counter(p, "waits");
+        shmref_desc desc;
+        cr_assert_eq(shmref_publish(b, size, 0, NULL, 0, &desc), 0, "%s", shmref_errmsg(p));
+        cr_assert_eq(counter(p, "waits"), waits, "publish waited for the daemon");
+        cr_assert_eq(desc.size, size);
+        /* The descriptor goes out before the daemon has seen the publish. */
+        cr_assert_eq(write(dp[1], &desc, sizeof(desc)), (ssize_t)sizeof(desc));
+        char ack;
+        cr_assert_eq(read(ap[0], &ack, 1), 1, "the consumer failed at handoff %d", i);
+        shmref_release(b);
+    }
+    cr_assert_eq(child_wait(pid), 0);
+    cr_assert_gt(counter(p, "sent"), sent0);
+    cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(status_u64(&d, "counters.acquire_wait_timeouts"), 0);
+    shmref_close(p);
+    close(dp[1]);
+    close(ap[0]);
+    daemon_stop(&d);
+}
+
+/* ---- a zero-copy handoff waits once: the consumer's acquire ---- */
+
+Test(pipeline, a_zero_copy_handoff_waits_once_with_a_warm_stock, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d), *c = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(p, 2), 0);
+    shmref_buf *b, *r;
+    shmref_desc desc;
+    /* Warm up: the first lease is a miss (a round trip) and fills the stock. */
+    cr_assert_eq(shmref_lease(p, 8192, &b), 0);
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_ping(p), 0);
+    uint64_t pw = counter(p, "waits"), cw = counter(c, "waits"), hits = counter(p, "stock_hits");
+    enum { N = 200 };
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(shmref_lease(p, 8192, &b), 0, "%s", shmref_errmsg(p));
+        fill_pattern(shmref_buf_data(b), 8192, (uint32_t)i);
+        cr_assert_eq(shmref_publish(b, 8192, 0, NULL, 0, &desc), 0);
+        cr_assert_eq(shmref_acquire(c, &desc, &r), 0, "%s", shmref_errmsg(c));
+        cr_assert_eq(check_pattern(shmref_buf_data(r), 8192, (uint32_t)i), -1);
+        cr_assert_eq(shmref_release(r), 0);
+        cr_assert_eq(shmref_release(b), 0);
+    }
+    cr_assert_eq(counter(p, "waits") - pw, 0, "the producer waited %llu times",
+                 (unsigned long long)(counter(p, "waits") - pw));
+    cr_assert_eq(counter(c, "waits") - cw, N, "the consumer waited %llu times in %d handoffs",
+                 (unsigned long long)(counter(c, "waits") - cw), N);
+    cr_assert_eq(counter(p, "stock_hits") - hits, N);
+    shmref_close(c);
+    shmref_close(p);
+    daemon_stop(&d);
+}
+
+/* ---- the stock: charged like any lease, returned when unused ---- */
+
+Test(pipeline, the_stock_is_charged_and_returned, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(p, 2), 0);
+    shmref_buf *b;
+    cr_assert_eq(shmref_lease(p, 9000, &b), 0);
+    cr_assert_eq(counter(p, "stock_misses"), 1);
+    cr_assert_eq(leases_now(&d, p), 3, "one lease and two in stock");
+    shmref_buf *b2;
+    cr_assert_eq(shmref_lease(p, 10000, &b2), 0); /* the same class: from the stock */
+    cr_assert_eq(counter(p, "stock_hits"), 1);
+    cr_assert_eq(shmref_buf_size(b2), 10000);
+    cr_assert_geq(shmref_buf_capacity(b2), 10000);
+    cr_assert_eq(leases_now(&d, p), 4, "two leases and two in stock (one refilled)");
+    /* A lease of the stock's class size publishes up to the caller's size only. */
+    shmref_desc desc;
+    cr_assert_eq(shmref_publish(b2, 10001, 0, NULL, 0, &desc), -EINVAL);
+    cr_assert_eq(shmref_set_stock(p, 0), 0);
+    cr_assert_eq(leases_now(&d, p), 2, "set_stock(0) returns the stock");
+    cr_assert_eq(shmref_set_stock(p, 2), 0);
+    /* Five size classes: the least recently used one's stock goes back. */
+    size_t sizes[] = { 4096, 64 << 10, 256 << 10, 1 << 20, 4 << 20 };
+    shmref_buf *v[5];
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(shmref_lease(p, sizes[i], &v[i]), 0, "%s", shmref_errmsg(p));
+    cr_assert_eq(leases_now(&d, p), 2 + 5 + 4 * 2, "at most four classes are stocked");
+    for (int i = 0; i < 5; i++)
+        shmref_release(v[i]);
+    shmref_release(b);
+    shmref_release(b2);
+    uint64_t closed = status_u64(&d, "counters.clients_closed");
+    shmref_close(p);
+    cr_assert_eq(wait_status(&d, "buffers.leases", 0, 2000), 0);
+    cr_assert_eq(status_u64(&d, "counters.clients_died"), 0, "the close released the stock first");
+    cr_assert_geq(status_u64(&d, "counters.clients_closed"), closed + 1);
+    daemon_stop(&d);
+}
+
+Test(pipeline, a_lease_over_quota_returns_the_stock_and_is_tried_again, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--tenant-quota", "256K", NULL);
+    shmref_conn *p = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(p, 2), 0);
+    shmref_buf *v[4];
+    /* 64 KiB leases: four fit the quota, whatever the stock holds of it. */
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(shmref_lease(p, 65536, &v[i]), 0, "lease %d: %s", i, shmref_errmsg(p));
+    shmref_buf *x;
+    int r = shmref_lease(p, 65536, &x);
+    cr_assert_eq(r, -EDQUOT, "%d %s", r, shmref_errmsg(p));
+    cr_assert_eq(leases_now(&d, p), 4, "nothing is left in stock at the quota");
+    for (int i = 0; i < 4; i++)
+        shmref_release(v[i]);
+    shmref_close(p);
+    daemon_stop(&d);
+}
+
+/* ---- a re-acquire on the same connection: no round trip, and safe ---- */
+
+Test(pipeline, a_reacquire_shares_the_handle_and_the_buffer_cannot_be_recycled, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d), *c = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(p, 0), 0);
+    shmref_buf *b, *r1, *r2;
+    shmref_desc desc;
+    cr_assert_eq(shmref_lease(p, 65536, &b), 0);
+    fill_pattern(shmref_buf_data(b), 65536, 1);
+    cr_assert_eq(shmref_publish(b, 65536, 0, NULL, 0, &desc), 0);
+    cr_assert_eq(shmref_acquire(c, &desc, &r1), 0);
+    uint64_t waits = counter(c, "waits");
+    cr_assert_eq(shmref_acquire(c, &desc, &r2), 0);
+    cr_assert_eq(counter(c, "waits"), waits, "the re-acquire waited for the daemon");
+    cr_assert_eq(counter(c, "local_acquires"), 1);
+    cr_assert_eq(shmref_buf_data(r2), shmref_buf_data(r1));
+    cr_assert_eq(leases_now(&d, c), 2, "the daemon holds one handle for the two");
+    /* The producer lets go; a new lease of the same size is another buffer: the consumer's
+     * bytes stay as published. */
+    shmref_release(b);
+    cr_assert_eq(shmref_release(r1), 0);
+    cr_assert_eq(shmref_ping(c), 0);
+    cr_assert_eq(shmref_lease(p, 65536, &b), 0);
+    fill_pattern(shmref_buf_data(b), 65536, 2);
+    cr_assert_eq(check_pattern(shmref_buf_data(r2), 65536, 1), -1, "a held buffer was recycled");
+    cr_assert_eq(leases_now(&d, p), 2, "r2 still holds the daemon's handle");
+    shmref_release(b);
+    /* The last local handle goes: the daemon's goes with it, the buffer is recycled. */
+    uint64_t recycled = status_u64(&d, "counters.buffers_recycled");
+    cr_assert_eq(shmref_release(r2), 0);
+    cr_assert_eq(leases_now(&d, c), 0);
+    cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(shmref_lease(p, 65536, &b), 0);
+    cr_assert_eq(status_u64(&d, "counters.buffers_recycled"), recycled + 1);
+    /* A re-acquire after the release goes to the daemon: the buffer is gone. */
+    waits = counter(c, "waits");
+    cr_assert_eq(shmref_acquire(c, &desc, &r1), -ENOENT, "%s", shmref_errmsg(c));
+    cr_assert_eq(counter(c, "waits"), waits + 1);
+    cr_assert_eq(counter(c, "local_acquires"), 1);
+    shmref_release(b);
+    shmref_close(c);
+    shmref_close(p);
+    daemon_stop(&d);
+}
+
+/* ---- backpressure: a lease that waits for quota ---- */
+
+static shmref_conn *releaser_conn; /* used by release_later's thread only */
+
+struct later {
+    shmref_buf *buf;
+    int ms;
+};
+
+static void *release_later(void *arg)
+{
+    struct later *l = arg;
+    usleep((useconds_t)l->ms * 1000);
+    shmref_release(l->buf);
+    shmref_ping(releaser_conn);
+    return NULL;
+}
+
+Test(pipeline, a_waiting_lease_is_served_when_quota_frees, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--tenant-quota", "128K", NULL);
+    shmref_conn *p = connect_ok(&d), *q = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(p, 0), 0);
+    shmref_buf *a, *b, *x;
+    cr_assert_eq(shmref_lease(q, 65536, &a), 0);
+    cr_assert_eq(shmref_lease(q, 65536, &b), 0);
+    int r0 = shmref_lease(p, 65536, &x);
+    cr_assert_eq(r0, -EDQUOT, "%d %s", r0, shmref_errmsg(p));
+    long t0 = now_ms();
+    cr_assert_eq(shmref_lease_ex(p, 65536, 0, 200, &x), -ETIMEDOUT);
+    cr_assert_geq(now_ms() - t0, 190);
+    cr_assert(strlen(shmref_errmsg(p)) > 0);
+    /* Another connection (a thread here) releases in 300 ms: the lease waits for it. */
+    releaser_conn = q;
+    struct later l = { .buf = a, .ms = 300 };
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, release_later, &l), 0);
+    t0 = now_ms();
+    int r = shmref_lease_ex(p, 65536, 0, 5000, &x);
+    long took = now_ms() - t0;
+    pthread_join(th, NULL);
+    cr_assert_eq(r, 0, "%s", shmref_errmsg(p));
+    cr_assert(took >= 250 && took < 4000, "took %ld ms", took);
+    shmref_release(x);
+    shmref_release(b);
+    shmref_close(p);
+    shmref_close(q);
+    daemon_stop(&d);
+}
+
+/* ---- lease_many and release_many: one message per 32 ---- */
+
+Test(pipeline, lease_many_and_release_many_send_one_message_per_32, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--max-leases", "128", NULL);
+    shmref_conn *p = connect_ok(&d);
+    enum { N = 40 };
+    size_t sizes[N];
+    shmref_buf *v[N];
+    for (int i = 0; i < N; i++)
+        sizes[i] = 4096 + (size_t)i;
+    uint64_t sent = counter(p, "sent"), got = counter(p, "received");
+    cr_assert_eq(shmref_lease_many(p, sizes, N, v), 0, "%s", shmref_errmsg(p));
+    cr_assert_eq(counter(p, "sent") - sent, 2, "40 leases are two messages");
+    cr_assert_eq(counter(p, "received") - got, 2);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(shmref_buf_size(v[i]), sizes[i]);
+        fill_pattern(shmref_buf_data(v[i]), sizes[i], (uint32_t)i);
+    }
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(check_pattern(shmref_buf_data(v[i]), sizes[i], (uint32_t)i), -1, "lease %d shares memory", i);
+    cr_assert_eq(leases_now(&d, p), N);
+    sent = counter(p, "sent");
+    cr_assert_eq(shmref_release_many(v, N), 0);
+    cr_assert_eq(counter(p, "sent") - sent, 2, "40 releases are two messages");
+    for (int i = 0; i < N; i++)
+        cr_assert_null(v[i]);
+    cr_assert_eq(leases_now(&d, p), 0);
+    shmref_close(p);
+    daemon_stop(&d);
+}
+
+Test(pipeline, an_unknown_counter_is_enoent)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d);
+    uint64_t v;
+    cr_assert_eq(shmref_conn_counter(p, "no_such_counter", &v), -ENOENT);
+    cr_assert_eq(shmref_conn_counter(p, "waits", &v), 0);
+    cr_assert_eq(v, 1, "the hello was the one wait");
+    shmref_close(p);
+    daemon_stop(&d);
+}
