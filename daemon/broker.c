@@ -3,7 +3,10 @@
  * then the tenant's quota is charged (a ticket), then the pool is asked (warm buffer now,
  * or a new one reserved off the loop). The ticket travels with the lease into the
  * registry; every failure on the way hands it to registry_abandon, the same one place
- * that credits a buffer's charge at its end. */
+ * that credits a buffer's charge at its end. A lease refused EDQUOT/ENOSPC that asked to
+ * wait, and an acquire of a leased but unpublished token that asked to, are parked in
+ * bk->waiters (waiters.c) and served here when the registry says space freed or the
+ * buffer is published; batches (lease_many, release_many) come last in this file. */
 #include "broker.h"
 
 #include <errno.h>
@@ -299,6 +302,9 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     refuse(bk, p, m->id, -r, "lease", msg);
 }
 
+static bool batch_retry(struct broker *bk, struct waiter *w);
+static void batch_detach(struct waiter *w);
+
 /* retry_leases: quota or pool space may have freed: each tenant's waiting leases are
  * tried in order until one is still blocked (FIFO: the rest stay behind it); a tenant's
  * blocked head never stops another tenant's. Tenants served go to the back, so space that
@@ -311,17 +317,33 @@ static void retry_leases(void *arg)
     unsigned tenants = 0;
     for (struct waiters_queue *q = ws->tenants_head; q; q = q->next)
         tenants++;
+    /* An attempt that fails gives back the charge it just took: that frees nothing, and
+     * must not kick another retry (which would spin while a lease waits for space). */
+    bk->retrying = true;
     for (unsigned t = 0; t < tenants && ws->tenants_head; t++) {
         struct waiters_queue *q = ws->tenants_head;
         for (;;) {
             struct waiter *w = q->head;
             struct broker_peer *p = w->owner;
             bool last = w->qnext == NULL;
-            p->parked--; /* its place under max-leases goes to the lease, whatever comes */
+            if (w->busy) { /* a batch whose buffers are being made: the tenant waits for it */
+                waiters_tenant_last(ws, q);
+                break;
+            }
+            if (w->data && !p->closing) {
+                if (batch_retry(bk, w)) { /* done: served or refused, and removed */
+                    if (last)
+                        break;
+                    continue;
+                }
+                waiters_tenant_last(ws, q);
+                break;
+            }
+            p->parked -= w->count; /* its place under max-leases goes to the lease, whatever comes */
             if (!p->closing) {
                 int r = lease_try(bk, p, w->id, w->size, msg, sizeof(msg));
                 if (r < 0) { /* still blocked: the rest of this tenant stays behind it */
-                    p->parked++;
+                    p->parked += w->count;
                     w->blocked = -r;
                     waiters_tenant_last(ws, q);
                     break;
@@ -332,6 +354,7 @@ static void retry_leases(void *arg)
                 break;
         }
     }
+    bk->retrying = false;
     broker_check(bk);
 }
 
@@ -341,24 +364,29 @@ static void lease_expired(struct broker *bk, struct waiter *w)
     struct broker_peer *p = w->owner;
     char msg[PROTO_MAX_ERRMSG], a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], c[UNITS_TEXT_MAX];
     uint64_t waited = uv_now(bk->loop) - w->since_ms;
+    char what[80] = "lease";
     bk->counters->lease_wait_timeouts++;
+    if (w->data) {
+        batch_detach(w);
+        snprintf(what, sizeof(what), "lease_many of %u leases", w->count);
+    }
     if (w->blocked == ENOSPC) {
         struct registry_stats st = registry_stats(bk->reg);
         uint64_t held = st.bytes + pool_bytes_pinned(bk->pool);
         snprintf(msg, sizeof(msg),
-                 "lease of %s (%llu bytes) waited %llu ms for pool space: the pool holds %s (%llu bytes) of its %s "
-                 "(%llu bytes)", units_format(w->size, a), (unsigned long long)w->size, (unsigned long long)waited,
+                 "%s of %s (%llu bytes) waited %llu ms for pool space: the pool holds %s (%llu bytes) of its %s "
+                 "(%llu bytes)", what, units_format(w->size, a), (unsigned long long)w->size, (unsigned long long)waited,
                  units_format(held, b), (unsigned long long)held, units_format(pool_cap(bk->pool), c),
                  (unsigned long long)pool_cap(bk->pool));
     } else {
         uint64_t held = quota_held(bk->quota, p->uid), limit = quota_limit(bk->quota, p->uid);
         snprintf(msg, sizeof(msg),
-                 "lease of %s (%llu bytes) waited %llu ms for quota: uid %u holds %s (%llu bytes) of its %s quota",
-                 units_format(w->size, a), (unsigned long long)w->size, (unsigned long long)waited,
+                 "%s of %s (%llu bytes) waited %llu ms for quota: uid %u holds %s (%llu bytes) of its %s quota",
+                 what, units_format(w->size, a), (unsigned long long)w->size, (unsigned long long)waited,
                  (unsigned)p->uid, units_format(held, b), (unsigned long long)held, units_format(limit, c));
     }
     uint32_t id = w->id;
-    p->parked--;
+    p->parked -= w->count;
     waiters_remove(&bk->waiters, w);
     if (!p->closing)
         refuse(bk, p, id, ETIMEDOUT, "lease", msg);
@@ -552,7 +580,8 @@ static void on_freed(void *arg, struct registry_buf *b)
 {
     (void)b;
     struct broker *bk = arg;
-    waiters_kick(&bk->waiters);
+    if (!bk->retrying)
+        waiters_kick(&bk->waiters);
 }
 
 void broker_start(struct broker *bk, uv_loop_t *loop)
@@ -568,6 +597,9 @@ void broker_stop(struct broker *bk)
     if (!bk->loop)
         return;
     registry_set_events(bk->reg, NULL);
+    for (struct waiter *w = bk->waiters.head; w; w = w->next)
+        if (w->data)
+            batch_detach(w); /* an attempt in flight finishes alone (the peer is closing) */
     waiters_close(&bk->waiters);
     bk->loop = NULL;
 }
@@ -610,10 +642,32 @@ struct batch {
     struct broker *broker;
     struct broker_peer *peer;
     uint32_t id, n, making;
+    struct waiter *waiter;       /* a waiting batch's place in its tenant's queue, or NULL */
+    bool expired;                /* its wait ran out while it was being made: undo, silently */
+    bool hard;                   /* a failure that waiting would not cure (a create failed) */
     int code;                    /* the first refusal, 0 if none */
-    char msg[PROTO_MAX_ERRMSG];
+    char msg[2 * PROTO_MAX_ERRMSG]; /* room for a reason of PROTO_MAX_ERRMSG; cut when sent */
     struct batch_item items[PROTO_MAX_BATCH];
 };
+
+/* A waiting lease_many: the waiter's data. */
+struct batch_wait {
+    uint32_t n;
+    uint64_t sizes[PROTO_MAX_BATCH];
+    struct batch *bt;            /* its attempt in flight (w->busy), or NULL */
+};
+
+/* batch_detach: the waiter w goes (timeout, disconnect, stop) while its attempt may be
+ * in flight: that attempt then undoes itself, silently. */
+static void batch_detach(struct waiter *w)
+{
+    struct batch_wait *bw = w->data;
+    if (bw->bt) {
+        bw->bt->waiter = NULL;
+        bw->bt->expired = true;
+        bw->bt = NULL;
+    }
+}
 
 static void batch_fail(struct batch *bt, uint32_t i, int code, const char *why)
 {
@@ -621,8 +675,8 @@ static void batch_fail(struct batch *bt, uint32_t i, int code, const char *why)
     if (bt->code)
         return; /* the first reason is the one told */
     bt->code = code;
-    snprintf(bt->msg, sizeof(bt->msg), "lease_many item %u of %u (%s): %s; no lease of the batch was made", i,
-             bt->n, units_format(bt->items[i].size, a), why);
+    snprintf(bt->msg, sizeof(bt->msg), "lease_many item %u of %u (%s): %.*s; no lease of the batch was made", i,
+             bt->n, units_format(bt->items[i].size, a), PROTO_MAX_ERRMSG, why);
 }
 
 /* batch_hold: item it's buffer is here: register (the registry takes the charge) and hold. */
@@ -647,19 +701,38 @@ static void batch_hold(struct batch *bt, struct batch_item *it, struct pool_buf 
 }
 
 /* batch_done: every item is in: one reply with all of them, or every held item released
- * and one error. */
-static void batch_done(struct batch *bt)
+ * and one error; a waiting batch refused EDQUOT/ENOSPC stays parked instead. Returns
+ * whether its waiter (if any) is still parked. */
+static bool batch_done(struct batch *bt)
 {
     struct broker *bk = bt->broker;
     struct broker_peer *p = bt->peer;
-    if (bt->code || p->closing) {
+    struct waiter *w = bt->waiter;
+    if (bt->code || p->closing || bt->expired) {
         for (uint32_t i = 0; i < bt->n; i++)
             if (bt->items[i].handle)
                 registry_release(bk->reg, &p->holder, bt->items[i].handle); /* -ENOENT once reclaimed */
-        if (!p->closing)
+        if (w && !p->closing && !bt->hard && (bt->code == EDQUOT || bt->code == ENOSPC)) {
+            w->busy = false; /* waits on, at the head of its tenant's queue */
+            w->blocked = bt->code;
+            ((struct batch_wait *)w->data)->bt = NULL;
+            free(bt);
+            return true;
+        }
+        if (w) {
+            p->parked -= w->count;
+            waiters_remove(&bk->waiters, w);
+            waiters_kick(&bk->waiters); /* the next of its tenant may go now */
+        }
+        if (!p->closing && !bt->expired)
             refuse(bk, p, bt->id, bt->code, "lease_many", bt->msg);
         free(bt);
-        return;
+        return false;
+    }
+    if (w) {
+        p->parked -= w->count;
+        waiters_remove(&bk->waiters, w);
+        waiters_kick(&bk->waiters); /* the next of its tenant may go now */
     }
     static struct proto_msg r; /* one loop thread */
     int fds[PROTO_MAX_BATCH];
@@ -678,6 +751,7 @@ static void batch_done(struct batch *bt)
     bk->counters->leases += bt->n;
     p->ops->reply_many(p, &r, fds);
     free(bt);
+    return false;
 }
 
 static void batch_created(struct pool *pool, struct pool_buf *pb, int err, void *data)
@@ -692,7 +766,8 @@ static void batch_created(struct pool *pool, struct pool_buf *pb, int err, void 
     if (err < 0) {
         registry_abandon(bk->reg, &it->charge, NULL);
         batch_fail(bt, (uint32_t)(it - bt->items), err == -ENOSPC ? ENOSPC : -err, strerror(-err));
-    } else if (bt->code || p->closing || bk->stopping) {
+        bt->hard = true; /* a full tmpfs: waiting would only make the files again */
+    } else if (bt->code || p->closing || bk->stopping || bt->expired) {
         registry_abandon(bk->reg, &it->charge, pb);
     } else {
         batch_hold(bt, it, pb);
@@ -754,14 +829,39 @@ static bool batch_item_start(struct batch *bt, uint32_t i)
     return false;
 }
 
+/* batch_start: an attempt at n leases (checked), all or nothing. w: the batch's waiter,
+ * if it waits. Returns whether w is still parked (blocked, or its buffers being made). */
+static bool batch_start(struct broker *bk, struct broker_peer *p, uint32_t id, uint32_t n, const uint64_t *sizes,
+                        struct waiter *w)
+{
+    struct batch *bt = calloc(1, sizeof(*bt));
+    if (!bt) {
+        if (w) {
+            p->parked -= w->count;
+            waiters_remove(&bk->waiters, w);
+        }
+        fail(p, id, ENOMEM, "daemon out of memory");
+        return false;
+    }
+    *bt = (struct batch){ .broker = bk, .peer = p, .id = id, .n = n, .waiter = w };
+    if (w) {
+        w->busy = true;
+        ((struct batch_wait *)w->data)->bt = bt;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        bt->items[i] = (struct batch_item){ .bt = bt, .size = sizes[i] };
+        if (!batch_item_start(bt, i))
+            break;
+    }
+    if (bt->making == 0)
+        return batch_done(bt);
+    return w != NULL; /* the last buffer made finishes it */
+}
+
 static void do_lease_many(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
 {
     uint32_t n = m->u.lease_many.n;
     char msg[PROTO_MAX_ERRMSG], a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX];
-    if (m->u.lease_many.wait_ms) {
-        fail(p, m->id, EINVAL, "lease_many does not wait: its wait_ms must be 0 (lease one by one to wait)");
-        return;
-    }
     for (uint32_t i = 0; i < n; i++) {
         uint64_t size = m->u.lease_many.sizes[i];
         if (size == 0) {
@@ -791,19 +891,44 @@ static void do_lease_many(struct broker *bk, struct broker_peer *p, const struct
         refuse(bk, p, m->id, EMFILE, "lease_many", msg);
         return;
     }
-    struct batch *bt = calloc(1, sizeof(*bt));
-    if (!bt) {
+    uint32_t wait = bk->loop ? m->u.lease_many.wait_ms : 0;
+    if (wait > PROTO_MAX_LEASE_WAIT_MS)
+        wait = PROTO_MAX_LEASE_WAIT_MS;
+    if (!wait) {
+        batch_start(bk, p, m->id, n, m->u.lease_many.sizes, NULL);
+        return;
+    }
+    /* A waiting batch waits as a unit: parked first (FIFO behind its tenant's earlier
+     * waiters), then tried; refused EDQUOT/ENOSPC, it stays parked and is tried again
+     * whole when space frees. */
+    struct batch_wait *bw = calloc(1, sizeof(*bw));
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < n; i++)
+        sum += m->u.lease_many.sizes[i];
+    struct waiters_queue *q = waiters_tenant(&bk->waiters, p->uid);
+    struct waiter *w = bw ? waiters_park_lease(&bk->waiters, p, m->id, p->uid, sum, q ? q->tail->blocked : EDQUOT,
+                                               wait)
+                          : NULL;
+    if (!w) {
+        free(bw);
         fail(p, m->id, ENOMEM, "daemon out of memory");
         return;
     }
-    *bt = (struct batch){ .broker = bk, .peer = p, .id = m->id, .n = n };
-    for (uint32_t i = 0; i < n; i++) {
-        bt->items[i] = (struct batch_item){ .bt = bt, .size = m->u.lease_many.sizes[i] };
-        if (!batch_item_start(bt, i))
-            break;
-    }
-    if (bt->making == 0)
-        batch_done(bt); /* else the last buffer made finishes it */
+    bw->n = n;
+    memcpy(bw->sizes, m->u.lease_many.sizes, n * sizeof(bw->sizes[0]));
+    w->data = bw;
+    w->count = n;
+    p->parked += n;
+    if (q || batch_start(bk, p, m->id, n, bw->sizes, w))
+        bk->counters->lease_waits++;
+}
+
+/* batch_retry: a waiting batch at its tenant's head, tried again. Returns true when its
+ * waiter is gone (served, or refused for good). */
+static bool batch_retry(struct broker *bk, struct waiter *w)
+{
+    struct batch_wait *bw = w->data;
+    return !batch_start(bk, w->owner, w->id, bw->n, bw->sizes, w);
 }
 
 static void do_release_many(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
@@ -859,7 +984,9 @@ uint32_t broker_disconnect(struct broker *bk, struct broker_peer *p)
     for (struct waiter *w = bk->waiters.head, *nx; w && p->parked; w = nx) {
         nx = w->next;
         if (w->owner == p) {
-            p->parked--;
+            if (w->data)
+                batch_detach(w);
+            p->parked -= w->count;
             waiters_remove(&bk->waiters, w);
         }
     }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* broker.h: what each lease request means: the lease lifecycle (lease, publish, acquire,
- * release) and a disconnect's reclaim. Private to the daemon. The broker knows a client
+ * release, their batches, and waiting for quota, space or a publish) and a disconnect's
+ * reclaim. Private to the daemon. The broker knows a client
  * only as a struct broker_peer (a session embeds one; a unit test fakes one): it replies
  * through the peer's ops and never touches a socket. Every refusal is an error reply whose
  * message names the numbers; the broker never closes a connection. */
@@ -62,6 +63,7 @@ struct broker {
     bool drift_logged;
     uv_loop_t *loop;                /* set by broker_start: without it nothing waits */
     struct waiters waiters;         /* leases parked for quota or space, acquires for a publish */
+    bool retrying;                  /* in the retry of waiting leases: frees do not kick */
 };
 
 /* broker_start: the waiters (their timers on loop) and the registry's events. Until it

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* waiters.c: see waiters.h. Waiters are few (each counts against its connection's
- * max-leases), so the deadline timer scans them all when it fires and re-arms for the
- * earliest that is left. */
+/* waiters.c: see waiters.h. Each waiter is on three structures: the list of all (arrival
+ * order), its queue, and the deadline heap; the deadline timer pops what is due and
+ * re-arms for the earliest that is left. */
 #include "waiters.h"
 
 #include <stdlib.h>
@@ -25,18 +25,72 @@ void waiters_close(struct waiters *ws)
         return;
     while (ws->head)
         waiters_remove(ws, ws->head);
+    free(ws->heap);
+    ws->heap = NULL;
+    ws->heap_cap = 0;
     ws->open = false;
     uv_close((uv_handle_t *)&ws->deadline, NULL);
     uv_close((uv_handle_t *)&ws->kick, NULL);
 }
 
-/* arm: the deadline timer targets the earliest deadline (deadlines only move it earlier
- * here; a timer that fires early finds nothing due and re-arms). */
-static void arm(struct waiters *ws, uint64_t deadline_ms)
+/* ---- the deadline heap (ws->n entries) ---- */
+
+static void heap_set(struct waiters *ws, unsigned i, struct waiter *w)
 {
-    if (ws->armed_ms && ws->armed_ms <= deadline_ms)
+    ws->heap[i] = w;
+    w->hidx = i;
+}
+
+static void heap_up(struct waiters *ws, unsigned i)
+{
+    struct waiter *w = ws->heap[i];
+    while (i > 0 && ws->heap[(i - 1) / 2]->deadline_ms > w->deadline_ms) {
+        heap_set(ws, i, ws->heap[(i - 1) / 2]);
+        i = (i - 1) / 2;
+    }
+    heap_set(ws, i, w);
+}
+
+static void heap_down(struct waiters *ws, unsigned i, unsigned n)
+{
+    struct waiter *w = ws->heap[i];
+    for (;;) {
+        unsigned c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && ws->heap[c + 1]->deadline_ms < ws->heap[c]->deadline_ms)
+            c++;
+        if (ws->heap[c]->deadline_ms >= w->deadline_ms)
+            break;
+        heap_set(ws, i, ws->heap[c]);
+        i = c;
+    }
+    heap_set(ws, i, w);
+}
+
+/* heap_remove: w out of the heap of n entries (n - 1 are left). */
+static void heap_remove(struct waiters *ws, struct waiter *w, unsigned n)
+{
+    struct waiter *last = ws->heap[n - 1];
+    if (last == w)
         return;
-    uint64_t now = uv_now(ws->loop);
+    heap_set(ws, w->hidx, last);
+    heap_down(ws, last->hidx, n - 1);
+    heap_up(ws, last->hidx);
+}
+
+/* arm: the deadline timer targets the earliest deadline. */
+static void arm(struct waiters *ws)
+{
+    if (!ws->n) {
+        if (ws->armed_ms)
+            uv_timer_stop(&ws->deadline);
+        ws->armed_ms = 0;
+        return;
+    }
+    uint64_t deadline_ms = ws->heap[0]->deadline_ms, now = uv_now(ws->loop);
+    if (ws->armed_ms == deadline_ms)
+        return;
     ws->armed_ms = deadline_ms;
     uv_timer_start(&ws->deadline, on_deadline, deadline_ms > now ? deadline_ms - now : 0, 0);
 }
@@ -44,41 +98,46 @@ static void arm(struct waiters *ws, uint64_t deadline_ms)
 static void on_deadline(uv_timer_t *t)
 {
     struct waiters *ws = t->data;
-    uint64_t now = uv_now(ws->loop), next = 0;
+    uint64_t now = uv_now(ws->loop);
     ws->armed_ms = 0;
-    for (struct waiter *w = ws->head, *nx; w; w = nx) {
-        nx = w->next;
-        if (w->deadline_ms <= now) {
-            ws->expire(ws->arg, w); /* removes w, and only w */
-            continue;
-        }
-        if (!next || w->deadline_ms < next)
-            next = w->deadline_ms;
-    }
-    if (next)
-        arm(ws, next);
+    while (ws->n && ws->heap[0]->deadline_ms <= now)
+        ws->expire(ws->arg, ws->heap[0]); /* removes it, and only it */
+    arm(ws);
 }
 
 static void on_kick(uv_timer_t *t)
 {
     struct waiters *ws = t->data;
+    ws->retrying = true;
     if (ws->leases)
         ws->retry(ws->arg);
+    ws->retrying = false;
 }
 
+/* A kick from inside the retry is dropped: libuv runs a zero-delay timer restarted in
+ * its own callback again in the same turn, so it would never return to polling. */
 void waiters_kick(struct waiters *ws)
 {
-    if (ws->leases && ws->open && !uv_is_active((uv_handle_t *)&ws->kick))
+    if (ws->leases && ws->open && !ws->retrying && !uv_is_active((uv_handle_t *)&ws->kick))
         uv_timer_start(&ws->kick, on_kick, 0, 0);
 }
 
 static struct waiter *add(struct waiters *ws, void *owner, uint32_t id, uint32_t wait_ms, struct waiters_queue *q)
 {
+    if (ws->n == ws->heap_cap) {
+        unsigned cap = ws->heap_cap ? ws->heap_cap * 2 : 16;
+        struct waiter **h = realloc(ws->heap, cap * sizeof(*h));
+        if (!h)
+            return NULL;
+        ws->heap = h;
+        ws->heap_cap = cap;
+    }
     struct waiter *w = calloc(1, sizeof(*w));
     if (!w)
         return NULL;
     w->owner = owner;
     w->id = id;
+    w->count = 1;
     w->wait_ms = wait_ms;
     w->since_ms = uv_now(ws->loop);
     w->deadline_ms = w->since_ms + wait_ms;
@@ -89,8 +148,10 @@ static struct waiter *add(struct waiters *ws, void *owner, uint32_t id, uint32_t
     w->prev = ws->tail;
     if (ws->tail) ws->tail->next = w; else ws->head = w;
     ws->tail = w;
+    heap_set(ws, ws->n, w);
+    heap_up(ws, ws->n);
     ws->n++;
-    arm(ws, w->deadline_ms);
+    arm(ws);
     return w;
 }
 
@@ -194,6 +255,7 @@ void waiters_remove(struct waiters *ws, struct waiter *w)
     }
     if (w->prev) w->prev->next = w->next; else ws->head = w->next;
     if (w->next) w->next->prev = w->prev; else ws->tail = w->prev;
+    heap_remove(ws, w, ws->n);
     ws->n--;
     if (!w->acquire)
         ws->leases--;
@@ -201,5 +263,6 @@ void waiters_remove(struct waiters *ws, struct waiter *w)
         uv_timer_stop(&ws->deadline);
         ws->armed_ms = 0;
     }
+    free(w->data);
     free(w);
 }

@@ -5,8 +5,9 @@
  * for a buffer's publish queue FIFO per buffer (the queue hangs off a slot the caller
  * owns, e.g. registry_buf.waiting). One timer fires at the earliest deadline; a second,
  * zero-delay one (waiters_kick) asks the owner to retry its lease queues on the next loop
- * turn, never inside the call that freed the space. Nothing here allocates while
- * nothing waits, and a kick with no lease waiting costs a compare. */
+ * turn, never inside the call that freed the space. Deadlines are a binary heap, so a
+ * client parking many requests with many deadlines costs O(log n) each. A kick with no
+ * lease waiting costs a compare. */
 #ifndef SHMREFD_WAITERS_H
 #define SHMREFD_WAITERS_H
 
@@ -25,9 +26,13 @@ struct waiter {
     uint32_t wait_ms;           /* the wait granted (for messages) */
     uint64_t size;              /* a lease: bytes asked */
     int blocked;                /* a lease: what it last met, EDQUOT or ENOSPC */
+    uint32_t count;             /* places under max-leases it takes (a batch: its leases) */
+    void *data;                 /* the owner's, freed with the waiter (a batch's sizes) */
+    bool busy;                  /* being tried (a batch whose buffers are being made) */
     struct waiter *prev, *next;   /* every waiter, in arrival order */
     struct waiter *qprev, *qnext; /* its queue */
     struct waiters_queue *q;
+    unsigned hidx;                /* its place in the deadline heap */
 };
 
 /* One FIFO: a tenant's leases (uid) or one buffer's acquires (slot). */
@@ -54,6 +59,9 @@ struct waiters {
     unsigned n, leases;         /* waiters, and of those leases */
     struct waiters_queue *tenants_head, *tenants_tail; /* tenants with leases waiting */
     uint64_t armed_ms;          /* the deadline timer's target, 0 when stopped */
+    struct waiter **heap;       /* every waiter, a min-heap by deadline */
+    unsigned heap_cap;
+    bool retrying;              /* in the retry callback: kicks are dropped */
 };
 
 void waiters_init(struct waiters *ws, uv_loop_t *loop, waiters_expire_cb expire, waiters_retry_cb retry,

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* test-batch.c: protocol version 2 batches and the version check, through a real shmrefd
  * on a temporary socket, spoken raw: lease_many answers with every item and every fd in
- * ONE message (fd-once per item), all or nothing; release_many; a version 1 hello gets
+ * ONE message (fd-once per item), all or nothing, waiting as a unit when asked;
+ * release_many; a version 1 hello gets
  * EPROTONOSUPPORT naming both versions and the connection closes. */
 #include <criterion/criterion.h>
 
@@ -150,12 +151,25 @@ Test(batch, lease_many_is_all_or_nothing, .timeout = 60)
     cr_assert(strstr(text, "no lease of the batch was made"), "%s", text);
     cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, 5000), 0, "an undone batch kept bytes");
     cr_assert_eq(status_u64(&d, "buffers.leases"), 0);
-    /* a lease_many that asks to wait is refused (batches do not wait) */
-    lease_many_send(fd, 22, 2, 4 * KiB, 100);
-    rv_expect_error(fd, 5000, 22, EINVAL, text, sizeof(text), "a waiting lease_many");
-    /* and the connection goes on */
-    uint64_t h = rv_lease(fd, 23, 4 * KiB, NULL);
+    /* a lease_many that asks to wait waits as a unit: nothing while the quota is held,
+     * the whole batch (with its fds) once it frees */
+    uint64_t h = rv_lease(fd, 23, 4 * MiB, NULL);
+    lease_many_send(fd, 22, 2, MiB, 10000);
+    rv_nothing(fd, 300, "a waiting lease_many with the quota held");
+    cr_assert_eq(status_u64(&d, "counters.lease_waits"), 1);
     rv_release_send(fd, 24, h);
+    struct proto_msg r;
+    int fds[8];
+    unsigned nfds = 0;
+    cr_assert_gt(rv_recv_fds(fd, 5000, &r, fds, 8, &nfds), 0);
+    cr_assert_eq(r.op, PROTO_OP_LEASE_MANY + PROTO_OP_REPLY, "%.*s", (int)r.u.error.msg_len, r.u.error.msg);
+    cr_assert_eq(r.id, 22);
+    cr_assert_eq(nfds, 2);
+    uint64_t hs[2] = { r.u.lease_many_reply.items[0].handle, r.u.lease_many_reply.items[1].handle };
+    for (unsigned i = 0; i < nfds; i++)
+        close(fds[i]);
+    release_many_send(fd, 25, hs, 2, PROTO_RELEASE_NOREPLY);
+    cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, 5000), 0);
     close(fd);
     daemon_stop(&d);
 }

@@ -608,7 +608,7 @@ Test(broker, lease_wait_times_out_with_the_numbers)
 }
 
 /* The pool is 64 MiB here: a waiting lease for pool space (another tenant holds it). */
-Test(broker, lease_waits_for_pool_space)
+Test(broker, lease_waits_for_pool_space, .timeout = 30)
 {
     struct fx f;
     fx_open(&f);
@@ -622,6 +622,10 @@ Test(broker, lease_waits_for_pool_space)
     lease_wait(&f, &f.b, 16 * MiB, 91, 5000);
     cr_assert_eq(f.b.replies, before, "%s", f.b.msg);
     cr_assert_eq(f.b.peer.parked, 1);
+    /* a retry that fails frees nothing: it must not kick itself again (a busy loop) */
+    broker_kick(&f.bk);
+    run_until(&f, &f.b, before + 1, 30);
+    cr_assert_not(uv_is_active((uv_handle_t *)&f.bk.waiters.kick), "the retry keeps kicking itself");
     release(&f, &f.a, h[0], 0);
     cr_assert_eq(run_until(&f, &f.b, before + 1, 3000), before + 1);
     cr_assert_eq(f.b.code, 0, "%s", f.b.msg);
@@ -734,8 +738,53 @@ Test(broker, lease_many_is_all_or_nothing)
     lease_many(&f, &f.a, 113, zero, 2, 0);
     cr_assert_eq(f.a.code, EINVAL);
     cr_assert(strstr(f.a.msg, "item 1 of 2"), "%s", f.a.msg);
-    lease_many(&f, &f.a, 114, sizes, 1, 100);
-    cr_assert_eq(f.a.code, EINVAL, "a waiting lease_many: %s", f.a.msg);
     cr_assert_eq(quota_total(f.bk.quota), 0);
+    fx_close(&f);
+}
+
+/* A waiting lease_many waits as a unit: parked while the quota (16 MiB) cannot take all
+ * of it, served whole when it can; FIFO with the tenant's other waiting leases. */
+Test(broker, lease_many_waits_as_a_unit, .timeout = 30)
+{
+    struct fx f;
+    fx_open(&f);
+    f.opt.max_leases = 32;
+    uint64_t h1 = lease(&f, &f.a, 8 * MiB), h2 = lease(&f, &f.a, 4 * MiB);
+    static const uint64_t sizes[] = { 4 * MiB, 4 * MiB, 100 };
+    unsigned before = f.a.replies;
+    lease_many(&f, &f.a, 121, sizes, 3, 5000);
+    run_until(&f, &f.a, before + 1, 100);
+    cr_assert_eq(f.a.replies, before, "a waiting batch replied: %s", f.a.msg);
+    cr_assert_eq(f.a.peer.parked, 3);
+    cr_assert_eq(f.a.peer.holder.leases, 2, "a waiting batch holds some of its leases");
+    cr_assert_eq(quota_held(f.bk.quota, 1000), 12 * MiB, "a waiting batch kept a charge");
+    lease_wait(&f, &f.a, 4 * KiB, 122, 5000); /* behind the batch */
+    cr_assert_eq(f.counters.lease_waits, 2);
+    release(&f, &f.a, h2, PROTO_RELEASE_NOREPLY);  /* 8 MiB held: 4 + 4 + 4 KiB does not fit */
+    run_until(&f, &f.a, before + 1, 100);
+    cr_assert_eq(f.a.replies, before, "a batch past the quota was served");
+    release(&f, &f.a, h1, PROTO_RELEASE_NOREPLY);
+    cr_assert_eq(run_until(&f, &f.a, before + 2, 3000), before + 2, "the batch and the lease behind it");
+    cr_assert_eq(f.a.peer.parked, 0);
+    cr_assert_eq(f.a.peer.holder.leases, 4);
+    cr_assert_eq(f.a.last.id, 122, "the lease behind the batch came first");
+    cr_assert_eq(f.counters.refused_quota, 0);
+    registry_release_all(f.bk.reg, &f.a.peer.holder);
+    broker_check(&f.bk);
+
+    /* a waiting batch that times out: ETIMEDOUT with the numbers, nothing charged */
+    h1 = lease(&f, &f.a, 16 * MiB);
+    before = f.a.replies;
+    lease_many(&f, &f.a, 123, sizes, 2, 40);
+    cr_assert_eq(run_until(&f, &f.a, before + 1, 3000), before + 1);
+    cr_assert_eq(f.a.code, ETIMEDOUT, "%s", f.a.msg);
+    cr_assert(strstr(f.a.msg, "lease_many of 2 leases of 8.0 MiB (8388608 bytes) waited "), "%s", f.a.msg);
+    cr_assert_eq(f.a.peer.parked, 0);
+    cr_assert_eq(quota_held(f.bk.quota, 1000), 16 * MiB);
+    /* and one whose connection goes is dropped */
+    lease_many(&f, &f.a, 124, sizes, 2, 5000);
+    cr_assert_eq(f.a.peer.parked, 2);
+    broker_disconnect(&f.bk, &f.a.peer);
+    cr_assert_eq(f.bk.waiters.n, 0);
     fx_close(&f);
 }
