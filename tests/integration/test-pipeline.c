@@ -129,7 +129,8 @@ Test(pipeline, a_zero_copy_handoff_waits_once_with_a_warm_stock, .timeout = 60)
     }
     cr_assert_eq(counter(p, "waits") - pw, 0, "the producer waited %llu times",
                  (unsigned long long)(counter(p, "waits") - pw));
-    cr_assert_eq(counter(c, "waits") - cw, N, "the consumer waited %llu times in %d handoffs",
+    /* At most once: a reply that is in before the library would block costs no wait. */
+    cr_assert_leq(counter(c, "waits") - cw, N, "the consumer waited %llu times in %d handoffs",
                  (unsigned long long)(counter(c, "waits") - cw), N);
     cr_assert_eq(counter(p, "stock_hits") - hits, N);
     shmref_close(c);
