@@ -471,14 +471,11 @@ void shmref_close(shmref_conn *conn)
          * lease or an acquire of an unpublished buffer, end with the connection), so the
          * daemon sees a clean close, not a process that died holding leases. */
         pending_intake(conn);
+        conn->stock.depth = 0; /* nothing is refilled from now on */
         stock_return(conn);
         pending_orphan_all(conn);
-        if (conn->n_out > 0) {
-            struct pending *p = pending_new(conn, PROTO_OP_PING, PENDING_WAIT);
-            if (p && pending_submit(conn, p) == 0)
-                pending_wait(conn, p, ms);
-            pending_free(conn, p);
-        }
+        if (conn->n_out > 0)
+            pending_drain(conn, ms);
     }
     /* Release every handle (one-way, no round trips). A pinned buffer (its unit's Arrow
      * exports are alive) stays: the last export releases it. */

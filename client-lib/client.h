@@ -213,6 +213,11 @@ int pending_submit_msg(shmref_conn *conn, struct pending *p, struct proto_msg *r
 /* pending_orphan_all: every outstanding request becomes PENDING_DROP, every undelivered
  * completion is dropped (its handle released, its status freed): at shmref_close. */
 void pending_orphan_all(shmref_conn *conn);
+/* pending_drain: at close, after pending_orphan_all: wait (at most ms) for the answers
+ * the daemon has made or will make without waiting, so the leases they bring are released
+ * before the socket closes. Waits the daemon holds (a lease for quota, an acquire for a
+ * publish) end with the connection. */
+void pending_drain(shmref_conn *conn, int ms);
 /* pending_discard: free every record without sending anything (teardown). */
 void pending_discard(shmref_conn *conn);
 /* pending_intake: take in every reply that has arrived, without blocking (no syscall when

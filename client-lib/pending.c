@@ -361,7 +361,7 @@ static int take_reply(shmref_conn *conn, struct pending *p, const struct proto_m
         }
         int r = lease_take(conn, l->handle, l->buf_id, l->size, l->capacity, l->token, l->meta, l->meta_len,
                            l->flags, fd, writable, p->require_sealed, &p->buf);
-        if (r == 0 && writable && p->owner != PENDING_STOCK) {
+        if (r == 0 && writable && (p->owner == PENDING_WAIT || p->owner == PENDING_USER)) {
             p->buf->size = p->want;
             stock_learn(conn, p->want, p->buf->capacity);
         }
@@ -501,4 +501,32 @@ int pending_wait(shmref_conn *conn, struct pending *p, int ms)
     if (p->result < 0)
         snprintf(conn->errmsg, sizeof(conn->errmsg), "%s", p->errmsg ? p->errmsg : "");
     return p->result;
+}
+
+/* leases_out: a lease that the daemon will answer without waiting is still out (one that
+ * needs a new buffer is answered after later requests). */
+static bool leases_out(const shmref_conn *conn)
+{
+    for (const struct pending *p = conn->out; p; p = p->next)
+        if ((p->op == PROTO_OP_LEASE || p->op == PROTO_OP_LEASE_MANY) && p->wait_ms == 0)
+            return true;
+    return false;
+}
+
+void pending_drain(shmref_conn *conn, int ms)
+{
+    int64_t deadline = client_mono_ms() + ms;
+    struct pending *p = pending_new(conn, PROTO_OP_PING, PENDING_WAIT);
+    if (p && pending_submit(conn, p) == 0)
+        pending_wait(conn, p, ms);
+    pending_free(conn, p);
+    while (!conn->failed && !conn->abandoned && leases_out(conn)) {
+        int left = (int)(deadline - client_mono_ms());
+        if (left <= 0)
+            return;
+        struct pollfd pf = { .fd = conn->fd, .events = POLLIN };
+        if (poll(&pf, 1, left) < 0 && errno != EINTR)
+            return;
+        pending_intake(conn);
+    }
 }

@@ -127,11 +127,14 @@ Test(pipeline, a_zero_copy_handoff_waits_once_with_a_warm_stock, .timeout = 60)
         cr_assert_eq(shmref_release(r), 0);
         cr_assert_eq(shmref_release(b), 0);
     }
-    cr_assert_eq(counter(p, "waits") - pw, 0, "the producer waited %llu times",
+    /* Zero, but for a refill not back in time on a loaded machine (the stock was empty
+     * then: the lease waits for that refill): a few in 200 at most. */
+    cr_assert_leq(counter(p, "waits") - pw, N / 20, "the producer waited %llu times",
                  (unsigned long long)(counter(p, "waits") - pw));
-    cr_assert_eq(counter(c, "waits") - cw, N, "the consumer waited %llu times in %d handoffs",
+    /* At most once: a reply that is in before the library would block costs no wait. */
+    cr_assert_leq(counter(c, "waits") - cw, N, "the consumer waited %llu times in %d handoffs",
                  (unsigned long long)(counter(c, "waits") - cw), N);
-    cr_assert_eq(counter(p, "stock_hits") - hits, N);
+    cr_assert_geq(counter(p, "stock_hits") - hits, N - N / 20);
     shmref_close(c);
     shmref_close(p);
     daemon_stop(&d);
@@ -213,9 +216,10 @@ Test(pipeline, a_reacquire_shares_the_handle_and_the_buffer_cannot_be_recycled, 
     fill_pattern(shmref_buf_data(b), 65536, 1);
     cr_assert_eq(shmref_publish(b, 65536, 0, NULL, 0, &desc), 0);
     cr_assert_eq(shmref_acquire(c, &desc, &r1), 0);
-    uint64_t waits = counter(c, "waits");
+    uint64_t waits = counter(c, "waits"), sent = counter(c, "sent");
     cr_assert_eq(shmref_acquire(c, &desc, &r2), 0);
     cr_assert_eq(counter(c, "waits"), waits, "the re-acquire waited for the daemon");
+    cr_assert_eq(counter(c, "sent"), sent, "the re-acquire asked the daemon");
     cr_assert_eq(counter(c, "local_acquires"), 1);
     cr_assert_eq(shmref_buf_data(r2), shmref_buf_data(r1));
     cr_assert_eq(leases_now(&d, c), 2, "the daemon holds one handle for the two");
@@ -237,9 +241,9 @@ Test(pipeline, a_reacquire_shares_the_handle_and_the_buffer_cannot_be_recycled, 
     cr_assert_eq(shmref_lease(p, 65536, &b), 0);
     cr_assert_eq(status_u64(&d, "counters.buffers_recycled"), recycled + 1);
     /* A re-acquire after the release goes to the daemon: the buffer is gone. */
-    waits = counter(c, "waits");
+    sent = counter(c, "sent");
     cr_assert_eq(shmref_acquire(c, &desc, &r1), -ENOENT, "%s", shmref_errmsg(c));
-    cr_assert_eq(counter(c, "waits"), waits + 1);
+    cr_assert_eq(counter(c, "sent"), sent + 1, "the acquire after the release did not ask the daemon");
     cr_assert_eq(counter(c, "local_acquires"), 1);
     shmref_release(b);
     shmref_close(c);

@@ -1,0 +1,147 @@
+/* SPDX-License-Identifier: MIT */
+/* test-eventloop: libshmref's submit/complete API against a real shmrefd: every submit
+ * completes once with its user pointer, nothing blocks, what needs no daemon is ready at
+ * once, a failing request completes with the daemon's message, shmref_close with requests
+ * outstanding leaves nothing held, a broken connection fails what is outstanding. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* collect: poll conn until `want` completions arrived (5 s at most). */
+static int collect(shmref_conn *c, shmref_completion *out, int want)
+{
+    int got = 0;
+    long deadline = now_ms() + 5000;
+    while (got < want && now_ms() < deadline) {
+        int ev = shmref_conn_events(c);
+        cr_assert_geq(ev, 0);
+        if (!(ev & SHMREF_READY)) {
+            struct pollfd p = { .fd = shmref_conn_fd(c),
+                                .events = (short)((ev & SHMREF_WANT_READ ? POLLIN : 0) |
+                                                  (ev & SHMREF_WANT_WRITE ? POLLOUT : 0)) };
+            if (ev & SHMREF_WANT_WRITE)
+                shmref_flush(c);
+            poll(&p, 1, 100);
+        }
+        int n = shmref_complete(c, out + got, (size_t)(want - got));
+        if (n < 0)
+            return n;
+        got += n;
+    }
+    return got;
+}
+
+Test(eventloop, every_submit_completes_once_with_its_user_pointer, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d), *c = connect_ok(&d);
+    shmref_completion v[8];
+    int tag[8];
+    cr_assert_eq(shmref_complete(p, v, 8), 0, "nothing submitted, nothing completes");
+    cr_assert_eq(shmref_conn_events(p), 0);
+    cr_assert_eq(shmref_lease_submit(p, 10000, 0, 0, &tag[0]), 0);
+    cr_assert(shmref_conn_events(p) & SHMREF_WANT_READ);
+    cr_assert_eq(collect(p, v, 1), 1);
+    cr_assert_eq(v[0].user, &tag[0]);
+    cr_assert_eq(v[0].op, SHMREF_OP_LEASE);
+    cr_assert_eq(v[0].result, 0, "%s", v[0].errmsg);
+    shmref_buf *b = v[0].buf;
+    cr_assert_eq(shmref_buf_size(b), 10000);
+    fill_pattern(shmref_buf_data(b), 10000, 5);
+    /* A plain publish needs no daemon: ready at once. */
+    cr_assert_eq(shmref_publish_submit(b, 10000, 0, 0, 0, NULL, 0, &tag[1]), 0);
+    cr_assert(shmref_conn_events(p) & SHMREF_READY);
+    cr_assert_eq(shmref_complete(p, v, 8), 1);
+    cr_assert_eq(v[0].user, &tag[1]);
+    cr_assert_eq(v[0].op, SHMREF_OP_PUBLISH);
+    cr_assert_eq(v[0].buf, b);
+    shmref_desc desc = v[0].desc;
+    cr_assert_eq(desc.size, 10000);
+    /* The consumer: acquire, status and ping submitted together. */
+    cr_assert_eq(shmref_acquire_submit(c, &desc, 0, &tag[2]), 0);
+    cr_assert_eq(shmref_status_submit(c, &tag[3]), 0);
+    cr_assert_eq(shmref_ping_submit(c, &tag[4]), 0);
+    cr_assert_eq(collect(c, v, 3), 3);
+    bool seen[3] = { false };
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(v[i].result, 0, "%s", v[i].errmsg);
+        int k = (int)((int *)v[i].user - &tag[2]);
+        cr_assert(k >= 0 && k < 3 && !seen[k], "a completion came twice or unasked");
+        seen[k] = true;
+        if (v[i].op == SHMREF_OP_ACQUIRE) {
+            cr_assert_eq(check_pattern(shmref_buf_data(v[i].buf), 10000, 5), -1);
+            shmref_buf *r = v[i].buf;
+            /* A re-acquire on the same connection: ready at once, no daemon. */
+            cr_assert_eq(shmref_acquire_submit(c, &desc, 0, &tag[5]), 0);
+            cr_assert(shmref_conn_events(c) & SHMREF_READY);
+            shmref_release(r);
+        } else if (v[i].op == SHMREF_OP_STATUS) {
+            uint64_t n;
+            cr_assert_eq(shmref_status_u64(v[i].status, "daemon.clients", &n), 0);
+            cr_assert_geq(n, 2);
+            shmref_status_free(v[i].status);
+        } else {
+            cr_assert_eq(v[i].op, SHMREF_OP_PING);
+        }
+    }
+    cr_assert_eq(shmref_complete(c, v, 8), 1);
+    cr_assert_eq(v[0].user, &tag[5]);
+    cr_assert_eq(check_pattern(shmref_buf_data(v[0].buf), 10000, 5), -1);
+    shmref_release(v[0].buf);
+    /* A refusal completes with the daemon's words. */
+    shmref_desc bogus = desc;
+    bogus.token[0] ^= 0xff;
+    cr_assert_eq(shmref_set_acquire_wait(c, 0), 0);
+    cr_assert_eq(shmref_acquire_submit(c, &bogus, 0, &tag[6]), 0);
+    cr_assert_eq(collect(c, v, 1), 1);
+    cr_assert_eq(v[0].result, -ENOENT);
+    cr_assert_neq(strlen(v[0].errmsg), 0);
+    cr_assert_null(v[0].buf);
+    shmref_release(b);
+    shmref_close(c);
+    shmref_close(p);
+    daemon_stop(&d);
+}
+
+Test(eventloop, close_with_requests_outstanding_leaves_nothing_held, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d);
+    for (int i = 0; i < 20; i++)
+        cr_assert_eq(shmref_lease_submit(p, 4096 + (size_t)i * 4096, 0, 0, NULL), 0);
+    shmref_close(p); /* no completion is delivered; the leases that come are released */
+    cr_assert_eq(wait_status(&d, "buffers.leases", 0, 3000), 0);
+    cr_assert_eq(status_u64(&d, "counters.clients_died"), 0, "the close was not clean");
+    daemon_stop(&d);
+}
+
+Test(eventloop, a_dead_daemon_fails_what_is_outstanding, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--tenant-quota", "64K", NULL);
+    shmref_conn *p = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(p, 0), 0);
+    shmref_buf *held;
+    cr_assert_eq(shmref_lease(p, 65536, &held), 0);
+    cr_assert_eq(shmref_lease_submit(p, 65536, 0, 30000, &d), 0); /* waits for quota */
+    shmref_completion v[2];
+    cr_assert_eq(shmref_complete(p, v, 2), 0);
+    kill(d.pid, SIGKILL);
+    cr_assert_eq(collect(p, v, 1), 1);
+    cr_assert_eq(v[0].user, &d);
+    cr_assert_eq(v[0].result, -ECONNRESET, "%d %s", v[0].result, v[0].errmsg);
+    cr_assert_eq(shmref_complete(p, v, 2), -ECONNRESET);
+    cr_assert_eq(shmref_ping(p), -ECONNRESET);
+    shmref_release(held);
+    shmref_close(p);
+    int st;
+    waitpid(d.pid, &st, 0);
+}
