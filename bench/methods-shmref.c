@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define RETAIN_MS 60000               /* the server's output outlives its lease */
@@ -174,6 +175,29 @@ static int srv_serve_one(shmref_conn *c, int fd, bool zero_copy)
     return r < 0 ? r : send_desc(fd, &out);
 }
 
+/* srv_waits_*: the server's own count of the times it waited for shmrefd (libshmref's
+ * "waits" counter, from after its hello to its last call), left for the runner in the
+ * file $SHMREF_BENCH_WAITS_FILE (rt_server_waits reads it). */
+static uint64_t srv_waits_start(shmref_conn *c)
+{
+    uint64_t v = 0;
+    shmref_conn_counter(c, "waits", &v);
+    return v;
+}
+
+static void srv_waits_report(shmref_conn *c, uint64_t start)
+{
+    const char *path = getenv("SHMREF_BENCH_WAITS_FILE");
+    uint64_t v;
+    if (!path || shmref_conn_counter(c, "waits", &v) < 0)
+        return;
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "%llu\n", (unsigned long long)(v - start));
+        fclose(f);
+    }
+}
+
 int srv_shmref(int fd, const char *socket, bool zero_copy)
 {
     shmref_conn *c;
@@ -182,10 +206,12 @@ int srv_shmref(int fd, const char *socket, bool zero_copy)
         fprintf(stderr, "shmref-bench server: connect %s: %s\n", socket, strerror(-r));
         return r;
     }
+    uint64_t w0 = srv_waits_start(c);
     while ((r = srv_serve_one(c, fd, zero_copy)) == 0)
         ;
     if (r < 0)
         fprintf(stderr, "shmref-bench server: %s: %s\n", strerror(-r), shmref_errmsg(c));
+    srv_waits_report(c, w0);
     shmref_close(c);
     return r < 0 ? r : 0;
 }
@@ -220,6 +246,7 @@ int srv_shmref_pubsub(int fd, const char *socket, int mode)
         fprintf(stderr, "shmref-bench server: connect %s: %s\n", socket, strerror(-r));
         return r;
     }
+    uint64_t w0 = srv_waits_start(c);
     for (;;) {
         shmref_desc d, out;
         shmref_buf *in;
@@ -233,6 +260,7 @@ int srv_shmref_pubsub(int fd, const char *socket, int mode)
     }
     if (r < 0)
         fprintf(stderr, "shmref-bench server: %s: %s\n", strerror(-r), shmref_errmsg(c));
+    srv_waits_report(c, w0);
     shmref_close(c);
     return r;
 }

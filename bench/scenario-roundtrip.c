@@ -89,22 +89,29 @@ static int run_loop(const struct rt_method *m, struct rt_ctx *ctx, const struct 
     return (int)(p->warmup + p->iters);
 }
 
-/* daemon_waits: requests that wait for a reply, counted by the daemon since it started:
- * leases, publishes and acquires (a release is one-way). Every connection's, so this
- * row's client and server alike. */
-static int daemon_waits(shmref_conn *c, uint64_t *ret)
+/* client_waits: the times this process's libshmref waited for shmrefd on conn (its
+ * "waits" counter: a blocking call that found its reply not there yet and polled). A
+ * one-way publish or release, a lease from the stock and a re-acquire of a handle the
+ * connection holds do not wait; an acquire does, once. */
+static int client_waits(shmref_conn *c, uint64_t *ret)
 {
-    static const char *const keys[] = { "counters.leases", "counters.publishes", "counters.acquires" };
-    shmref_status *st;
-    int r = shmref_status_get(c, &st);
-    *ret = 0;
-    for (size_t i = 0; r == 0 && i < sizeof(keys) / sizeof(keys[0]); i++) {
-        uint64_t v;
-        if ((r = shmref_status_u64(st, keys[i], &v)) == 0)
-            *ret += v;
-    }
-    shmref_status_free(st);
-    return r;
+    return shmref_conn_counter(c, "waits", ret);
+}
+
+/* server_waits: the server's count for its whole connection (it serves exactly the
+ * calls of the loop, warm-up included), from the file it leaves at exit. */
+static int server_waits(const char *path, uint64_t *ret)
+{
+    FILE *f = fopen(path, "r");
+    unsigned long long v;
+    int ok = f && fscanf(f, "%llu", &v) == 1;
+    if (f)
+        fclose(f);
+    unlink(path);
+    if (!ok)
+        return -ENOENT;
+    *ret = v;
+    return 0;
 }
 
 static void pmd_note(struct result *r, const struct rt_method *m)
@@ -138,8 +145,12 @@ static int run_measured(const struct rt_method *m, struct rt_ctx *ctx, const str
                         struct samples *s, struct result *res)
 {
     char *extra[] = { (char *)ctx->socket, ctx->full ? (char *)"full" : NULL, NULL };
-    uint64_t w0 = 0, w1 = 0;
-    int r = 0;
+    char wfile[512];
+    uint64_t w0 = 0, w1 = 0, ws = 0;
+    int r = 0, calls = 0;
+    snprintf(wfile, sizeof(wfile), "%s/server-waits", opts->tmpdir);
+    unlink(wfile);
+    setenv("SHMREF_BENCH_WAITS_FILE", wfile, 1);
     if (m->role && (r = wire_spawn(m->role, SOCK_STREAM, extra, &ctx->ctl, &ctx->server)) < 0)
         rt_fail(ctx, r, "spawn server: %s", strerror(-r));
     if (r == 0 && ctx->placed) {
@@ -149,11 +160,11 @@ static int run_measured(const struct rt_method *m, struct rt_ctx *ctx, const str
     }
     if (r == 0 && m->open)
         r = m->open(ctx);
-    bool count = r == 0 && m->shmref && daemon_waits(ctx->conn, &w0) == 0;
+    bool count = r == 0 && m->shmref && client_waits(ctx->conn, &w0) == 0;
     if (r == 0 && (r = run_loop(m, ctx, p, s)) > 0) {
-        if (count && daemon_waits(ctx->conn, &w1) == 0)
-            res->waits = (double)(w1 - w0) / r;
-        else if (!m->shmref && !m->floor)
+        count = count && client_waits(ctx->conn, &w1) == 0;
+        calls = r;
+        if (!m->shmref && !m->floor)
             res->waits = 0; /* no daemon on the path */
         r = 0;
     }
@@ -163,6 +174,10 @@ static int run_measured(const struct rt_method *m, struct rt_ctx *ctx, const str
         m->close(ctx);
     if (m->role && wire_reap(ctx->ctl, ctx->server) < 0 && r == 0)
         r = rt_fail(ctx, -ECHILD, "server exited with an error");
+    /* client and server summed: the server's file exists once it has exited */
+    if (r == 0 && count && calls > 0 && server_waits(wfile, &ws) == 0)
+        res->waits = (double)(w1 - w0 + ws) / calls;
+    unsetenv("SHMREF_BENCH_WAITS_FILE");
     return r;
 }
 
