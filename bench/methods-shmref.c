@@ -181,7 +181,7 @@ static int srv_serve_one(shmref_conn *c, int fd, bool zero_copy)
 static uint64_t srv_waits_start(shmref_conn *c)
 {
     uint64_t v = 0;
-    shmref_conn_counter(c, "waits", &v);
+    shmref_conn_counter(c, "round_trips", &v);
     return v;
 }
 
@@ -189,7 +189,7 @@ static void srv_waits_report(shmref_conn *c, uint64_t start)
 {
     const char *path = getenv("SHMREF_BENCH_WAITS_FILE");
     uint64_t v;
-    if (!path || shmref_conn_counter(c, "waits", &v) < 0)
+    if (!path || shmref_conn_counter(c, "round_trips", &v) < 0)
         return;
     FILE *f = fopen(path, "w");
     if (f) {

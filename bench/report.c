@@ -110,7 +110,7 @@ void report_print_table(void)
     printf("%-10s %-20s %-8s %-13s %7s %10s %10s %8s %-22s %5s %s\n", "scenario", "method", "pool", "size/case",
            "iters", "median ms", "p90 ms", "ratio", "vs (median/median)", "waits", "note");
     printf("(waits: times a process waits for shmrefd per call, summed over client and server: each\n"
-           " side's libshmref \"waits\" counter over the row / calls; one-way messages and stock leases do not wait)\n");
+           " side's libshmref \"round_trips\" counter over the row / calls; one-way messages and stock leases are none)\n");
     const char *last = "";
     for (size_t i = 0; i < nresults; i++) {
         if (strcmp(last, results[i].scenario) || (i && results[i].size_bytes != results[i - 1].size_bytes &&

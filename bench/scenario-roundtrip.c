@@ -89,13 +89,13 @@ static int run_loop(const struct rt_method *m, struct rt_ctx *ctx, const struct 
     return (int)(p->warmup + p->iters);
 }
 
-/* client_waits: the times this process's libshmref waited for shmrefd on conn (its
- * "waits" counter: a blocking call that found its reply not there yet and polled). A
+/* client_waits: the round trips this process's libshmref made to shmrefd on conn (its
+ * "round_trips" counter: blocking calls that needed a reply, in already or not). A
  * one-way publish or release, a lease from the stock and a re-acquire of a handle the
- * connection holds do not wait; an acquire does, once. */
+ * connection holds are none; an acquire is one. */
 static int client_waits(shmref_conn *c, uint64_t *ret)
 {
-    return shmref_conn_counter(c, "waits", ret);
+    return shmref_conn_counter(c, "round_trips", ret);
 }
 
 /* server_waits: the server's count for its whole connection (it serves exactly the

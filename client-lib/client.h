@@ -128,7 +128,7 @@ struct stock {
 };
 
 struct client_counters {
-    uint64_t waits, sent, received, stock_hits, stock_misses, local_acquires;
+    uint64_t waits, round_trips, sent, received, stock_hits, stock_misses, local_acquires;
 };
 
 struct shmref_conn {

@@ -219,6 +219,7 @@ int shmref_conn_counter(const shmref_conn *conn, const char *name, uint64_t *ret
         return -EINVAL;
     static const struct { const char *name; size_t off; } names[] = {
         { "waits", offsetof(struct client_counters, waits) },
+        { "round_trips", offsetof(struct client_counters, round_trips) },
         { "sent", offsetof(struct client_counters, sent) },
         { "received", offsetof(struct client_counters, received) },
         { "stock_hits", offsetof(struct client_counters, stock_hits) },

@@ -462,6 +462,8 @@ int pending_wait(shmref_conn *conn, struct pending *p, int ms)
 {
     int64_t deadline = ms > 0 ? client_mono_ms() + ms : -1;
     bool waited = false;
+    if (!p->done) /* a blocking call needs the daemon's answer: a round trip, in already or not */
+        conn->counters.round_trips++;
     for (;;) {
         int r = pending_intake(conn);
         if (p->done)

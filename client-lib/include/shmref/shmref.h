@@ -529,7 +529,9 @@ SHMREF_EXPORT int shmref_ping_submit(shmref_conn *conn, void *user);
 SHMREF_EXPORT int shmref_complete(shmref_conn *conn, shmref_completion *ret, size_t max);
 
 /* shmref_conn_counter: a counter of conn since it connected: "waits" (times the library
- * blocked waiting for a daemon reply), "sent" and "received" (messages), "stock_hits"
+ * blocked waiting for a daemon reply), "round_trips" (blocking calls that needed a daemon
+ * reply, whether it had arrived before they looked or not: one-way messages, stock
+ * leases and local re-acquires are not round trips), "sent" and "received" (messages), "stock_hits"
  * and "stock_misses" (leases served from the stock, or not), "local_acquires"
  * (re-acquires without a round trip). 0, -ENOENT for an unknown name, -EINVAL. */
 SHMREF_EXPORT int shmref_conn_counter(const shmref_conn *conn, const char *name, uint64_t *ret);
