@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RETAIN_MS 60000               /* the server's output outlives its lease */
+#define RETAIN_MS 60000               /* the server's output outlives its lease, until its one acquire */
 
 static int conn_fail(struct rt_ctx *ctx, int r, const char *what)
 {
@@ -149,7 +149,7 @@ static int srv_copy(shmref_conn *c, shmref_buf *in, shmref_desc *ret)
     if (r < 0 || (r = shmref_lease(c, size, &out)) < 0)
         return r;
     memcpy(shmref_buf_data(out), heap, size);
-    r = shmref_publish(out, size, RETAIN_MS, NULL, 0, ret);
+    r = shmref_publish_ex(out, size, RETAIN_MS, 1, 0, NULL, 0, ret);
     int r2 = shmref_release(out);
     return r < 0 ? r : r2;
 }
@@ -233,7 +233,7 @@ static int srv_reply(shmref_conn *c, shmref_buf *in, int mode, shmref_desc *ret)
     else
         for (size_t i = 0, step = mode ? BENCH_PAGE / 8 : size; i < size / 8; i += step)
             dst[i] = src[i];
-    r = shmref_publish(out, size, RETAIN_MS, NULL, 0, ret);
+    r = shmref_publish_ex(out, size, RETAIN_MS, 1, 0, NULL, 0, ret);
     int r2 = shmref_release(out), r3 = shmref_release(in);
     return r < 0 ? r : r2 < 0 ? r2 : r3;
 }
