@@ -481,7 +481,9 @@ int pending_wait(shmref_conn *conn, struct pending *p, int ms)
                 snprintf(msg, sizeof(msg), "%s: no answer from shmrefd within %d ms (the %d ms timeout and the "
                          "%d ms the daemon may wait)", proto_op_name(p->op), ms, conn->timeout_ms, extra);
             else
-                snprintf(msg, sizeof(msg), "%s: no answer from shmrefd within %d ms", proto_op_name(p->op), ms);
+                /* the connection's timeout, not what was left of it (the hello follows the connect) */
+                snprintf(msg, sizeof(msg), "%s: no answer from shmrefd within %d ms", proto_op_name(p->op),
+                         conn->timeout_ms > 0 && ms <= conn->timeout_ms ? conn->timeout_ms : ms);
             conn->abandoned = proto_op_name(p->op);
             pending_fail_all(conn, -ETIMEDOUT, msg);
             break;
