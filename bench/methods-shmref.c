@@ -198,15 +198,25 @@ static void srv_waits_report(shmref_conn *c, uint64_t start)
     }
 }
 
-int srv_shmref(int fd, const char *socket, bool zero_copy)
+/* srv_connect: the server's connection, and its round-trip count after the hello. */
+static int srv_connect(const char *socket, shmref_conn **ret, uint64_t *ret_w0)
 {
-    shmref_conn *c;
-    int r = shmref_connect(socket, &c);
+    int r = shmref_connect(socket, ret);
     if (r < 0) {
         fprintf(stderr, "shmref-bench server: connect %s: %s\n", socket, strerror(-r));
         return r;
     }
-    uint64_t w0 = srv_waits_start(c);
+    *ret_w0 = srv_waits_start(*ret);
+    return 0;
+}
+
+int srv_shmref(int fd, const char *socket, bool zero_copy)
+{
+    shmref_conn *c;
+    uint64_t w0;
+    int r = srv_connect(socket, &c, &w0);
+    if (r < 0)
+        return r;
     while ((r = srv_serve_one(c, fd, zero_copy)) == 0)
         ;
     if (r < 0)
@@ -241,12 +251,10 @@ static int srv_reply(shmref_conn *c, shmref_buf *in, int mode, shmref_desc *ret)
 int srv_shmref_pubsub(int fd, const char *socket, int mode)
 {
     shmref_conn *c;
-    int r = shmref_connect(socket, &c);
-    if (r < 0) {
-        fprintf(stderr, "shmref-bench server: connect %s: %s\n", socket, strerror(-r));
+    uint64_t w0;
+    int r = srv_connect(socket, &c, &w0);
+    if (r < 0)
         return r;
-    }
-    uint64_t w0 = srv_waits_start(c);
     for (;;) {
         shmref_desc d, out;
         shmref_buf *in;

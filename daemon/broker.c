@@ -429,6 +429,17 @@ static void lease_expired(struct broker *bk, struct waiter *w)
         refuse(bk, p, id, ETIMEDOUT, "lease", msg);
 }
 
+/* unpark: a parked request leaves its queue and gives back its place under max-leases;
+ * its peer to answer (and *ret_id), or NULL when the peer is closing. */
+static struct broker_peer *unpark(struct broker *bk, struct waiter *w, uint32_t *ret_id)
+{
+    struct broker_peer *p = w->owner;
+    *ret_id = w->id;
+    p->parked--;
+    waiters_remove(&bk->waiters, w);
+    return p->closing ? NULL : p;
+}
+
 static void serve_acquires(struct broker *bk, struct registry_buf *b);
 
 /* publish_seal: a sealed publish: F_SEAL_WRITE on the buffer before it gets a token.
@@ -566,13 +577,10 @@ static void do_acquire(struct broker *bk, struct broker_peer *p, const struct pr
  * producer holds it throughout, so b stays alive. */
 static void serve_acquires(struct broker *bk, struct registry_buf *b)
 {
+    uint32_t id;
     while (b->waiting) {
-        struct waiter *w = b->waiting->head;
-        struct broker_peer *p = w->owner;
-        uint32_t id = w->id;
-        p->parked--;
-        waiters_remove(&bk->waiters, w);
-        if (!p->closing)
+        struct broker_peer *p = unpark(bk, b->waiting->head, &id);
+        if (p)
             acquire_buf(bk, p, id, b);
     }
 }
@@ -580,12 +588,10 @@ static void serve_acquires(struct broker *bk, struct registry_buf *b)
 /* acquire_expired: no publish within the wait: ENOENT, saying so. */
 static void acquire_expired(struct broker *bk, struct waiter *w)
 {
-    struct broker_peer *p = w->owner;
-    uint32_t id = w->id, ms = w->wait_ms;
+    uint32_t id, ms = w->wait_ms;
     bk->counters->acquire_wait_timeouts++;
-    p->parked--;
-    waiters_remove(&bk->waiters, w);
-    if (!p->closing)
+    struct broker_peer *p = unpark(bk, w, &id);
+    if (p)
         fail(p, id, ENOENT, "buffer leased under this descriptor was not published within %u ms", (unsigned)ms);
 }
 
@@ -601,13 +607,10 @@ static void waiter_expired(void *arg, struct waiter *w)
 static void on_gone_waited(void *arg, struct registry_buf *b)
 {
     struct broker *bk = arg;
+    uint32_t id;
     while (b->waiting) {
-        struct waiter *w = b->waiting->head;
-        struct broker_peer *p = w->owner;
-        uint32_t id = w->id;
-        p->parked--;
-        waiters_remove(&bk->waiters, w);
-        if (!p->closing)
+        struct broker_peer *p = unpark(bk, b->waiting->head, &id);
+        if (p)
             fail(p, id, ENOENT, "the buffer leased under this descriptor was released before it was published "
                  "(its producer released it, or went away)");
     }
