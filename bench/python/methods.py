@@ -1,22 +1,27 @@
 # SPDX-License-Identifier: MIT
 """The transport methods of the Python benchmark, each a client half and a server half.
 
-A round trip: the client produces one float64 array (in its heap, or for zero-copy
-methods in the buffer it will hand over), sends it to a no-op server in another process,
-and reads the array the server sends back. The server returns its input, through the
-same method, the way a user of that method writes it. What each method copies is in its
-docstring and in docs/performance.md.
+Every method does the same work, the work of a client calling a compute server:
+  - the client writes its N-element float64 input (every element: produce(dst));
+  - the server, in another process, reads all of it and writes its own output of the same
+    size, out = input + 1 (np.add into the output's memory: every page of both touched);
+  - the client reads the server's output (one word per 4 KiB page inside the timed part;
+    the runner then compares every element outside it: pybench.Payload.check).
+No method hands the client's own buffer back. What each one copies is in its docstring and
+in docs/performance.md.
 
 Every method implements:
   client_open(ctx) / client_close()
   roundtrip(src, produce) -> ndarray   produce(dst) writes this iteration's data into dst
   finish()                             client-side cleanup once the output was read
   server_open(ctx) / handle(msg) -> reply bytes / server_close()   (socket methods)
-ctx is a dict: 'indir', 'outdir' (scratch dirs on /dev/shm), 'shmref_socket'.
+  serve(conn)                          optional: a server loop of its own (iceoryx2)
+ctx is a dict: 'indir', 'outdir' (scratch dirs on /dev/shm), 'shmref_socket', 'run_id'.
 """
 
 import os
 import re
+import select
 import uuid
 from pathlib import Path
 
@@ -30,9 +35,15 @@ PAGE_ELEMS = 4096 // 8  # one float64 per 4 KiB page
 
 
 def touch_pages(a):
-    """What a no-op consumer that works in place does: read one word per 4 KiB page."""
+    """Read one word per 4 KiB page (a lazy mapping is paid for)."""
     flat = a.reshape(-1)
     return float(flat[::PAGE_ELEMS].sum()) if flat.size else 0.0
+
+
+def compute(src, dst):
+    """The server's work: its own output, every element written from the input."""
+    np.add(src, 1.0, out=dst)
+    return dst
 
 
 def _array_json(a, data):
@@ -42,7 +53,7 @@ def _array_json(a, data):
 class Method:
     name = "?"
     transport = "socket"  # "socket": a server process on the control socket; "queue": its own
-    needs = ()  # "shmref", "torch"
+    needs = ()  # "shmref", "torch", "iceoryx2"
     what = ""
 
     def client_open(self, ctx):
@@ -71,7 +82,7 @@ class Method:
         return reply
 
 
-# (a) ------------------------------------------------------------------------------------
+# base64 in JSON ---------------------------------------------------------------------------
 
 
 def b64_encode(a):
@@ -89,7 +100,8 @@ def b64_decode(msg):
 
 class Base64Json(Method):
     """base64 text in JSON (pybase64 + orjson, as tesseract-core's json+base64) over the
-    control socket, both ways: encode, 4 kernel copies of 4/3 the bytes, decode."""
+    control socket, both ways: encode, 4 kernel copies of 4/3 the bytes, decode; the server
+    computes into a new heap array."""
 
     name = "base64-json"
     what = "base64 in JSON over the Unix socket (pybase64 + orjson, tesseract-core's layout)"
@@ -99,10 +111,56 @@ class Base64Json(Method):
         return b64_decode(self._call(b64_encode(src)))
 
     def handle(self, msg):
-        return b64_encode(b64_decode(msg))
+        a = b64_decode(msg)
+        return b64_encode(compute(a, np.empty_like(a)))
 
 
-# (b), (c) --------------------------------------------------------------------------------
+# pickle over a multiprocessing Pipe --------------------------------------------------------
+
+
+def pipe_server(conn):
+    """The pickle-over-a-Pipe server (module level: spawn imports it by name)."""
+    while True:
+        a = conn.recv()
+        if a is None:
+            break
+        conn.send(compute(a, np.empty_like(a)))
+
+
+class PicklePipe(Method):
+    """multiprocessing.Pipe between two processes (spawn), arrays pickled by value both
+    ways (Connection.send: ForkingPickler, protocol 5 without out-of-band buffers): the
+    bytes are copied into the pickle, through the socket, and out of it on each side."""
+
+    name = "pickle-pipe"
+    transport = "queue"
+    what = "multiprocessing.Pipe, arrays pickled by value"
+
+    def client_open(self, ctx):
+        super().client_open(ctx)
+        import multiprocessing as mp
+
+        mpctx = mp.get_context("spawn")
+        self._conn, child = mpctx.Pipe()
+        self._proc = mpctx.Process(target=pipe_server, args=(child,), daemon=True)
+        self._proc.start()
+        child.close()
+
+    def client_close(self):
+        self._conn.send(None)
+        self._proc.join(timeout=30)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout=10)
+        self._conn.close()
+
+    def roundtrip(self, src, produce):
+        produce(src)
+        self._conn.send(src)
+        return self._conn.recv()
+
+
+# tesseract-core's binref -------------------------------------------------------------------
 
 _BUFSPEC = re.compile(r"^(?P<path>.+?)(\:(?P<offset>\d+))?$")
 
@@ -117,8 +175,9 @@ def _binref_out_path(d, outdir):
 class _BinrefServer(Method):
     """The server half of both binref methods does what tesseract-core's runtime does
     with a json+binref request: runtime.array_encoding.load_binref_arraydict reads the
-    input file into an owned array (readinto: one copy), dump_binref_arraydict writes
-    the output to a new file in the output directory (one copy into fresh pages)."""
+    input file into an owned array (readinto: one copy), the server computes its output
+    into a new array, and dump_binref_arraydict writes it to a new file in the output
+    directory (one copy into fresh pages)."""
 
     def server_open(self, ctx):
         super().server_open(ctx)
@@ -129,7 +188,8 @@ class _BinrefServer(Method):
     def handle(self, msg):
         d = orjson.loads(msg)
         a = self._rt.load_binref_arraydict(d, self.ctx["indir"])
-        out, _ = self._rt.dump_binref_arraydict(a, self.ctx["outdir"], None, str(uuid.uuid4()))
+        out, _ = self._rt.dump_binref_arraydict(compute(a, np.empty_like(a)), self.ctx["outdir"], None,
+                                                str(uuid.uuid4()))
         return orjson.dumps(out)
 
 
@@ -137,9 +197,9 @@ class BinrefFresh(_BinrefServer):
     """tesseract-core's json+binref without the pool: the client writes a new .bin file
     per request (sdk.binref.encode_array_binref), the server reads it into its heap and
     writes its output to another new file, the client reads that into its heap
-    (sdk.binref.read_binref_array, the SDK's default eager decode). 4 copies, every page
-    of both files fresh. tesseract-core leaves output files to nobody; here the client
-    unlinks both files after reading (counted)."""
+    (sdk.binref.read_binref_array, the SDK's default eager decode). Every page of both
+    files fresh. tesseract-core leaves output files to nobody; here the client unlinks both
+    files after reading (counted)."""
 
     name = "tc-binref-fresh"
     what = "tesseract-core binref, a fresh file per request (sdk.binref.encode_array_binref / read_binref_array)"
@@ -173,8 +233,8 @@ class BinrefPool(BinrefFresh):
     4 warm, pre-faulted, mapped slots (sdk.binref.BinrefWritePool +
     encode_array_binref_pooled), checks the slot back in once the reply is there, and maps
     the server's output file read-only (sdk.binref.mmap_binref_array, the pool's lazy
-    decode), unlinking it as the SDK does. The server side is the runtime's (above). 3
-    copies; the output file's pages are fresh and mapped anew on each call."""
+    decode), unlinking it as the SDK does. The server side is the runtime's (above); the
+    output file's pages are fresh and mapped anew on each call."""
 
     name = "tc-binref-pool"
     what = "tesseract-core binref pool (BinrefWritePool + encode_array_binref_pooled / mmap_binref_array)"
@@ -202,7 +262,7 @@ class BinrefPool(BinrefFresh):
         return out
 
 
-# (d) -------------------------------------------------------------------------------------
+# multiprocessing.shared_memory ------------------------------------------------------------
 
 
 def _shm_array(shm, shape, dtype):
@@ -219,12 +279,12 @@ def _untrack(shm):
 
 class SharedMemoryMethod(Method):
     """multiprocessing.shared_memory, a segment per array as its users write it: the
-    client creates a segment, copies its array in and sends the name; the server attaches,
-    creates its output segment and copies into it; the client attaches that and reads it
-    in place, then unlinks both. 2 copies, every page of both segments fresh."""
+    client creates a segment, writes its input into it and sends the name; the server
+    attaches, creates its output segment and computes into it; the client attaches that and
+    reads it in place, then unlinks both. Every page of both segments fresh."""
 
     name = "mp-shared-memory"
-    what = "multiprocessing.shared_memory, a new segment per array (2 copies)"
+    what = "multiprocessing.shared_memory, a new segment per array"
 
     def client_open(self, ctx):
         super().client_open(ctx)
@@ -234,10 +294,9 @@ class SharedMemoryMethod(Method):
         self._held = []
 
     def roundtrip(self, src, produce):
-        produce(src)
         shm = self._sm.SharedMemory(create=True, size=max(src.nbytes, 1))
-        _shm_array(shm, src.shape, src.dtype)[...] = src
         self._held = [shm]
+        produce(_shm_array(shm, src.shape, src.dtype))
         r = orjson.loads(self._call(orjson.dumps({"name": shm.name, "shape": src.shape, "dtype": src.dtype.str})))
         outshm = self._sm.SharedMemory(name=r["name"])
         self._held.append(outshm)
@@ -263,42 +322,116 @@ class SharedMemoryMethod(Method):
         a = _shm_array(inshm, shape, d["dtype"])
         outshm = self._sm.SharedMemory(create=True, size=max(a.nbytes, 1))
         _untrack(outshm)
-        _shm_array(outshm, shape, d["dtype"])[...] = a
+        compute(a, _shm_array(outshm, shape, d["dtype"]))
         del a
         inshm.close()
         outshm.close()
         return orjson.dumps({"name": outshm.name, "shape": shape, "dtype": d["dtype"]})
 
 
-# (e) -------------------------------------------------------------------------------------
+class SharedMemoryReused(Method):
+    """The best hand-written multiprocessing.shared_memory: a reused pair. The client keeps
+    one input segment per size and the server one output segment, both created once and
+    kept mapped (warm); per call the client writes its input in place and sends a small
+    message, the server computes into its output segment, the client reads it in place.
+    Safe only because each side waits for the other before it writes again."""
+
+    name = "mp-shared-memory-reused"
+    what = "multiprocessing.shared_memory, one warm segment per side, reused"
+
+    def client_open(self, ctx):
+        super().client_open(ctx)
+        from multiprocessing import shared_memory
+
+        self._sm = shared_memory
+        self._mine = {}   # size -> my input segment
+        self._theirs = {}  # name -> the server's output segment, attached once
+
+    def client_close(self):
+        for shm in self._theirs.values():
+            shm.close()
+        for shm in self._mine.values():
+            shm.close()
+            shm.unlink()
+
+    def roundtrip(self, src, produce):
+        shm = self._mine.get(src.nbytes)
+        if shm is None:
+            shm = self._mine[src.nbytes] = self._sm.SharedMemory(create=True, size=max(src.nbytes, 1))
+        produce(_shm_array(shm, src.shape, src.dtype))
+        r = orjson.loads(self._call(orjson.dumps({"name": shm.name, "shape": src.shape, "dtype": src.dtype.str})))
+        out = self._theirs.get(r["name"])
+        if out is None:
+            out = self._theirs[r["name"]] = self._sm.SharedMemory(name=r["name"])
+            _untrack(out)
+        return _shm_array(out, tuple(r["shape"]), r["dtype"])
+
+    def server_open(self, ctx):
+        super().server_open(ctx)
+        from multiprocessing import shared_memory
+
+        self._sm = shared_memory
+        self._inputs = {}
+        self._outputs = {}
+
+    def server_close(self):
+        for shm in self._inputs.values():
+            shm.close()
+        for shm in self._outputs.values():
+            shm.close()
+            shm.unlink()
+
+    def handle(self, msg):
+        d = orjson.loads(msg)
+        shape = tuple(d["shape"])
+        inshm = self._inputs.get(d["name"])
+        if inshm is None:
+            inshm = self._inputs[d["name"]] = self._sm.SharedMemory(name=d["name"])
+            _untrack(inshm)
+        a = _shm_array(inshm, shape, d["dtype"])
+        outshm = self._outputs.get(a.nbytes)
+        if outshm is None:
+            outshm = self._outputs[a.nbytes] = self._sm.SharedMemory(create=True, size=max(a.nbytes, 1))
+        compute(a, _shm_array(outshm, shape, d["dtype"]))
+        return orjson.dumps({"name": outshm.name, "shape": shape, "dtype": d["dtype"]})
 
 
-def torch_server(in_q, out_q):
-    """The no-op torch.multiprocessing server: return each tensor it gets. A tensor that
-    arrives is already in shared memory, so putting it back sends a handle, not bytes.
+# torch.multiprocessing --------------------------------------------------------------------
+
+
+def torch_server(in_q, out_q, reuse):
+    """The torch.multiprocessing server: computes each tensor's output and puts it back.
+    reuse: into one share_memory_() tensor per shape (a handle is sent, no bytes), else into
+    a new tensor, which the queue moves into a new shared-memory segment (1 copy).
     (Module level: spawn imports it by name.)"""
-    import torch  # noqa: F401  (registers the reductions before the first get)
+    import torch
 
+    outs = {}
     while True:
         t = in_q.get(timeout=300)
         if t is None:
             break
-        touch_pages(t.numpy())
-        out_q.put(t)
-        del t
+        if reuse:
+            out = outs.get(tuple(t.shape))
+            if out is None:
+                out = outs[tuple(t.shape)] = torch.empty(t.shape, dtype=t.dtype).share_memory_()
+        else:
+            out = torch.empty_like(t)
+        compute(t.numpy(), out.numpy())
+        out_q.put(out)
+        del t, out
 
 
 class TorchQueue(Method):
     """torch.multiprocessing tensors through a queue, as its users write it: the client
     puts torch.from_numpy(array); pickling moves the tensor's storage into a new shared
-    memory segment (1 copy into fresh pages) and sends its fd; the no-op server reads one
-    word per page and puts the same tensor back (a handle, no copy); the client maps it
-    again and reads it in place."""
+    memory segment (1 copy into fresh pages) and sends its fd; the server computes a new
+    tensor, which the queue moves the same way; the client maps it and reads it in place."""
 
     name = "torch-mp-queue"
     transport = "queue"
     needs = ("torch",)
-    what = "torch.multiprocessing queue, torch.from_numpy(array) per call (1 copy into a new segment)"
+    what = "torch.multiprocessing queue, torch.from_numpy(array) per call (1 copy into a new segment each way)"
     reuse = False
 
     def client_open(self, ctx):
@@ -309,7 +442,7 @@ class TorchQueue(Method):
         self._torch = torch
         mpctx = tmp.get_context("spawn")
         self._in, self._out = mpctx.Queue(), mpctx.Queue()
-        self._proc = mpctx.Process(target=torch_server, args=(self._in, self._out), daemon=True)
+        self._proc = mpctx.Process(target=torch_server, args=(self._in, self._out, self.reuse), daemon=True)
         self._proc.start()
         self._shared = None
         self._res = None
@@ -336,12 +469,12 @@ class TorchQueue(Method):
 
 
 class TorchQueueShared(TorchQueue):
-    """The same queue with a tensor moved to shared memory once (share_memory_()) and
-    written in place on every call: each put sends a handle, no bytes are copied. Only
-    safe because the client waits for the reply before it writes again."""
+    """The same queue with one share_memory_() tensor on each side, written in place on
+    every call: each put sends a handle, no bytes are copied. Only safe because each side
+    waits for the other before it writes again."""
 
     name = "torch-mp-queue-shared"
-    what = "torch.multiprocessing queue, one share_memory_() tensor written in place (0 copies)"
+    what = "torch.multiprocessing queue, one share_memory_() tensor per side written in place"
     reuse = True
 
     def _tensor(self, src, produce):
@@ -351,7 +484,119 @@ class TorchQueueShared(TorchQueue):
         return self._shared
 
 
-# (f), (g) --------------------------------------------------------------------------------
+# iceoryx2 ---------------------------------------------------------------------------------
+
+
+class _Iox2Ports:
+    """One direction's publisher and the other's subscriber, and an event each way, on
+    services named after the run (so two runs never meet)."""
+
+    def __init__(self, ctx, mine, theirs):
+        import ctypes
+
+        import iceoryx2 as iox2
+
+        self.iox2 = iox2
+        iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
+        # The run's own root directory and /dev/shm prefix: nothing of it outlives the run
+        # (pybench removes the prefix's files at the end) and no other iceoryx2 user meets it.
+        cfg = iox2.config.default()
+        cfg.global_cfg.root_path = iox2.Path.new(ctx["iox2_root"])
+        cfg.global_cfg.prefix = iox2.FileName.new(ctx["iox2_prefix"])
+        self.node = iox2.NodeBuilder.new().config(cfg).create(iox2.ServiceType.Ipc)
+        run_id = ctx["run_id"]
+
+        def pubsub(name):
+            return (self.node.service_builder(iox2.ServiceName.new(f"shmref-bench/{run_id}/{name}"))
+                    .publish_subscribe(iox2.Slice[ctypes.c_uint8]).open_or_create())
+
+        def event(name):
+            return (self.node.service_builder(iox2.ServiceName.new(f"shmref-bench/{run_id}/{name}-ev"))
+                    .event().open_or_create())
+
+        self.pub = (pubsub(mine).publisher_builder().initial_max_slice_len(4096)
+                    .allocation_strategy(iox2.AllocationStrategy.PowerOfTwo).create())
+        self.sub = pubsub(theirs).subscriber_builder().create()
+        self.notifier = event(mine).notifier_builder().create()
+        self.listener = event(theirs).listener_builder().create()
+
+    def loan(self, nbytes):
+        """A loaned sample and a float64 view of its payload (written in place)."""
+        s = self.pub.loan_slice_uninit(max(nbytes, 8))
+        view = np.frombuffer(s.payload().as_memory_view(), dtype=np.uint8)[:nbytes].view(np.float64)
+        return s, view
+
+    def send(self, sample):
+        sample.assume_init().send()
+        self.notifier.notify()
+
+    def receive(self, timeout_s):
+        """The next sample and a float64 view of it, waiting on the event."""
+        deadline = self.iox2.Duration.from_secs_f64(timeout_s) if hasattr(self.iox2.Duration, "from_secs_f64") \
+            else self.iox2.Duration.from_millis(int(timeout_s * 1000))
+        while True:
+            s = self.sub.receive()
+            if s is not None:
+                p = s.payload()
+                return s, np.frombuffer(p.as_memory_view(), dtype=np.uint8).view(np.float64)
+            self.listener.timed_wait(deadline)
+
+
+class Iceoryx2(Method):
+    """iceoryx2 from PyPI (Python binding), publish-subscribe with loans and event
+    wake-ups, the way its examples write it: the client loans a sample, writes its input
+    in place, sends it and notifies; the server, woken by the event, receives it, loans
+    its own output sample, computes into it, sends and notifies; the client receives and
+    reads it in place, then drops both samples. No copy of the array."""
+
+    name = "iceoryx2"
+    needs = ("iceoryx2",)
+    what = "iceoryx2 (PyPI) publish-subscribe, loaned samples, event wake-ups"
+
+    def client_open(self, ctx):
+        super().client_open(ctx)
+        self._p = _Iox2Ports(ctx, "req", "resp")
+        wire.send(self.sock, b"go")  # the server's ports exist: its subscriber sees ours
+        if wire.recv(self.sock) != b"ok":
+            raise RuntimeError("iceoryx2 server did not connect")
+        self._held = None
+
+    def client_close(self):
+        self._held = None
+        self._p = None
+
+    def roundtrip(self, src, produce):
+        s, view = self._p.loan(src.nbytes)
+        produce(view.reshape(src.shape))
+        self._p.send(s)
+        r, out = self._p.receive(300)
+        self._held = r
+        return out[: src.size].reshape(src.shape)
+
+    def finish(self):
+        self._held = None
+
+    def serve(self, conn):
+        p = _Iox2Ports(self.ctx, "resp", "req")
+        if wire.recv(conn) != b"go":
+            return
+        wire.send(conn, b"ok")
+        while True:
+            s = p.sub.receive()
+            if s is None:
+                if select.select([conn], [], [], 0)[0]:  # the client closed the control socket
+                    return
+                p.listener.timed_wait(p.iox2.Duration.from_millis(200))
+                continue
+            a = np.frombuffer(s.payload().as_memory_view(), dtype=np.uint8).view(np.float64)
+            o, view = p.loan(a.nbytes)
+            compute(a, view)
+            del a
+            s = None
+            p.send(o)
+
+
+# shmref ------------------------------------------------------------------------------------
 
 
 class _Shmref(Method):
@@ -373,24 +618,35 @@ class _Shmref(Method):
 
         self._s = shmref
         self.client = shmref.connect(ctx["shmref_socket"], timeout=30)
+        self._last = None
 
     def server_close(self):
+        self._last = None
         self.client.close()
+
+    def _output(self, a):
+        """The server's output: a lease of a's shape, computed into, published. Held until
+        the next request (by then the client has acquired it)."""
+        if self._last is not None:
+            self.client.release(self._last)
+            self._last = None
+        out = self.client.empty(a.shape, a.dtype)
+        compute(a, out)
+        ref = self.client.publish(out)
+        self._last = out
+        return out, ref
 
 
 class ShmrefEncode(_Shmref):
     """shmref.encode / shmref.decode, tesseract-core's array JSON with encoding "shmref":
-    the client's heap array is copied once into a buffer published with retention
-    (Client.share) and its descriptor travels in the JSON (arrays up to shmref.INLINE_MAX,
-    64 KiB, travel inline as base64 instead: the 1e3 row); the server decodes it to a
-    read-only view (an acquire) and returns it with shmref.encode, which forwards an
-    acquired array's descriptor without a copy; the client decodes (acquires) it. 1 copy.
-    The package's rule for a forwarded array is that its holder keeps it alive until the
-    peer acquired it, so the server holds its last result until the next request."""
+    the client's heap array is copied once into a new buffer (arrays up to
+    shmref.INLINE_MAX, 64 KiB, travel inline as base64 instead: the 1e3 row); the server
+    decodes it to a read-only view (an acquire), computes into a lease of its own and
+    returns it with shmref.encode, which carries a published array's descriptor without a
+    copy; the client decodes (acquires) it."""
 
     name = "shmref-encode"
-    what = "shmref.encode / shmref.decode, the server forwards what it decoded (1 copy)"
-    copy_result = False
+    what = "shmref.encode / shmref.decode; the server computes into a lease of its own"
 
     def roundtrip(self, src, produce):
         produce(src)
@@ -398,32 +654,34 @@ class ShmrefEncode(_Shmref):
         return self._s.decode(orjson.loads(self._call(msg)), self.client)
 
     def handle(self, msg):
-        self._last = None  # the previous result: the client has it by now
         a = self._s.decode(orjson.loads(msg), self.client)
-        if self.copy_result:
-            a = np.array(a)
-        self._last = a
-        return orjson.dumps(self._s.encode(a, self.client))
+        if a.nbytes <= self._s.INLINE_MAX:
+            return orjson.dumps(self._s.encode(compute(a, np.empty_like(a)), self.client))
+        out, _ = self._output(a)
+        del a
+        return orjson.dumps(self._s.encode(out, self.client))
 
 
 class ShmrefEncodeCopy(ShmrefEncode):
-    """The same, with a server that returns a new array (np.array of its input), as one
-    that computes a result does: shmref.encode copies it into a new buffer published with
-    retention. 2 copies."""
+    """The same, with a server written without shmref in mind: it computes into a new heap
+    array (a + 1) and shmref.encode copies that into a new buffer."""
 
     name = "shmref-encode-copy"
-    what = "shmref.encode / shmref.decode, the server returns a new array (2 copies)"
-    copy_result = True
+    what = "shmref.encode / shmref.decode; the server returns a new heap array (copied by encode)"
+
+    def handle(self, msg):
+        a = self._s.decode(orjson.loads(msg), self.client)
+        return orjson.dumps(self._s.encode(compute(a, np.empty_like(a)), self.client))
 
 
 class ShmrefZeroCopy(_Shmref):
-    """shmref zero-copy: the client leases (Client.empty), writes in place, publishes and
-    sends the descriptor text; the server acquires a read-only view, reads one word per
-    page and returns the same descriptor (a no-op forwards what it got); the client
-    acquires and reads in place; then both release. No copy of the array."""
+    """shmref zero-copy: the client leases (Client.empty), writes its input in place,
+    publishes and sends the descriptor text; the server acquires a read-only view, leases
+    its output, computes into it, publishes it and releases the input; the client acquires
+    the output and reads it in place, then releases both. No copy of the array."""
 
     name = "shmref-zerocopy"
-    what = "shmref zero-copy: Client.empty + publish, acquire on both sides (0 copies)"
+    what = "shmref zero-copy: Client.empty + publish on both sides, acquire on both sides"
 
     def roundtrip(self, src, produce):
         a = self.client.empty(src.shape, src.dtype)
@@ -435,25 +693,28 @@ class ShmrefZeroCopy(_Shmref):
         return out
 
     def finish(self):
-        for x in self._held:
+        held, self._held = self._held, ()
+        for x in held:
             self.client.release(x)
-        self._held = ()
 
     def handle(self, msg):
-        text = bytes(msg).decode()
-        b = self.client.acquire(text)
-        touch_pages(b)
+        b = self.client.acquire(bytes(msg).decode())
+        _, ref = self._output(b)
         self.client.release(b)
-        return msg
+        del b
+        return str(ref).encode()
 
 
 ALL = [
     Base64Json,
+    PicklePipe,
     BinrefFresh,
     BinrefPool,
     SharedMemoryMethod,
+    SharedMemoryReused,
     TorchQueue,
     TorchQueueShared,
+    Iceoryx2,
     ShmrefEncode,
     ShmrefEncodeCopy,
     ShmrefZeroCopy,
@@ -462,18 +723,22 @@ BY_NAME = {m.name: m for m in ALL}
 
 
 def serve(name, sock_path, ctx):
-    """The server process of a socket method: bind, accept one client, answer until EOF."""
+    """The server process of a socket method: bind, accept one client, answer until EOF
+    (or run the method's own loop)."""
     m = BY_NAME[name]()
     m.server_open(ctx)
     ls = wire.listen(sock_path)
     print("ready", flush=True)
     conn, _ = ls.accept()
     try:
-        while True:
-            msg = wire.recv(conn)
-            if msg is None:
-                break
-            wire.send(conn, m.handle(msg))
+        if hasattr(m, "serve"):
+            m.serve(conn)
+        else:
+            while True:
+                msg = wire.recv(conn)
+                if msg is None:
+                    break
+                wire.send(conn, m.handle(msg))
     finally:
         conn.close()
         ls.close()

@@ -13,7 +13,7 @@ if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.requirements" ]; then
     echo "SKIPPED: no benchmark venv at $venv (made by scripts/test with bench/python/venv.sh)"
     exit 77
 fi
-require=numpy,torch,tesseract_core
+require=numpy,torch,tesseract_core,iceoryx2
 [ -f "$here/../../python/pyproject.toml" ] && require=$require,shmref
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

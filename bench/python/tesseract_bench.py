@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""The seed's table reproduced: the no-op Tesseract of tesseract_noop/ served locally by
+"""The seed's table reproduced, with a server that writes its own output: the Tesseract of
+tesseract_noop/ (apply returns input + 1, a new array) served locally by
 tesseract-core's own runtime, no docker (Tesseract.from_source: a `tesseract-runtime
 serve` subprocess of this venv's interpreter, uvicorn on 127.0.0.1, debug mode off),
 called through tesseract-core's client (Tesseract.apply) once per client format:
@@ -11,8 +12,8 @@ called through tesseract-core's client (Tesseract.apply) once per client format:
                      4 warm mapped files and maps the output read-only
   shmref             the `ref` field: shmref.encode's array JSON (encoding "shmref") as
                      text, the client's heap array copied once into a buffer; the
-                     Tesseract decodes it with shmref.decode and answers with
-                     shmref.encode of its result (which forwards the descriptor)
+                     Tesseract decodes it with shmref.decode, computes into a lease of
+                     its own and answers with shmref.encode of it (its descriptor)
   shmref zero-copy   the same field, but the client writes its array in place in a lease
                      (Client.empty) and publishes it; shmref.encode of a published array
                      carries its descriptor without a copy
