@@ -79,15 +79,23 @@ int report_write_plot(const char *path);
 int report_errors(void);
 
 /* ---- payload.c: what the arrays hold and how the output is checked ---- */
-/* A stamp goes in the first 8 bytes of every 4 KiB page of an input, fresh per
- * iteration, so a stale or lazy output is caught by reading one word per page. */
+/* The client fills every word of its input (fresh per iteration); a server's output is
+ * its own, each word the input's plus one (payload_transform). The first word of every
+ * 4 KiB page is the page's stamp, so one word per page also catches a stale output. */
 uint64_t payload_stamp(uint64_t iter, size_t page);
 void payload_stamp_pages(void *buf, size_t size, uint64_t iter);
 /* Fill every 8-byte word (smoke mode: the full array is checked). */
 void payload_fill(void *buf, size_t size, uint64_t iter);
-/* Read one word per page and compare with the stamps (full: every word). Returns the
- * number of wrong words. */
+/* The server's work: dst = src + 1 for every step-th word (1: every word and the tail;
+ * BENCH_PAGE / 8: one word per page; 0: the first word only). */
+void payload_transform(void *dst, const void *src, size_t size, size_t step);
+/* What word i of the output of iteration iter must hold. */
+uint64_t payload_out_word(uint64_t iter, size_t i);
+/* Compare an output with what the server must have written: one word per page (full:
+ * every word and the tail). Returns the number of wrong words. */
 size_t payload_check(const void *buf, size_t size, uint64_t iter, bool full);
+/* Compare every word of a buffer with the input of iteration iter (as payload_fill made it). */
+size_t payload_check_input(const void *buf, size_t size, uint64_t iter);
 /* Read one word per page, whatever it holds; returns their xor (keeps the reads). */
 uint64_t payload_touch(const void *buf, size_t size);
 /* A heap buffer of size bytes, every page written once (faulted in), or NULL. */
@@ -165,6 +173,8 @@ struct rt_ctx {
                                        * daemon and RouDi; -1: any (placement rows) */
     bool placed;                      /* pin as pin_client/pin_server say */
     size_t bad;                       /* wrong words seen */
+    uint64_t untimed_ns;              /* time of full output checks inside calls, taken
+                                       * out of the samples (run_loop) */
     char err[160];
 };
 
@@ -194,8 +204,11 @@ extern const struct rt_method rt_iceoryx, rt_iceoryx_notouch;
 int rt_fail(struct rt_ctx *ctx, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Prepare that stamps (or fills) the heap input: shared by the heap-based methods. */
 void rt_prepare_heap(struct rt_ctx *ctx, uint64_t iter);
-/* The client's read of the output: stamps per page, or every word in smoke mode. */
+/* The client's read of the output: one word per page, timed; then every word compared
+ * with what it must be, untimed (ctx->untimed_ns). */
 void rt_check_output(struct rt_ctx *ctx, const void *out, uint64_t iter);
+/* The pub/sub rows' read and check: one word per page (every word in smoke mode), timed. */
+void rt_check_stamps(struct rt_ctx *ctx, const void *out, uint64_t iter);
 
 /* Server side of each role (server.c dispatches); fd is the control socket. */
 int srv_bytes(int fd);

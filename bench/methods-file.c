@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* methods-file.c: the "binref" patterns: arrays passed as files in /dev/shm, the path
- * over the control socket. Fresh: a new file per array on both sides, unlinked after
+ * over the control socket; the server reads the input into its heap and writes its own
+ * output (payload_transform) into its file. Fresh: a new file per array on both sides, unlinked after
  * use. Pool4: each side keeps 4 pre-faulted files mapped and copies into the next one
  * (tesseract-core's BinrefWritePool), while the reader maps the peer's file per call,
  * as tesseract-core's decoders do (its pool is on the writer's side only). */
@@ -146,11 +147,12 @@ int srv_binref_fresh(int fd)
 {
     struct file_msg m;
     while (srv_recv_msg(fd, &m) == 0) {
-        void *heap = srv_read_input(&m);
-        if (!heap)
+        void *heap = srv_read_input(&m), *out = srv_heap(2, m.size);
+        if (!heap || !out)
             return -EIO;
+        payload_transform(out, heap, m.size, 1);
         file_name(m.path, sizeof(m.path), getppid(), "out");
-        int r = file_write(m.path, heap, m.size);
+        int r = file_write(m.path, out, m.size);
         if (r < 0)
             return r;
         if ((r = wire_send_frame(fd, &m, sizeof(m), NULL, 0)) < 0)
@@ -255,7 +257,7 @@ int srv_binref_pool4(int fd)
         if (p.s[0].cap != m.size && (r = slots_make(&p, m.size, getppid())) < 0)
             break;
         struct slot *s = &p.s[p.next++ % POOL_SLOTS];
-        memcpy(s->map, heap, m.size);
+        payload_transform(s->map, heap, m.size, 1);
         snprintf(m.path, sizeof(m.path), "%s", s->path);
         r = wire_send_frame(fd, &m, sizeof(m), NULL, 0);
     }

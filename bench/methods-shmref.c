@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* methods-shmref.c: the array through shmrefd, with the public libshmref API only; the
- * binary descriptor travels over the control socket. One-copy: the client copies its
- * heap array into a lease; the server copies the input into its heap (as a server that
- * computes would), leases its output, writes it, publishes it with a retention and
- * releases it, so the client's acquire is the only holder left. Zero-copy: the client
- * writes in place (the page stamps) into its lease; the server reads it in place (one
- * word per page) and forwards the same descriptor; nobody copies the array. The
+ * binary descriptor travels over the control socket. Every server writes its own output
+ * (payload_transform) into a lease of its own, published for its one consumer
+ * (max_acquires 1, with a retention) and released, so the client's acquire is the only
+ * holder left. One-copy: the client copies its heap array into a lease; the server
+ * copies the input into its heap (as a server that keeps its input would) and computes
+ * from there into its output. Zero-copy: the client writes its input in place (every
+ * word) into its lease; the server computes from the input's mapping straight into its
+ * output's; nobody copies the array. Pub/sub: iceoryx's work (one word per page written,
+ * transformed and read), for the rows against iceoryx. The
  * -nocache variants turn libshmref's mapping cache off (SHMREF_MAP_CACHE=0, in the
  * client and the server), so every lease and acquire maps the buffer anew: the lever
  * of DESIGN section 6 that the cache pulls, measured by its absence. */
@@ -52,8 +55,8 @@ static int recv_desc(int fd, shmref_desc *ret)
 }
 
 /* finish: hand the input over, acquire the server's answer, read it, release both
- * (first_word: only the first word is read and checked). */
-static int finish_ex(struct rt_ctx *ctx, shmref_buf *in, uint64_t iter, bool first_word)
+ * (first_word: only the first word is read and checked; stamps: one word per page). */
+static int finish_ex(struct rt_ctx *ctx, shmref_buf *in, uint64_t iter, bool first_word, bool stamps)
 {
     shmref_desc d, back;
     shmref_buf *out;
@@ -65,7 +68,9 @@ static int finish_ex(struct rt_ctx *ctx, shmref_buf *in, uint64_t iter, bool fir
     if ((r = shmref_acquire(ctx->conn, &back, &out)) < 0)
         return conn_fail(ctx, r, "acquire");
     if (first_word && !ctx->full)
-        ctx->bad += *(const uint64_t *)shmref_buf_data(out) != payload_stamp(iter, 0);
+        ctx->bad += *(const uint64_t *)shmref_buf_data(out) != payload_out_word(iter, 0);
+    else if (stamps)
+        rt_check_stamps(ctx, shmref_buf_data(out), iter);
     else
         rt_check_output(ctx, shmref_buf_data(out), iter);
     if ((r = shmref_release(out)) < 0)
@@ -75,7 +80,7 @@ static int finish_ex(struct rt_ctx *ctx, shmref_buf *in, uint64_t iter, bool fir
 
 static int finish(struct rt_ctx *ctx, shmref_buf *in, uint64_t iter)
 {
-    return finish_ex(ctx, in, iter, false);
+    return finish_ex(ctx, in, iter, false, false);
 }
 
 static int onecopy_call(struct rt_ctx *ctx, uint64_t iter)
@@ -96,10 +101,7 @@ static int zerocopy_call(struct rt_ctx *ctx, uint64_t iter)
     int r = shmref_lease(ctx->conn, ctx->size, &in);
     if (r < 0)
         return conn_fail(ctx, r, "lease");
-    if (ctx->full)
-        payload_fill(shmref_buf_data(in), ctx->size, iter);
-    else
-        payload_stamp_pages(shmref_buf_data(in), ctx->size, iter);
+    payload_fill(shmref_buf_data(in), ctx->size, iter);
     r = finish(ctx, in, iter);
     int r2 = shmref_release(in);
     return r < 0 ? r : r2 < 0 ? conn_fail(ctx, r2, "release") : 0;
@@ -119,7 +121,7 @@ static int pubsub_call_ex(struct rt_ctx *ctx, uint64_t iter, bool touch)
         payload_stamp_pages(shmref_buf_data(in), ctx->size, iter);
     else
         *(uint64_t *)shmref_buf_data(in) = payload_stamp(iter, 0);
-    r = finish_ex(ctx, in, iter, !touch);
+    r = finish_ex(ctx, in, iter, !touch, touch);
     int r2 = shmref_release(in);
     return r < 0 ? r : r2 < 0 ? conn_fail(ctx, r2, "release") : 0;
 }
@@ -136,7 +138,8 @@ static int pubsub_notouch_call(struct rt_ctx *ctx, uint64_t iter)
 
 /* ---- server ---- */
 
-/* srv_copy: the one-copy server: input into the heap, heap into a new output lease. */
+/* srv_copy: the one-copy server: input into the heap, its output computed from there
+ * into a new lease. */
 static int srv_copy(shmref_conn *c, shmref_buf *in, shmref_desc *ret)
 {
     size_t size = shmref_buf_size(in);
@@ -148,13 +151,13 @@ static int srv_copy(shmref_conn *c, shmref_buf *in, shmref_desc *ret)
     int r = shmref_release(in);
     if (r < 0 || (r = shmref_lease(c, size, &out)) < 0)
         return r;
-    memcpy(shmref_buf_data(out), heap, size);
+    payload_transform(shmref_buf_data(out), heap, size, 1);
     r = shmref_publish_ex(out, size, RETAIN_MS, 1, 0, NULL, 0, ret);
     int r2 = shmref_release(out);
     return r < 0 ? r : r2;
 }
 
-static volatile uint64_t sink;
+static int srv_reply(shmref_conn *c, shmref_buf *in, int mode, shmref_desc *ret);
 
 static int srv_serve_one(shmref_conn *c, int fd, bool zero_copy)
 {
@@ -165,13 +168,7 @@ static int srv_serve_one(shmref_conn *c, int fd, bool zero_copy)
         return 1; /* the client is done */
     if ((r = shmref_acquire(c, &d, &in)) < 0)
         return r;
-    if (zero_copy) {
-        sink ^= payload_touch(shmref_buf_data(in), shmref_buf_size(in));
-        out = d;
-        r = shmref_release(in);
-    } else {
-        r = srv_copy(c, in, &out);
-    }
+    r = zero_copy ? srv_reply(c, in, 2, &out) : srv_copy(c, in, &out);
     return r < 0 ? r : send_desc(fd, &out);
 }
 
@@ -226,9 +223,9 @@ int srv_shmref(int fd, const char *socket, bool zero_copy)
     return r < 0 ? r : 0;
 }
 
-/* srv_reply: the pubsub server's work on one request: a reply leased, written from the
- * request (all of it in smoke mode, else one word per page or the first word only),
- * published with a retention; both leases released. */
+/* srv_reply: the zero-copy and pub/sub servers' work on one request: a reply leased,
+ * computed from the request (mode 2: every word; 1: one word per page; 0: the first
+ * word), published for its one consumer with a retention; both leases released. */
 static int srv_reply(shmref_conn *c, shmref_buf *in, int mode, shmref_desc *ret)
 {
     size_t size = shmref_buf_size(in);
@@ -236,13 +233,8 @@ static int srv_reply(shmref_conn *c, shmref_buf *in, int mode, shmref_desc *ret)
     int r = shmref_lease(c, size, &out);
     if (r < 0)
         return r;
-    const volatile uint64_t *src = shmref_buf_data(in);
-    uint64_t *dst = shmref_buf_data(out);
-    if (mode == 2)
-        memcpy(dst, (const void *)src, size);
-    else
-        for (size_t i = 0, step = mode ? BENCH_PAGE / 8 : size; i < size / 8; i += step)
-            dst[i] = src[i];
+    payload_transform(shmref_buf_data(out), shmref_buf_data(in), size,
+                      mode == 2 ? 1 : mode ? BENCH_PAGE / 8 : 0);
     r = shmref_publish_ex(out, size, RETAIN_MS, 1, 0, NULL, 0, ret);
     int r2 = shmref_release(out), r3 = shmref_release(in);
     return r < 0 ? r : r2 < 0 ? r2 : r3;

@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* payload.c: the arrays that travel and how the client checks what comes back.
- * Every method returns the input bytes unchanged (the no-op server), so the output is
- * checked against the same stamps the input carried: one word per 4 KiB page, fresh
- * per iteration, which also makes the client touch every page of the output. */
+ * The client writes every word of its input, fresh per iteration; every server writes its
+ * own output, each word its input's plus one (payload_transform: the server reads all of
+ * the input and writes all of an output of the same size); the client reads one word per
+ * 4 KiB page of the output in the timed part and compares every word outside it
+ * (payload_check). The pub/sub rows (iceoryx's work) write and transform one word per
+ * page only, and the -notouch rows the first word. */
 #include "bench.h"
 
 #include <stdlib.h>
@@ -43,17 +46,47 @@ void payload_fill(void *buf, size_t size, uint64_t iter)
     memset((char *)buf + n * sizeof(uint64_t), 0xa5, size % sizeof(uint64_t));
 }
 
-size_t payload_check(const void *buf, size_t size, uint64_t iter, bool full)
+void payload_transform(void *dst, const void *src, size_t size, size_t step)
+{
+    const volatile uint64_t *s = src;
+    uint64_t *d = dst;
+    size_t n = size / sizeof(uint64_t);
+    if (step == 0)
+        step = n ? n : 1;
+    for (size_t i = 0; i < n; i += step)
+        d[i] = s[i] + 1;
+    if (step == 1)
+        for (size_t i = n * sizeof(uint64_t); i < size; i++)
+            ((unsigned char *)dst)[i] = (unsigned char)(((const unsigned char *)src)[i] + 1);
+}
+
+uint64_t payload_out_word(uint64_t iter, size_t i)
+{
+    return word(iter, i) + 1;
+}
+
+/* check: compare with the input's words plus add (0: an input, 1: an output). */
+static size_t check(const void *buf, size_t size, uint64_t iter, bool full, unsigned add)
 {
     const uint64_t *w = buf;
     size_t n = size / sizeof(uint64_t), bad = 0;
     size_t step = full ? 1 : WORDS_PER_PAGE;
     for (size_t i = 0; i < n; i += step)
-        bad += w[i] != word(iter, i);
+        bad += w[i] != word(iter, i) + add;
     if (full)
         for (size_t i = n * sizeof(uint64_t); i < size; i++)
-            bad += ((const unsigned char *)buf)[i] != 0xa5;
+            bad += ((const unsigned char *)buf)[i] != 0xa5 + add;
     return bad;
+}
+
+size_t payload_check(const void *buf, size_t size, uint64_t iter, bool full)
+{
+    return check(buf, size, iter, full, 1);
+}
+
+size_t payload_check_input(const void *buf, size_t size, uint64_t iter)
+{
+    return check(buf, size, iter, true, 0);
 }
 
 uint64_t payload_touch(const void *buf, size_t size)

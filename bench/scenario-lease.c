@@ -125,7 +125,7 @@ static int one_cycle(struct lease_ctx *c, uint64_t iter)
         return fail(c, c->cons, r, "acquire");
     total += lap(c, K_ACQUIRE, &t);
     if (c->full) {
-        c->bad += payload_check(shmref_buf_data(a), LEASE_SIZE, iter, true);
+        c->bad += payload_check_input(shmref_buf_data(a), LEASE_SIZE, iter);
         t = stats_now_ns();
     }
     if ((r = shmref_release(a)) < 0)
