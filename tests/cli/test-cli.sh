@@ -65,6 +65,20 @@ SHMREFD_SOCKET=$dir/default.sock "$SHMREFCTL" ping 2>"$dir/err2"
 set -e
 check "a connect error names the socket given" grep -q "at $dir/nothing.sock: No such file or directory (no socket there" "$dir/err1"
 check "and the default socket's path when none is given" grep -q "at $dir/default.sock: " "$dir/err2"
+# A regular file or a directory given as the socket is named as such (connect says
+# "Connection refused" for both); top --once with no daemon does not promise retries.
+: >"$dir/regular"
+mkdir "$dir/adir"
+set +e
+"$SHMREFCTL" --socket "$dir/regular" ping 2>"$dir/err3"
+"$SHMREFCTL" --socket "$dir/adir" ping 2>"$dir/err4"
+"$SHMREFCTL" --socket "$dir/nothing.sock" top --once >"$dir/top-down" 2>&1; rc=$?
+set -e
+check "a regular file as the socket is called one" grep -q "at $dir/regular: .*not a socket but a regular" "$dir/err3"
+check "a directory as the socket is called one" grep -q "at $dir/adir: .*that is a directory, not a socket" "$dir/err4"
+check "top --once with the daemon down exits 1" test "$rc" = 1
+check "saying it is not reachable" grep -q "shmrefd is not reachable at $dir/nothing.sock" "$dir/top-down"
+check "without promising retries it does not make" bash -c "! grep -q retrying '$dir/top-down'"
 check "status table prints" bash -c "'$SHMREFCTL' --socket '$sock' status | grep -q '^pool /dev/shm'"
 
 # A client's name is its comm: a program file named with a CSI, a right-to-left override
@@ -96,11 +110,12 @@ check "a tenant quota above the pool size passes with a warning" \
 # A refusal by allow-users reaches the user with the daemon's reason and the path.
 if [ "$(id -u)" = 0 ]; then
     chmod 755 "$dir"
+    ctl_nobody=$(reachable "$SHMREFCTL") # the build may sit in a 0700 clone
     "$SHMREFD" --socket "$dir/acl.sock" --socket-mode 0666 --allow-users 0 --config /dev/null 2>"$dir/acl.log" &
     dpid=$!
     for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/acl.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
     set +e
-    setpriv --reuid=nobody --regid=nogroup --clear-groups "$SHMREFCTL" --socket "$dir/acl.sock" ping 2>"$dir/acl.err"
+    setpriv --reuid=nobody --regid=nogroup --clear-groups "$ctl_nobody" --socket "$dir/acl.sock" ping 2>"$dir/acl.err"
     rc=$?
     set -e
     check "a user not in allow-users is refused (exit 1)" test "$rc" = 1
