@@ -97,6 +97,19 @@ kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
 check "SIGTERM exits 0" test "$rc" = 0
 check "the socket is removed" test ! -e "$sock"
 
+# EDQUOT says when what the uid holds is retained puts (each put is kept 300 s by default).
+"$SHMREFD" --socket "$dir/q.sock" --config /dev/null --pool-size 32M --tenant-quota 8M --pool-hugepages no 2>"$dir/q.log" &
+dpid=$!
+for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/q.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+head -c 5000000 /dev/zero >"$dir/5m.bin"
+set +e
+"$SHMREFCTL" --socket "$dir/q.sock" put "$dir/5m.bin" >/dev/null
+"$SHMREFCTL" --socket "$dir/q.sock" put "$dir/5m.bin" >/dev/null 2>"$dir/q.err"; rc=$?
+set -e
+check "a second 5 MB put over an 8 MiB quota is refused (exit 1)" test "$rc" = 1
+check "EDQUOT names the retained puts it holds" grep -q "quota exceeded for uid $(id -u): holds .* (of which .* retained: published with keep_ms" "$dir/q.err"
+kill -TERM "$dpid"; wait "$dpid"; dpid=
+
 # --check-config refuses what start refuses, and warns about a quota above the pool.
 set +e
 "$SHMREFD" --check-config --config /dev/null --pool-size 1024T >/dev/null 2>"$dir/cc1"; rc=$?
