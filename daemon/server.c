@@ -275,6 +275,18 @@ static int stale_or_live(const char *path, const struct sockaddr_un *sa)
     return unlink(path) < 0 && errno != ENOENT ? -errno : 0;
 }
 
+/* socket_hint: for a socket path this uid cannot create (EACCES, EPERM, or ENOENT: its
+ * directory could not be made), where to put it instead. */
+static const char *socket_hint(int e)
+{
+    if (e != EACCES && e != EPERM && e != ENOENT)
+        return "";
+    if (geteuid() == 0)
+        return e == ENOENT ? "; create the directory, or give --socket PATH" : "";
+    return "; as a user other than root, give --socket PATH in a directory of yours, e.g. --socket "
+           "$XDG_RUNTIME_DIR/shmrefd.sock (the default when XDG_RUNTIME_DIR is set), or set $SHMREFD_SOCKET";
+}
+
 int server_listen_path(struct server *s)
 {
     const char *path = s->opt->socket_path;
@@ -290,7 +302,7 @@ int server_listen_path(struct server *s)
         if (mkdir(dir, 0755) == 0)
             s->created_dir = true;
         else if (errno != EEXIST)
-            log_warning("cannot create %s: %s", dir, strerror(errno));
+            log_warning("cannot create %s: %s", dir, strerror(errno)); /* the error says more */
     }
     free(dir);
     int r = stale_or_live(path, &sa);
@@ -299,7 +311,7 @@ int server_listen_path(struct server *s)
         return r;
     }
     if (r < 0) {
-        log_error("cannot use socket path %s: %s", path, strerror(-r));
+        log_error("cannot use socket path %s: %s%s", path, strerror(-r), socket_hint(-r));
         return r;
     }
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -314,7 +326,7 @@ int server_listen_path(struct server *s)
     umask(old);
     if (r < 0 || chmod(path, s->opt->socket_mode) < 0 || listen(fd, 128) < 0) {
         r = -errno;
-        log_error("cannot listen on %s: %s", path, strerror(errno));
+        log_error("cannot listen on %s: %s%s", path, strerror(errno), socket_hint(errno));
         close(fd);
         return r;
     }

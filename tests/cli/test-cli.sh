@@ -135,6 +135,19 @@ if [ "$(id -u)" = 0 ]; then
     check "with the daemon's reason and the socket path" \
         grep -q "shmrefd at $dir/acl.sock: access denied: uid $(id -u nobody) .* not in allow-users" "$dir/acl.err"
     kill -TERM "$dpid"; wait "$dpid"; dpid=
+
+    # A daemon of another uid that cannot make its socket's directory (as /run/shmrefd for
+    # a non-root user without XDG_RUNTIME_DIR) says where to put the socket instead. The
+    # path is under this test's root-owned 0755 directory, so nothing else is touched.
+    d_nobody=$(reachable "$SHMREFD")
+    set +e
+    setpriv --reuid=nobody --regid=nogroup --clear-groups env -u XDG_RUNTIME_DIR \
+        "$d_nobody" --config /dev/null --pool-hugepages no --socket "$dir/rootonly/shmrefd.sock" 2>"$dir/nobody.log"
+    rc=$?
+    set -e
+    check "a non-root daemon that cannot create its socket's directory fails (exit 1)" test "$rc" = 1
+    check "and hints at --socket and XDG_RUNTIME_DIR" \
+        grep -q "cannot listen on $dir/rootonly/shmrefd.sock: .*give --socket PATH in a directory of yours, e.g. --socket \$XDG_RUNTIME_DIR/shmrefd.sock" "$dir/nobody.log"
 fi
 
 test_end
