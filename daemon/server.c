@@ -19,6 +19,7 @@
 #include "access.h"
 #include "log.h"
 #include "status.h"
+#include "transport.h"
 #include "units.h"
 
 /* status_of: the status map, from every layer's numbers (sessions call it). */
@@ -27,6 +28,7 @@ static int status_of(void *arg, uint32_t uid, uint8_t *buf, size_t cap)
     struct server *s = arg;
     /* Root and the daemon's uid see everyone; others see their own clients and buffers. */
     bool all = uid == 0 || uid == geteuid();
+    s->counters.fd_waits = transport_fd_waits();
     struct status_src src = { .uptime_ms = uv_now(s->loop) - s->started_ms, .now_ms = uv_now(s->loop),
                               .opt = s->opt, .pool = s->pool,
                               .quota = s->quota, .reg = s->reg, .counters = &s->counters,

@@ -155,7 +155,7 @@ static void print_table(const shmref_status *st)
         "protocol_errors", "slow_clients", "buffers_created", "buffers_recycled", "buffers_retired",
         "buffers_evicted", "buffers_create_failed", "buffers_tampered", "retentions_expired",
         "clients_closed", "clients_died", "lease_waits", "lease_wait_timeouts", "acquire_waits",
-        "acquire_wait_timeouts",
+        "acquire_wait_timeouts", "fd_waits",
     };
     printf("\ncounters\n");
     for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {

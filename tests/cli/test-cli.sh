@@ -9,12 +9,15 @@ SHMREFD=$1 SHMREFCTL=$2
 test_begin cli
 dir=$tmp
 sock=$dir/shmrefd.sock
+json_at() { # json_at SOCKET EXPR: the same for the daemon at SOCKET
+    "$SHMREFCTL" --socket "$1" status --json | /usr/bin/python3 -c "import json,sys; s=json.load(sys.stdin); print($2)"
+}
 json() { # json EXPR: evaluate a Python expression on status --json as s
     "$SHMREFCTL" --socket "$sock" status --json |
         /usr/bin/python3 -c "import json,sys; s=json.load(sys.stdin); print($1)"
 }
 
-"$SHMREFD" --socket "$sock" 2>"$dir/log" &
+"$SHMREFD" --socket "$sock" --user root 2>"$dir/log" & # root, so it can remove its socket from $dir
 dpid=$!
 for _ in $(seq 200); do "$SHMREFCTL" --socket "$sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
 
@@ -96,6 +99,61 @@ check "the status table carries no escape byte" bash -c "! grep -q \$'\\e' '$dir
 kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
 check "SIGTERM exits 0" test "$rc" = 0
 check "the socket is removed" test ! -e "$sock"
+
+# A root daemon given no --user serves as an unprivileged user (the package's shmrefd if it
+# exists, else nobody) once its socket and pool are set up; --user root keeps root.
+if [ "$(id -u)" = 0 ]; then
+    chmod 755 "$dir" # the daemon's user reaches its directory through it, as through /run
+    "$SHMREFD" --socket "$dir/own/s.sock" --config /dev/null --pool-size 32M --pool-hugepages no 2>"$dir/def.log" &
+    dpid=$!
+    for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/own/s.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    duid=$(awk '/^Uid:/ {print $2}' "/proc/$dpid/status")
+    check "a root daemon given no --user does not serve as uid 0" test "$duid" != 0
+    check "but as the package's user, or nobody" test "$duid" = "$(id -u shmrefd 2>/dev/null || id -u nobody)"
+    check "and says so" grep -q "serving as user [a-z]* (uid $duid), not root" "$dir/def.log"
+    check "root's clients are served" bash -c "printf hi | '$SHMREFCTL' --socket '$dir/own/s.sock' put - >/dev/null"
+    kill -TERM "$dpid"; wait "$dpid"; dpid=
+    check "its socket, in the directory it made, is removed at exit" test ! -e "$dir/own/s.sock"
+    "$SHMREFD" --socket "$dir/root.sock" --config /dev/null --pool-size 32M --pool-hugepages no --user root 2>"$dir/root.log" &
+    dpid=$!
+    for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/root.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    check "--user root keeps uid 0" test "$(awk '/^Uid:/ {print $2}' "/proc/$dpid/status")" = 0
+    kill -TERM "$dpid"; wait "$dpid"; dpid=
+
+    # The kernel counts SCM_RIGHTS fds in flight per sending uid over all its processes: a
+    # daemon of uid nobody with RLIMIT_NOFILE 64 stalls (ETOOMANYREFS) while another process
+    # of nobody holds 160 fds in flight. The wait is counted and logged with that cause,
+    # and the reply goes once that process is gone.
+    cat >"$dir/inflight.py" <<'PY'
+import os, socket, time
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+fd = os.open("/dev/null", os.O_RDONLY)
+for _ in range(20):
+    socket.send_fds(a, [b"x"], [fd] * 8)
+print("ready", flush=True)
+time.sleep(600)
+PY
+    prlimit --nofile=64:64 "$SHMREFD" --socket "$dir/fl.sock" --config /dev/null --pool-size 32M \
+        --pool-hugepages no --user nobody 2>"$dir/fl.log" &
+    dpid=$!
+    for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/fl.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    coproc FLIGHT { exec setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 "$dir/inflight.py"; }
+    read -r -t 10 line <&"${FLIGHT[0]}"
+    check "another process of the daemon's uid holds 160 fds in flight" test "${line:-}" = ready
+    printf 'waits' | "$SHMREFCTL" --socket "$dir/fl.sock" put - >"$dir/fl.out" 2>&1 &
+    put=$!
+    for _ in $(seq 100); do [ "$(json_at "$dir/fl.sock" "s['counters']['fd_waits']")" -ge 1 ] && break; sleep 0.05; done
+    check "a lease reply waits on ETOOMANYREFS, counted in counters.fd_waits" \
+        test "$(json_at "$dir/fl.sock" "s['counters']['fd_waits']")" -ge 1
+    check "and in metrics" bash -c '"$1" --socket "$2" metrics | grep -q "^shmref_fd_waits_total [1-9]"' _ "$SHMREFCTL" "$dir/fl.sock"
+    check "the log names the uid's fds in flight over all its processes, and the fix" \
+        grep -q "ETOOMANYREFS): the fds in flight of uid $(id -u nobody), over all its processes.*RLIMIT_NOFILE 64.*--user" "$dir/fl.log"
+    kill "$FLIGHT_PID"; wait "$FLIGHT_PID" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$put" 2>/dev/null || break; sleep 0.05; done
+    rc=0; wait "$put" || rc=$?
+    check "once that process is gone the put completes" bash -c '[ "$1" = 0 ] && grep -q "^shmref1:" "$2"' _ "$rc" "$dir/fl.out"
+    kill -TERM "$dpid"; wait "$dpid"; dpid=
+fi
 
 # EDQUOT says when what the uid holds is retained puts (each put is kept 300 s by default).
 "$SHMREFD" --socket "$dir/q.sock" --config /dev/null --pool-size 32M --tenant-quota 8M --pool-hugepages no 2>"$dir/q.log" &
