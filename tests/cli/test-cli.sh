@@ -104,6 +104,7 @@ check "the socket is removed" test ! -e "$sock"
 # exists, else nobody) once its socket and pool are set up; --user root keeps root.
 if [ "$(id -u)" = 0 ]; then
     chmod 755 "$dir" # the daemon's user reaches its directory through it, as through /run
+    ctl_nobody=$(reachable "$SHMREFCTL") # for other uids: the build may sit in a 0700 clone
     "$SHMREFD" --socket "$dir/own/s.sock" --config /dev/null --pool-size 32M --pool-hugepages no 2>"$dir/def.log" &
     dpid=$!
     for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/own/s.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
@@ -119,6 +120,26 @@ if [ "$(id -u)" = 0 ]; then
     for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/root.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
     check "--user root keeps uid 0" test "$(awk '/^Uid:/ {print $2}' "/proc/$dpid/status")" = 0
     kill -TERM "$dpid"; wait "$dpid"; dpid=
+
+    # Without systemd, the unit's settings by flags (docs/operating.md): user, the socket's
+    # group and mode, no capabilities, no_new_privs; here nobody and nogroup.
+    "$SHMREFD" --socket "$dir/unit/s.sock" --config /dev/null --pool-size 32M --pool-hugepages no \
+        --user nobody --socket-group nogroup --socket-mode 0660 2>"$dir/unit.log" &
+    dpid=$!
+    for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/unit/s.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    check "--user nobody: uid and gid nobody/nogroup, no capabilities, no_new_privs" \
+        bash -c 'awk "/^Uid:/ {u=\$2} /^Gid:/ {g=\$2} /^CapEff:/ {c=\$2} /^CapBnd:/ {b=\$2} /^NoNewPrivs:/ {n=\$2} END {print u, g, c, b, n}" "/proc/$1/status" |
+                 grep -qx "$(id -u nobody) $(getent group nogroup | cut -d: -f3) 0000000000000000 0000000000000000 1"' _ "$dpid"
+    check "--socket-group nogroup --socket-mode 0660: the socket's group and mode" \
+        test "$(stat -c '%G %a' "$dir/unit/s.sock")" = "nogroup 660"
+    check "the socket's directory, made by the daemon, belongs to its user" test "$(stat -c %U "$dir/unit")" = nobody
+    member=$(getent group nogroup | cut -d: -f3)
+    check "a member of the socket's group may connect" \
+        bash -c 'setpriv --reuid=1000 --regid=1000 --groups="$3" "$1" --socket "$2" ping >/dev/null' _ "$ctl_nobody" "$dir/unit/s.sock" "$member"
+    check "a non-member may not" \
+        bash -c '! setpriv --reuid=1000 --regid=1000 --clear-groups "$1" --socket "$2" ping 2>/dev/null' _ "$ctl_nobody" "$dir/unit/s.sock"
+    kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
+    check "it stops on SIGTERM (exit 0) and removes its socket" test "$rc" = 0 -a ! -e "$dir/unit/s.sock"
 
     # The kernel counts SCM_RIGHTS fds in flight per sending uid over all its processes: a
     # daemon of uid nobody with RLIMIT_NOFILE 64 stalls (ETOOMANYREFS) while another process
@@ -181,7 +202,6 @@ check "a tenant quota above the pool size passes with a warning" \
 # A refusal by allow-users reaches the user with the daemon's reason and the path.
 if [ "$(id -u)" = 0 ]; then
     chmod 755 "$dir"
-    ctl_nobody=$(reachable "$SHMREFCTL") # the build may sit in a 0700 clone
     "$SHMREFD" --socket "$dir/acl.sock" --socket-mode 0666 --allow-users 0 --config /dev/null 2>"$dir/acl.log" &
     dpid=$!
     for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/acl.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
