@@ -16,6 +16,7 @@ struct counters {
     /* waits (protocol v2): leases parked for quota or pool space and acquires parked for a
      * publish, and those whose deadline passed (ETIMEDOUT / ENOENT) */
     uint64_t lease_waits, lease_wait_timeouts, acquire_waits, acquire_wait_timeouts;
+    uint64_t fd_waits;         /* replies that waited on ETOOMANYREFS (from the transport) */
 };
 
 #endif

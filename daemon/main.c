@@ -34,6 +34,7 @@ struct daemon {
     struct server *server;
     struct notify notify;
     bool activated;             /* the socket came from the service manager */
+    bool default_user;          /* opt.user is privs_default_user's choice, not configured */
     uv_signal_t sig_term, sig_int, sig_hup;
 };
 
@@ -181,6 +182,8 @@ static void reload(struct daemon *d)
     if (r < 0) {
         log_error("reload failed, keeping the configuration in force: %s", r == -ENOMEM ? "out of memory" : err);
     } else {
+        if (d->default_user && !next.user)
+            next.user = strdup(d->opt.user); /* not a change: the default in force */
         keep_restart_only(&d->opt, &next);
         /* Defaults derived from the pool size follow the size in force. */
         if (!options_given(&next, "tenant-quota"))
@@ -301,6 +304,9 @@ static int setup(struct daemon *d, uv_loop_t *loop)
         log_error("cannot drop privileges: %s", why);
         return r;
     }
+    if (d->default_user)
+        log_notice("serving as user %s (uid %u), not root: given no --user, a root shmrefd gives up root once "
+                   "its socket and pool are set up (--user root keeps root)", d->opt.user, (unsigned)getuid());
     uv_signal_t *sigs[] = { &d->sig_term, &d->sig_int, &d->sig_hup };
     int nums[] = { SIGTERM, SIGINT, SIGHUP };
     for (int i = 0; i < 3; i++) {
@@ -349,6 +355,17 @@ int main(int argc, char **argv)
         return r;
     }
     log_max_level = d.opt.verbose ? LOG_DEBUG : LOG_INFO;
+    /* Root given no --user serves as an unprivileged user once the socket and pool are set
+     * up: the kernel counts fds in flight per sending uid, so a root daemon's replies would
+     * wait (ETOOMANYREFS) on every other root process's fds. --user root keeps root. */
+    const char *def = d.opt.user ? NULL : privs_default_user();
+    if (def) {
+        d.opt.user = strdup(def);
+        d.default_user = d.opt.user != NULL;
+    } else if (!d.opt.user && geteuid() == 0) {
+        log_warning("running as root with no --user, and no unprivileged user can be become here (user "
+                    "namespace): fds are sent as uid 0");
+    }
     if (quota_warning(&d.opt, err, sizeof(err)))
         log_warning("%s", err);
     signal(SIGPIPE, SIG_IGN);

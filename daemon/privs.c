@@ -24,6 +24,44 @@ int privs_lookup(const char *user, uid_t *ret_uid, gid_t *ret_gid)
     return 0;
 }
 
+/* mapped: whether id lies in one of the ranges of /proc/self/{uid,gid}_map (path). */
+static bool mapped(const char *path, unsigned long id)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return errno == ENOENT; /* no user namespaces: everything is mapped */
+    unsigned long inside, outside, count;
+    bool found = false;
+    while (!found && fscanf(f, "%lu %lu %lu", &inside, &outside, &count) == 3)
+        found = id >= inside && id - inside < count;
+    fclose(f);
+    return found;
+}
+
+const char *privs_default_user(void)
+{
+    static const char *const names[] = { "shmrefd", "nobody" };
+    if (geteuid() != 0)
+        return NULL;
+    char deny[16] = "";
+    FILE *f = fopen("/proc/self/setgroups", "re");
+    if (f) {
+        if (!fgets(deny, sizeof(deny), f))
+            deny[0] = '\0';
+        fclose(f);
+    }
+    if (strncmp(deny, "deny", 4) == 0)
+        return NULL;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        uid_t uid;
+        gid_t gid;
+        if (privs_lookup(names[i], &uid, &gid) == 0)
+            return uid != 0 && mapped("/proc/self/uid_map", uid) && mapped("/proc/self/gid_map", gid) ? names[i]
+                                                                                                      : NULL;
+    }
+    return NULL;
+}
+
 unsigned long privs_raise_nofile(void)
 {
     struct rlimit rl;

@@ -12,6 +12,11 @@
 /* privs_lookup: the uid and gid of user name. Returns 0 or -ENOENT. */
 int privs_lookup(const char *user, uid_t *ret_uid, gid_t *ret_gid);
 
+/* privs_default_user: the user a root daemon given no --user becomes: "shmrefd" (the
+ * package's) if it exists, else "nobody"; NULL when not root, or when that user cannot be
+ * become here (its uid or gid unmapped in this user namespace, or setgroups denied). */
+const char *privs_default_user(void);
+
 /* privs_raise_nofile: raises the soft RLIMIT_NOFILE to the hard limit (fds are how
  * buffers travel). Returns the new soft limit. */
 unsigned long privs_raise_nofile(void);

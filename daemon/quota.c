@@ -136,10 +136,15 @@ int quota_charge(struct quota *q, uint32_t uid, uint64_t bytes, char *why, size_
         if (e->t.pinned)
             snprintf(pinned, sizeof(pinned), " (of which %s (%llu bytes) pinned: retired buffers its processes "
                      "still map)", units_format(e->t.pinned, d), (unsigned long long)e->t.pinned);
+        char f[UNITS_TEXT_MAX], retained[240] = "";
+        if (e->t.retained)
+            snprintf(retained, sizeof(retained), " (of which %s (%llu bytes) retained: published with keep_ms, "
+                     "as shmrefctl put does, and kept for consumers until they get them or the time runs out)",
+                     units_format(e->t.retained, f), (unsigned long long)e->t.retained);
         snprintf(why, why_len,
-                 "quota exceeded for uid %u: holds %s (%llu bytes)%s, asks %s (%llu bytes), quota %s (%llu bytes); "
+                 "quota exceeded for uid %u: holds %s (%llu bytes)%s%s, asks %s (%llu bytes), quota %s (%llu bytes); "
                  "raise it with --tenant-quota, or per uid in the config file's [quota] section (%u = SIZE)",
-                 uid, units_format(held, a), (unsigned long long)held, pinned,
+                 uid, units_format(held, a), (unsigned long long)held, retained, pinned,
                  units_format(bytes, b), (unsigned long long)bytes,
                  units_format(e->t.quota, c), (unsigned long long)e->t.quota, uid);
         prune(q, e);
@@ -192,6 +197,17 @@ int quota_pin(struct quota *q, uint32_t uid, int64_t delta)
         e->t.pinned = e->t.pinned >= (uint64_t)-delta ? e->t.pinned - (uint64_t)-delta : 0;
     prune(q, e);
     return 0;
+}
+
+void quota_retained(struct quota *q, uint32_t uid, int64_t delta)
+{
+    struct entry *e = delta > 0 ? get(q, uid) : find(q, uid);
+    if (!e)
+        return;
+    if (delta >= 0)
+        e->t.retained += (uint64_t)delta;
+    else
+        e->t.retained = e->t.retained >= (uint64_t)-delta ? e->t.retained - (uint64_t)-delta : 0;
 }
 
 int quota_check_pinned(const struct quota *q, uint32_t uid, char *why, size_t why_len)

@@ -303,6 +303,7 @@ void registry_end_retention(struct registry *r, struct registry_buf *b)
     stop_timer(b);
     r->st.retained--;
     r->st.retained_bytes -= b->pb->size;
+    quota_retained(r->quota, b->tenant, -(int64_t)b->pb->size);
     unref(r, b);
 }
 
@@ -347,6 +348,7 @@ int registry_publish(struct registry *r, struct registry_buf *b, uint64_t size, 
         b->refs++;
         r->st.retained++;
         r->st.retained_bytes += b->pb->size;
+        quota_retained(r->quota, b->tenant, (int64_t)b->pb->size);
     }
     b->meta = m;
     b->meta_len = meta_len;

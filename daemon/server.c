@@ -19,6 +19,7 @@
 #include "access.h"
 #include "log.h"
 #include "status.h"
+#include "transport.h"
 #include "units.h"
 
 /* status_of: the status map, from every layer's numbers (sessions call it). */
@@ -27,6 +28,7 @@ static int status_of(void *arg, uint32_t uid, uint8_t *buf, size_t cap)
     struct server *s = arg;
     /* Root and the daemon's uid see everyone; others see their own clients and buffers. */
     bool all = uid == 0 || uid == geteuid();
+    s->counters.fd_waits = transport_fd_waits();
     struct status_src src = { .uptime_ms = uv_now(s->loop) - s->started_ms, .now_ms = uv_now(s->loop),
                               .opt = s->opt, .pool = s->pool,
                               .quota = s->quota, .reg = s->reg, .counters = &s->counters,
@@ -275,6 +277,18 @@ static int stale_or_live(const char *path, const struct sockaddr_un *sa)
     return unlink(path) < 0 && errno != ENOENT ? -errno : 0;
 }
 
+/* socket_hint: for a socket path this uid cannot create (EACCES, EPERM, or ENOENT: its
+ * directory could not be made), where to put it instead. */
+static const char *socket_hint(int e)
+{
+    if (e != EACCES && e != EPERM && e != ENOENT)
+        return "";
+    if (geteuid() == 0)
+        return e == ENOENT ? "; create the directory, or give --socket PATH" : "";
+    return "; as a user other than root, give --socket PATH in a directory of yours, e.g. --socket "
+           "$XDG_RUNTIME_DIR/shmrefd.sock (the default when XDG_RUNTIME_DIR is set), or set $SHMREFD_SOCKET";
+}
+
 int server_listen_path(struct server *s)
 {
     const char *path = s->opt->socket_path;
@@ -290,7 +304,7 @@ int server_listen_path(struct server *s)
         if (mkdir(dir, 0755) == 0)
             s->created_dir = true;
         else if (errno != EEXIST)
-            log_warning("cannot create %s: %s", dir, strerror(errno));
+            log_warning("cannot create %s: %s", dir, strerror(errno)); /* the error says more */
     }
     free(dir);
     int r = stale_or_live(path, &sa);
@@ -299,7 +313,7 @@ int server_listen_path(struct server *s)
         return r;
     }
     if (r < 0) {
-        log_error("cannot use socket path %s: %s", path, strerror(-r));
+        log_error("cannot use socket path %s: %s%s", path, strerror(-r), socket_hint(-r));
         return r;
     }
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -314,7 +328,7 @@ int server_listen_path(struct server *s)
     umask(old);
     if (r < 0 || chmod(path, s->opt->socket_mode) < 0 || listen(fd, 128) < 0) {
         r = -errno;
-        log_error("cannot listen on %s: %s", path, strerror(errno));
+        log_error("cannot listen on %s: %s%s", path, strerror(errno), socket_hint(errno));
         close(fd);
         return r;
     }

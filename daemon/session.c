@@ -191,6 +191,10 @@ void session_close(struct session *s, const char *why)
     transport_close(s->transport, why);
 }
 
+/* The reason session_close_all gives: its disconnects are logged at debug level, once in
+ * sum, and counted neither as clean closes nor as deaths. */
+static const char stopping_why[] = "shmrefd is stopping";
+
 /* session_disconnected: the one place a session ends: whatever closed it (the peer, a
  * fault, the daemon), its socket is gone and nothing else is using it. Releases every
  * handle it held, logs the disconnect, and drops the transport's reference. */
@@ -221,7 +225,10 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
         env->counters->clients_closed++;
     else if (!why)
         env->counters->clients_died++;
-    if (why)
+    if (why && strcmp(why, stopping_why) == 0)
+        log_debug("client %llu pid=%d uid=%u closed: %s; released %u lease%s", (unsigned long long)s->peer.id,
+                  (int)s->peer.pid, (unsigned)s->peer.uid, why, held, held == 1 ? "" : "s");
+    else if (why)
         log_info("client %llu pid=%d uid=%u disconnected: %s; reclaimed %u lease%s",
                  (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid, why, held,
                  held == 1 ? "" : "s");
@@ -280,8 +287,17 @@ uint32_t session_count_open(const struct session_env *env)
 
 void session_close_all(struct session_env *env)
 {
+    unsigned clients = 0, leases = 0;
     for (struct session *s = env->head; s; s = s->next)
-        session_close(s, NULL);
+        if (s->transport && !s->peer.closing) {
+            clients++;
+            leases += s->peer.holder.leases;
+        }
+    if (clients)
+        log_info("stopping: closing %u client%s, releasing the %u lease%s they held", clients,
+                 clients == 1 ? "" : "s", leases, leases == 1 ? "" : "s");
+    for (struct session *s = env->head; s; s = s->next)
+        session_close(s, stopping_why);
 }
 
 /* ---- sending ----------------------------------------------------------------------- */

@@ -222,7 +222,7 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     const struct counters *k = s->counters;
     struct pool_counters pc = pool_counters(s->pool);
     key(pk, "counters");
-    msgpack_pack_map(pk, 27);
+    msgpack_pack_map(pk, 28);
     kv_u64(pk, "connections", k->connections);
     kv_u64(pk, "leases", k->leases);
     kv_u64(pk, "publishes", k->publishes);
@@ -250,6 +250,7 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     kv_u64(pk, "lease_wait_timeouts", k->lease_wait_timeouts);
     kv_u64(pk, "acquire_waits", k->acquire_waits);
     kv_u64(pk, "acquire_wait_timeouts", k->acquire_wait_timeouts);
+    kv_u64(pk, "fd_waits", k->fd_waits);
 }
 
 static int build(const struct status_src *s, uint8_t *buf, size_t cap, unsigned max)

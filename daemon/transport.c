@@ -13,6 +13,7 @@
 #include <string.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -145,14 +146,31 @@ void transport_close(struct transport *t, const char *why)
 
 static void arm_recheck(struct transport *t, bool reset);
 
-/* too_many_refs: a send met ETOOMANYREFS: the reply waits (logged, 10 lines a second). */
+/* Waits that began with ETOOMANYREFS, daemon-wide (status: counters.fd_waits). */
+static uint64_t fd_waits;
+
+uint64_t transport_fd_waits(void)
+{
+    return fd_waits;
+}
+
+/* too_many_refs: a send met ETOOMANYREFS: the reply waits (logged, 10 lines a second).
+ * The kernel counts SCM_RIGHTS fds in flight per sending uid, over all that uid's
+ * processes, against the sender's RLIMIT_NOFILE: the cause may be another process. */
 static void too_many_refs(struct transport *t)
 {
     static struct log_rate rate;
     unsigned held_back;
+    struct rlimit rl = { 0 };
+    if (!t->fd_wait)
+        fd_waits++;
+    getrlimit(RLIMIT_NOFILE, &rl);
     if (log_rate_take(&rate, &held_back))
-        log_warning("a reply's fd waits: the daemon's fds in flight are at the kernel's limit (ETOOMANYREFS, "
-                    "RLIMIT_NOFILE); retried until clients read their replies%s",
+        log_warning("a reply's fd waits (ETOOMANYREFS): the fds in flight of uid %u, over all its processes "
+                    "(this daemon's unread replies and any other process of that uid sending fds), passed "
+                    "this daemon's RLIMIT_NOFILE %llu; retried until they are read. Run shmrefd as a user "
+                    "of its own (--user), or raise its RLIMIT_NOFILE%s",
+                    (unsigned)geteuid(), (unsigned long long)rl.rlim_cur,
                     held_back ? " (more such lines suppressed)" : "");
     t->fd_wait = true;
     arm_recheck(t, false);

@@ -56,6 +56,10 @@ int transport_send(struct transport *t, const uint8_t *data, size_t len, int fd)
  * fds attached to the one message, in order; each counts as one fd in flight. */
 int transport_send_fds(struct transport *t, const uint8_t *data, size_t len, const int *fds, unsigned nfds);
 
+/* transport_fd_waits: how many times, daemon-wide, a reply began to wait because its send
+ * met ETOOMANYREFS (the sending uid's fds in flight past RLIMIT_NOFILE). */
+uint64_t transport_fd_waits(void);
+
 /* transport_close: marks the transport closing (idempotent); on_close follows from the
  * loop with TRANSPORT_END_LOCAL and why (copied), or the first fault's reason. */
 void transport_close(struct transport *t, const char *why);

@@ -5,11 +5,11 @@ SHMREF_BUILD_PACKAGES="build-essential cmake pkg-config libuv1-dev libmsgpack-de
     libsystemd-dev libcap-dev libinih-dev"
 # python3-venv and python3-dev: the Python package's suite builds its extension in a venv (with
 # the python3 on PATH: pyenv's where there is one, else Debian's, which needs these two).
-# dh-python, python3-all-dev, python3-setuptools, python3-numpy: debian/control's
-# Build-Depends for python3-shmref (the deb test builds it with Debian's python3).
 SHMREF_TEST_PACKAGES="python3 python3-prometheus-client systemd clang libclang-rt-14-dev strace
-    tmux debhelper dpkg-dev lintian python3-venv python3-dev
-    dh-python python3-all-dev python3-setuptools python3-numpy"
+    tmux python3-venv python3-dev"
+# The deb test's (debian/control's Build-Depends, lintian): installed by scripts/test only
+# when that test runs, i.e. under CI=true or SHMREF_TEST_HOST=1 (it changes the host).
+SHMREF_PACKAGING_PACKAGES="debhelper dpkg-dev lintian dh-python python3-all-dev python3-setuptools python3-numpy"
 
 ensure_packages() {
     local missing=() p

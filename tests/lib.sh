@@ -41,3 +41,22 @@ asan_env() {
     rt=$(ldd "$1" 2>/dev/null | sed -n 's/^[[:space:]]*libasan\.so[^ ]* => \([^ ]*\).*/\1/p')
     if [ -n "$rt" ]; then echo "LD_PRELOAD=$rt ASAN_OPTIONS=detect_leaks=0"; fi
 }
+
+# reachable BIN: prints the path of a copy of BIN that another uid (setpriv --reuid nobody)
+# can run even when BIN's own directory is not reachable, as in a clone made with
+# `mktemp -d` (0700): BIN and the libshmref it loads are copied under $tmp/reach (0755;
+# $tmp itself must be made 0755 by the caller), and the printed path is a wrapper that
+# runs the copy with LD_LIBRARY_PATH pointing at the library's copy (the process keeps
+# BIN's name). BIN's other libraries are the system's.
+reachable() {
+    local bin=$1 d=$tmp/reach lib
+    mkdir -p "$d/real" "$d/lib"
+    cp "$bin" "$d/real/"
+    lib=$(ldd "$bin" | sed -n 's/^[[:space:]]*\(libshmref\.so[^ ]*\) => \([^ ]*\).*/\1 \2/p')
+    if [ -n "$lib" ]; then cp -L "${lib#* }" "$d/lib/${lib%% *}"; fi
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s "$@"\n' \
+        "$d/lib" "$d/real/$(basename "$bin")" >"$d/$(basename "$bin")"
+    chmod -R a+rX "$d"
+    chmod 755 "$d/$(basename "$bin")"
+    echo "$d/$(basename "$bin")"
+}

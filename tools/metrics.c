@@ -105,6 +105,7 @@ static void counters(const shmref_status *st, FILE *f)
         { "lease_wait_timeouts", "shmref_lease_wait_timeouts_total", "Waiting leases whose deadline passed (ETIMEDOUT)." },
         { "acquire_waits", "shmref_acquire_waits_total", "Acquires that waited for a publish." },
         { "acquire_wait_timeouts", "shmref_acquire_wait_timeouts_total", "Waiting acquires whose deadline passed (ENOENT)." },
+        { "fd_waits", "shmref_fd_waits_total", "Replies whose fd waited because the daemon uid's fds in flight passed RLIMIT_NOFILE (ETOOMANYREFS)." },
     };
     for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
         char k[64];

@@ -16,6 +16,7 @@
 #include "metrics.h"
 #include "paths.h"
 #include "shmref/shmref.h"
+#include "hint.h"
 #include "top.h"
 #include "units.h"
 
@@ -64,17 +65,6 @@ static const char *the_socket(char buf[4096])
     return paths_default_socket(buf, 4096) == 0 ? buf : "the default socket";
 }
 
-/* connect_hint: what a connect error usually means, for the message. */
-static const char *connect_hint(int r)
-{
-    switch (-r) {
-    case ENOENT: return " (no socket there: is shmrefd running? systemctl start shmrefd.socket; or give --socket)";
-    case ECONNREFUSED: return " (nothing listens there: shmrefd is not running)";
-    case EACCES: return " (the socket's mode or group refuses this user, or the daemon's allow-users/allow-groups does)";
-    default: return "";
-    }
-}
-
 static int connect_or_fail(shmref_conn **conn)
 {
     char def[4096];
@@ -86,7 +76,7 @@ static int connect_or_fail(shmref_conn **conn)
             fprintf(stderr, "shmrefctl: %s (%s)\n", why, strerror(-r));
         else
             fprintf(stderr, "shmrefctl: cannot reach shmrefd at %s: %s%s\n", the_socket(def), strerror(-r),
-                    connect_hint(r));
+                    hint_connect(the_socket(def), r));
         return 1;
     }
     return 0;
@@ -165,7 +155,7 @@ static void print_table(const shmref_status *st)
         "protocol_errors", "slow_clients", "buffers_created", "buffers_recycled", "buffers_retired",
         "buffers_evicted", "buffers_create_failed", "buffers_tampered", "retentions_expired",
         "clients_closed", "clients_died", "lease_waits", "lease_wait_timeouts", "acquire_waits",
-        "acquire_wait_timeouts",
+        "acquire_wait_timeouts", "fd_waits",
     };
     printf("\ncounters\n");
     for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {

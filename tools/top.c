@@ -7,6 +7,7 @@
  * keeps trying to reconnect at every refresh. Without a terminal (or with --once) it
  * prints one frame without escapes and exits. */
 #include "top.h"
+#include "hint.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -389,7 +390,8 @@ static void top_show(const shmref_status *st, struct top_rates *r, const char *p
         top_frame(st, r, f, rows, cols, tty);
     } else {
         top_line(f, cols, tty, "shmrefd is not reachable at %s: %s", path, err);
-        top_line(f, cols, tty, "retrying every %.1f s%s", delay_ms / 1000.0, tty ? "; q quits" : "");
+        if (delay_ms > 0) /* 0: --once (or no terminal), which does not retry */
+            top_line(f, cols, tty, "retrying every %.1f s%s", delay_ms / 1000.0, tty ? "; q quits" : "");
     }
     if (tty)
         fputs("\033[J", f);
@@ -475,7 +477,7 @@ int top_main(const char *socket_path, int argc, char **argv)
     while (!top_quit) {
         int r = 0;
         if (!conn && (r = shmref_connect(socket_path, &conn)) < 0) {
-            snprintf(err, sizeof(err), "%s", strerror(-r));
+            snprintf(err, sizeof(err), "%s%s", strerror(-r), hint_connect(path, r));
             conn = NULL;
         }
         if (conn) {
@@ -496,7 +498,7 @@ int top_main(const char *socket_path, int argc, char **argv)
             st = NULL;
             rates.have = false;
         }
-        top_show(st, &rates, path, err, delay_ms, tty);
+        top_show(st, &rates, path, err, once ? 0 : delay_ms, tty);
         if (once) {
             status = st ? 0 : 1;
             break;

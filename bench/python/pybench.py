@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""The Python benchmark (./scripts/bench --python runs it in build/bench-venv).
+"""The Python benchmark (./scripts/bench --python runs it in build/venv).
 
 Two tables from one run, side by side:
   roundtrip   float64 arrays of 1e3, 1e5, 1e6, 1e7 (and 1e8 with --big) elements: the

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# bench/python/venv.sh VENV: make (or bring up to date) the Python benchmark's venv from
-# the `python3` on PATH: the pinned packages of bench/python/requirements.txt, then the
-# local ./python package (shmref) when this tree has one. Reinstalls only what changed
-# (a stamp per part). Prints what it installs, and pip's errors; non-zero if pip fails.
+# bench/python/venv.sh VENV: make (or bring up to date) the project's one Python venv
+# (build/venv: the tests, the docs check and the benchmarks share it, so torch is
+# installed once) from the `python3` on PATH: the pinned packages of
+# bench/python/requirements.txt, those of python/tests/requirements.txt, then the local
+# ./python package (shmref). Reinstalls only what changed (a stamp per part). Prints what
+# it installs, and pip's errors; non-zero if pip fails.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv=${1:?usage: bench/python/venv.sh VENV}
@@ -28,6 +30,18 @@ if [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$want" ]; then
     # cannot pick another torch build than the pinned CPU wheel).
     pip_install --no-deps -r "$req"
     echo "$want" >"$venv/.requirements"
+fi
+
+# The test suite's pins (python/tests/run.sh), resolved by pip on top (numpy: the tests'
+# pin wins, the benchmark pins the same).
+treq=python/tests/requirements.txt
+if [ -f "$treq" ]; then
+    want=$(sha256sum "$treq" | cut -d' ' -f1)
+    if [ "$(cat "$venv/.test-requirements" 2>/dev/null)" != "$want" ]; then
+        echo "venv: installing $treq into $venv" >&2
+        pip_install -r "$treq"
+        echo "$want" >"$venv/.test-requirements"
+    fi
 fi
 
 if [ -f python/pyproject.toml ]; then

@@ -23,7 +23,10 @@ class Daemon:
         if not binary:
             pytest.fail("SHMREFD_BIN is not set: run through ctest (./scripts/test) or python/tests/run.sh")
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([binary, "--socket", self.socket, "--pool-size", "512M", *args],
+        # As root, --user root: the suite's daemons stay uid 0 as before (a root shmrefd
+        # given no --user becomes an unprivileged user; tests/cli/test-cli.sh checks that).
+        user = ["--user", "root"] if os.geteuid() == 0 and "--user" not in args else []
+        self.proc = subprocess.Popen([binary, "--socket", self.socket, "--pool-size", "512M", *user, *args],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while True:

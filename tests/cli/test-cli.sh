@@ -9,12 +9,15 @@ SHMREFD=$1 SHMREFCTL=$2
 test_begin cli
 dir=$tmp
 sock=$dir/shmrefd.sock
+json_at() { # json_at SOCKET EXPR: the same for the daemon at SOCKET
+    "$SHMREFCTL" --socket "$1" status --json | /usr/bin/python3 -c "import json,sys; s=json.load(sys.stdin); print($2)"
+}
 json() { # json EXPR: evaluate a Python expression on status --json as s
     "$SHMREFCTL" --socket "$sock" status --json |
         /usr/bin/python3 -c "import json,sys; s=json.load(sys.stdin); print($1)"
 }
 
-"$SHMREFD" --socket "$sock" 2>"$dir/log" &
+"$SHMREFD" --socket "$sock" --user root 2>"$dir/log" & # root, so it can remove its socket from $dir
 dpid=$!
 for _ in $(seq 200); do "$SHMREFCTL" --socket "$sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
 
@@ -65,6 +68,20 @@ SHMREFD_SOCKET=$dir/default.sock "$SHMREFCTL" ping 2>"$dir/err2"
 set -e
 check "a connect error names the socket given" grep -q "at $dir/nothing.sock: No such file or directory (no socket there" "$dir/err1"
 check "and the default socket's path when none is given" grep -q "at $dir/default.sock: " "$dir/err2"
+# A regular file or a directory given as the socket is named as such (connect says
+# "Connection refused" for both); top --once with no daemon does not promise retries.
+: >"$dir/regular"
+mkdir "$dir/adir"
+set +e
+"$SHMREFCTL" --socket "$dir/regular" ping 2>"$dir/err3"
+"$SHMREFCTL" --socket "$dir/adir" ping 2>"$dir/err4"
+"$SHMREFCTL" --socket "$dir/nothing.sock" top --once >"$dir/top-down" 2>&1; rc=$?
+set -e
+check "a regular file as the socket is called one" grep -q "at $dir/regular: .*not a socket but a regular" "$dir/err3"
+check "a directory as the socket is called one" grep -q "at $dir/adir: .*that is a directory, not a socket" "$dir/err4"
+check "top --once with the daemon down exits 1" test "$rc" = 1
+check "saying it is not reachable" grep -q "shmrefd is not reachable at $dir/nothing.sock" "$dir/top-down"
+check "without promising retries it does not make" bash -c "! grep -q retrying '$dir/top-down'"
 check "status table prints" bash -c "'$SHMREFCTL' --socket '$sock' status | grep -q '^pool /dev/shm'"
 
 # A client's name is its comm: a program file named with a CSI, a right-to-left override
@@ -83,6 +100,95 @@ kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
 check "SIGTERM exits 0" test "$rc" = 0
 check "the socket is removed" test ! -e "$sock"
 
+# A root daemon given no --user serves as an unprivileged user (the package's shmrefd if it
+# exists, else nobody) once its socket and pool are set up; --user root keeps root.
+if [ "$(id -u)" = 0 ]; then
+    chmod 755 "$dir" # the daemon's user reaches its directory through it, as through /run
+    ctl_nobody=$(reachable "$SHMREFCTL") # for other uids: the build may sit in a 0700 clone
+    "$SHMREFD" --socket "$dir/own/s.sock" --config /dev/null --pool-size 32M --pool-hugepages no 2>"$dir/def.log" &
+    dpid=$!
+    for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/own/s.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    duid=$(awk '/^Uid:/ {print $2}' "/proc/$dpid/status")
+    check "a root daemon given no --user does not serve as uid 0" test "$duid" != 0
+    check "but as the package's user, or nobody" test "$duid" = "$(id -u shmrefd 2>/dev/null || id -u nobody)"
+    check "and says so" grep -q "serving as user [a-z]* (uid $duid), not root" "$dir/def.log"
+    check "root's clients are served" bash -c "printf hi | '$SHMREFCTL' --socket '$dir/own/s.sock' put - >/dev/null"
+    kill -TERM "$dpid"; wait "$dpid"; dpid=
+    check "its socket, in the directory it made, is removed at exit" test ! -e "$dir/own/s.sock"
+    "$SHMREFD" --socket "$dir/root.sock" --config /dev/null --pool-size 32M --pool-hugepages no --user root 2>"$dir/root.log" &
+    dpid=$!
+    for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/root.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    check "--user root keeps uid 0" test "$(awk '/^Uid:/ {print $2}' "/proc/$dpid/status")" = 0
+    kill -TERM "$dpid"; wait "$dpid"; dpid=
+
+    # Without systemd, the unit's settings by flags (docs/operating.md): user, the socket's
+    # group and mode, no capabilities, no_new_privs; here nobody and nogroup.
+    "$SHMREFD" --socket "$dir/unit/s.sock" --config /dev/null --pool-size 32M --pool-hugepages no \
+        --user nobody --socket-group nogroup --socket-mode 0660 2>"$dir/unit.log" &
+    dpid=$!
+    for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/unit/s.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    check "--user nobody: uid and gid nobody/nogroup, no capabilities, no_new_privs" \
+        bash -c 'awk "/^Uid:/ {u=\$2} /^Gid:/ {g=\$2} /^CapEff:/ {c=\$2} /^CapBnd:/ {b=\$2} /^NoNewPrivs:/ {n=\$2} END {print u, g, c, b, n}" "/proc/$1/status" |
+                 grep -qx "$(id -u nobody) $(getent group nogroup | cut -d: -f3) 0000000000000000 0000000000000000 1"' _ "$dpid"
+    check "--socket-group nogroup --socket-mode 0660: the socket's group and mode" \
+        test "$(stat -c '%G %a' "$dir/unit/s.sock")" = "nogroup 660"
+    check "the socket's directory, made by the daemon, belongs to its user" test "$(stat -c %U "$dir/unit")" = nobody
+    member=$(getent group nogroup | cut -d: -f3)
+    check "a member of the socket's group may connect" \
+        bash -c 'setpriv --reuid=1000 --regid=1000 --groups="$3" "$1" --socket "$2" ping >/dev/null' _ "$ctl_nobody" "$dir/unit/s.sock" "$member"
+    check "a non-member may not" \
+        bash -c '! setpriv --reuid=1000 --regid=1000 --clear-groups "$1" --socket "$2" ping 2>/dev/null' _ "$ctl_nobody" "$dir/unit/s.sock"
+    kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
+    check "it stops on SIGTERM (exit 0) and removes its socket" test "$rc" = 0 -a ! -e "$dir/unit/s.sock"
+
+    # The kernel counts SCM_RIGHTS fds in flight per sending uid over all its processes: a
+    # daemon of uid nobody with RLIMIT_NOFILE 64 stalls (ETOOMANYREFS) while another process
+    # of nobody holds 160 fds in flight. The wait is counted and logged with that cause,
+    # and the reply goes once that process is gone.
+    cat >"$dir/inflight.py" <<'PY'
+import os, socket, time
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+fd = os.open("/dev/null", os.O_RDONLY)
+for _ in range(20):
+    socket.send_fds(a, [b"x"], [fd] * 8)
+print("ready", flush=True)
+time.sleep(600)
+PY
+    prlimit --nofile=64:64 "$SHMREFD" --socket "$dir/fl.sock" --config /dev/null --pool-size 32M \
+        --pool-hugepages no --user nobody 2>"$dir/fl.log" &
+    dpid=$!
+    for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/fl.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    coproc FLIGHT { exec setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 "$dir/inflight.py"; }
+    read -r -t 10 line <&"${FLIGHT[0]}"
+    check "another process of the daemon's uid holds 160 fds in flight" test "${line:-}" = ready
+    printf 'waits' | "$SHMREFCTL" --socket "$dir/fl.sock" put - >"$dir/fl.out" 2>&1 &
+    put=$!
+    for _ in $(seq 100); do [ "$(json_at "$dir/fl.sock" "s['counters']['fd_waits']")" -ge 1 ] && break; sleep 0.05; done
+    check "a lease reply waits on ETOOMANYREFS, counted in counters.fd_waits" \
+        test "$(json_at "$dir/fl.sock" "s['counters']['fd_waits']")" -ge 1
+    check "and in metrics" bash -c '"$1" --socket "$2" metrics | grep -q "^shmref_fd_waits_total [1-9]"' _ "$SHMREFCTL" "$dir/fl.sock"
+    check "the log names the uid's fds in flight over all its processes, and the fix" \
+        grep -q "ETOOMANYREFS): the fds in flight of uid $(id -u nobody), over all its processes.*RLIMIT_NOFILE 64.*--user" "$dir/fl.log"
+    kill "$FLIGHT_PID"; wait "$FLIGHT_PID" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$put" 2>/dev/null || break; sleep 0.05; done
+    rc=0; wait "$put" || rc=$?
+    check "once that process is gone the put completes" bash -c '[ "$1" = 0 ] && grep -q "^shmref1:" "$2"' _ "$rc" "$dir/fl.out"
+    kill -TERM "$dpid"; wait "$dpid"; dpid=
+fi
+
+# EDQUOT says when what the uid holds is retained puts (each put is kept 300 s by default).
+"$SHMREFD" --socket "$dir/q.sock" --config /dev/null --pool-size 32M --tenant-quota 8M --pool-hugepages no 2>"$dir/q.log" &
+dpid=$!
+for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/q.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+head -c 5000000 /dev/zero >"$dir/5m.bin"
+set +e
+"$SHMREFCTL" --socket "$dir/q.sock" put "$dir/5m.bin" >/dev/null
+"$SHMREFCTL" --socket "$dir/q.sock" put "$dir/5m.bin" >/dev/null 2>"$dir/q.err"; rc=$?
+set -e
+check "a second 5 MB put over an 8 MiB quota is refused (exit 1)" test "$rc" = 1
+check "EDQUOT names the retained puts it holds" grep -q "quota exceeded for uid $(id -u): holds .* (of which .* retained: published with keep_ms" "$dir/q.err"
+kill -TERM "$dpid"; wait "$dpid"; dpid=
+
 # --check-config refuses what start refuses, and warns about a quota above the pool.
 set +e
 "$SHMREFD" --check-config --config /dev/null --pool-size 1024T >/dev/null 2>"$dir/cc1"; rc=$?
@@ -100,13 +206,26 @@ if [ "$(id -u)" = 0 ]; then
     dpid=$!
     for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/acl.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
     set +e
-    setpriv --reuid=nobody --regid=nogroup --clear-groups "$SHMREFCTL" --socket "$dir/acl.sock" ping 2>"$dir/acl.err"
+    setpriv --reuid=nobody --regid=nogroup --clear-groups "$ctl_nobody" --socket "$dir/acl.sock" ping 2>"$dir/acl.err"
     rc=$?
     set -e
     check "a user not in allow-users is refused (exit 1)" test "$rc" = 1
     check "with the daemon's reason and the socket path" \
         grep -q "shmrefd at $dir/acl.sock: access denied: uid $(id -u nobody) .* not in allow-users" "$dir/acl.err"
     kill -TERM "$dpid"; wait "$dpid"; dpid=
+
+    # A daemon of another uid that cannot make its socket's directory (as /run/shmrefd for
+    # a non-root user without XDG_RUNTIME_DIR) says where to put the socket instead. The
+    # path is under this test's root-owned 0755 directory, so nothing else is touched.
+    d_nobody=$(reachable "$SHMREFD")
+    set +e
+    setpriv --reuid=nobody --regid=nogroup --clear-groups env -u XDG_RUNTIME_DIR \
+        "$d_nobody" --config /dev/null --pool-hugepages no --socket "$dir/rootonly/shmrefd.sock" 2>"$dir/nobody.log"
+    rc=$?
+    set -e
+    check "a non-root daemon that cannot create its socket's directory fails (exit 1)" test "$rc" = 1
+    check "and hints at --socket and XDG_RUNTIME_DIR" \
+        grep -q "cannot listen on $dir/rootonly/shmrefd.sock: .*give --socket PATH in a directory of yours, e.g. --socket \$XDG_RUNTIME_DIR/shmrefd.sock" "$dir/nobody.log"
 fi
 
 test_end

@@ -52,4 +52,15 @@ check "its lease is reclaimed (reclaimed_leases 1, nothing leased)" \
     test "$(counter reclaimed_leases)" = 1 -a "$(ctl status --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["pool"]["bytes_leased"])')" = 0
 check "metrics expose both" bash -c '"$1" --socket "$2" metrics | grep -q "^shmref_clients_closed_total [1-9]" &&
     "$1" --socket "$2" metrics | grep -q "^shmref_clients_died_total 1$"' _ "$SHMREFCTL" "$sock"
+
+# SIGTERM with a client holding leases: one summary line, no "died holding" for it, and the
+# daemon exits 0.
+coproc HOLD2 { exec env $(asan_env "$LIB") /usr/bin/python3 "$tmp/client.py" "$LIB" "$sock" hold; }
+read -r -t 10 line <&"${HOLD2[0]}"
+check "a third client holds a lease" test "${line:-}" = ready
+kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
+check "SIGTERM stops the daemon with exit 0" test "$rc" = 0
+check "the stop is one summary line" grep -q "stopping: closing 1 client, releasing the 1 lease they held" "$tmp/log"
+check "the held client is not logged as died (still one such line)" test "$(grep -c "died holding" "$tmp/log")" = 1
+kill "$HOLD2_PID" 2>/dev/null; wait "$HOLD2_PID" 2>/dev/null
 test_end

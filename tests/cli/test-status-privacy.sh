@@ -10,6 +10,8 @@ SHMREFD=$1 SHMREFCTL=$2
 [ "$(id -u)" = 0 ] || { echo "SKIP needs root"; exit 77; }
 test_begin status-privacy
 chmod 755 "$tmp"
+# Run as other uids: a copy they can reach (the build may sit in a 0700 clone).
+SHMREFCTL=$(reachable "$SHMREFCTL")
 sock=$tmp/shmrefd.sock
 as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"; }
 "$SHMREFD" --socket "$sock" --socket-mode 0666 --config /dev/null 2>"$tmp/log" &

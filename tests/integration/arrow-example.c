@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* arrow-example.c: the README's C example of a unit of work (compiled and run by
- * test-arrow.c, which checks the README shows this very code). */
+/* arrow-example.c: the C example of a unit of work in docs/arrow.md (compiled and run by
+ * test-arrow.c, which checks docs/arrow.md shows this very code). */
 #include <stdio.h>
 #include <shmref/shmref.h>
 

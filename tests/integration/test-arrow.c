@@ -5,7 +5,7 @@
  * consumer's mapping); the last release drops the consumer's reference (buffers.leases: the producer's
  * retention, which now fans out, may keep the buffer live until keep_ms), also after
  * shmref_close; in-place producers; 10,000 columns (manifest in the buffer); every
- * hostile-manifest check refused with -EBADMSG and its message; the README example. */
+ * hostile-manifest check refused with -EBADMSG and its message; the example of docs/arrow.md. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
@@ -531,8 +531,8 @@ Test(arrow, the_readme_example_runs)
     }
     cr_assert_eq(child_wait(pid), 0);
     cr_assert_eq(wait_status(&d, "buffers.leases", 0, 3000), 0);
-    /* and the README shows this very code */
-    FILE *f = fopen(PROJECT_SOURCE_DIR "/README.md", "r");
+    /* and docs/arrow.md shows this very code */
+    FILE *f = fopen(PROJECT_SOURCE_DIR "/docs/arrow.md", "r");
     FILE *g = fopen(PROJECT_SOURCE_DIR "/tests/integration/arrow-example.c", "r");
     cr_assert(f && g);
     static char readme[1 << 20], example[1 << 16];
@@ -542,7 +542,7 @@ Test(arrow, the_readme_example_runs)
     readme[rn] = example[en] = '\0';
     const char *from = strstr(example, "/* Producer:");
     cr_assert_not_null(from);
-    cr_assert(strstr(readme, from), "README.md must show tests/integration/arrow-example.c from \"/* Producer:\" on");
+    cr_assert(strstr(readme, from), "docs/arrow.md must show tests/integration/arrow-example.c from \"/* Producer:\" on");
 }
 
 /* ---- hostile manifests ---- */

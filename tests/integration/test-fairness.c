@@ -285,7 +285,7 @@ static void start_with_nofile(struct daemon *d, rlim_t nofile)
             close(i);
         if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
             _exit(126);
-        execl(SHMREFD_BIN, SHMREFD_BIN, "--socket", d->socket, "--socket-mode", "0666", "--verbose", (char *)NULL);
+        execl(SHMREFD_BIN, SHMREFD_BIN, "--socket", d->socket, "--socket-mode", "0666", "--verbose", "--user", "root", (char *)NULL);
         _exit(127);
     }
     d->pid = pid;
@@ -458,7 +458,7 @@ Test(fairness, a_log_pipe_nobody_reads_does_not_stall_the_daemon, .timeout = 120
     if (pid == 0) {
         dup2(p[1], STDOUT_FILENO);
         dup2(p[1], STDERR_FILENO);
-        execl(SHMREFD_BIN, SHMREFD_BIN, "--socket", sock, "--socket-mode", "0666", "--verbose", (char *)NULL);
+        execl(SHMREFD_BIN, SHMREFD_BIN, "--socket", sock, "--socket-mode", "0666", "--verbose", "--user", "root", (char *)NULL);
         _exit(127);
     }
     int st = 0;

@@ -145,6 +145,8 @@ static pid_t activate(const char *dir, const char *sock, const char *notify, int
         argv[n++] = env_wdpid;
         argv[n++] = SHMREFD_BIN;
         argv[n++] = "--verbose";
+        argv[n++] = "--user"; /* the notify socket is in the test's root-only directory */
+        argv[n++] = "root";
         argv[n] = NULL;
         execvp(argv[0], (char *const *)argv);
         _exit(127);
@@ -407,6 +409,10 @@ Test(service, sighup_reloads_quotas_without_dropping_clients, .timeout = 60)
     make_dir(dir);
     snprintf(conf, sizeof(conf), "%s/shmrefd.conf", dir);
     notify_open(&n, dir);
+    /* Root given no --user serves as an unprivileged user: it must reach the notify
+     * socket and re-read the file there. */
+    chmod(dir, 0755);
+    chmod(n.path, 0777);
     write_file(conf, "[daemon]\ntenant-quota = 1M\n");
     setenv("NOTIFY_SOCKET", n.path, 1);
     daemon_start(&d, "--config", conf, "--pool-size", "64M", NULL);

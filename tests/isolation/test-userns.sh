@@ -10,6 +10,8 @@ SHMREFD=$1 SHMREFCTL=$2
 . "$(dirname "$0")/../lib.sh"
 test_begin userns
 chmod 755 "$tmp"
+# Run as other uids: a copy they can reach (the build may sit in a 0700 clone).
+SHMREFCTL=$(reachable "$SHMREFCTL")
 sock=$tmp/shmrefd.sock
 if ! unshare -U -r true 2>/dev/null; then
     echo "SKIP: cannot create a user namespace here"

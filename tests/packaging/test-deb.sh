@@ -14,14 +14,21 @@
 # the installed units; then dpkg --purge and nothing of the packages left (nor the
 # module's byte code; Debian's python3 no longer imports shmref). The user and group stay
 # (Debian policy: a system user may own files elsewhere; sysusers.d never deletes).
-# Needs root (it installs packages on this machine); exits 77 (skipped) when not root,
-# when dpkg-buildpackage or lintian is missing, or when shmrefd is installed already
-# (it would not touch that installation). Cleans up (daemon, packages) on every exit.
+# It CHANGES THE HOST: dpkg -i and --purge on this machine's dpkg database, and the user
+# shmrefd and group shmref, which stay. So it runs only under CI=true (a throwaway
+# machine) or with SHMREF_TEST_HOST=1 (you say this machine may be changed); otherwise it
+# exits 77 (skipped) saying so. Installing into a throwaway root (mmdebstrap + unshare)
+# instead is not done yet. Also skipped when not root, when dpkg-buildpackage or lintian
+# is missing, or when shmrefd is installed already (it would not touch that
+# installation). Cleans up on every exit what it made (its daemon, the packages it
+# installed, /run/shmrefd and its socket only if it created them).
 # Usage: test-deb.sh SOURCE_DIR
 set -uo pipefail
 src=$(cd "$1" && pwd)
 . "$src/tests/lib.sh"
 skip() { echo "SKIP: $*"; exit 77; }
+[ "${CI:-}" = true ] || [ "${SHMREF_TEST_HOST:-}" = 1 ] ||
+    skip "changes this machine (dpkg -i/--purge of the packages, a system user and group that stay): runs only under CI=true or SHMREF_TEST_HOST=1"
 [ "$(id -u)" = 0 ] || skip "needs root: it installs the packages with dpkg -i"
 for t in dpkg-buildpackage lintian systemd-socket-activate setpriv; do
     command -v "$t" >/dev/null || skip "$t is not installed (scripts/deps.sh installs it)"
@@ -35,12 +42,15 @@ done
 test_begin deb
 installed_by_us=
 sapid=
+made_sock= made_rundir=
 deb_cleanup() {
     [ -n "$sapid" ] && { kill "$sapid" 2>/dev/null; wait "$sapid" 2>/dev/null; }
+    [ -n "${hpid:-}" ] && { kill "$hpid" 2>/dev/null; wait "$hpid" 2>/dev/null; }
     # shellcheck disable=SC2086
     [ -n "$installed_by_us" ] && dpkg --purge $PKGS >/dev/null 2>&1
-    rm -f /run/shmrefd/shmrefd.sock
-    rmdir /run/shmrefd 2>/dev/null
+    # Only what this test made: a live daemon's socket (./scripts/run) is never touched.
+    [ -n "$made_sock" ] && rm -f "$made_sock"
+    [ -n "$made_rundir" ] && rmdir "$made_rundir" 2>/dev/null
     test_cleanup
 }
 trap deb_cleanup EXIT
@@ -113,7 +123,10 @@ check "the service runs /usr/sbin/shmrefd with /etc/shmrefd/shmrefd.conf" \
 if [ -e "$sock" ]; then
     ko "nothing listens at $sock already"
 else
-    mkdir -p -m "${dmode:-0755}" "$(dirname "$sock")"
+    if [ ! -d "$(dirname "$sock")" ]; then
+        mkdir -p -m "${dmode:-0755}" "$(dirname "$sock")" && made_rundir=$(dirname "$sock")
+    fi
+    made_sock=$sock # it did not exist (checked above): systemd-socket-activate makes it
     # Under strace when there is one: the system calls the daemon makes are checked
     # against the groups the unit's SystemCallFilter= refuses.
     tracer=()
@@ -211,6 +224,22 @@ show "$tmp/verify.log"
 score=$(systemd-analyze security --offline=yes $unitdir/shmrefd.service 2>/dev/null | sed -n 's/.*Overall exposure level for shmrefd.service: \([0-9.]*\).*/\1/p')
 echo "NOTE systemd-analyze security: exposure ${score:-?} for the installed shmrefd.service"
 
+# --- without systemd: the documented command gives the unit's user, group, socket mode ---
+chmod 755 "$tmp" # the daemon's user and the clients reach its socket directory through it
+hsock=$tmp/hand/shmrefd.sock
+(ulimit -n 1048576 2>/dev/null; exec /usr/sbin/shmrefd --config /etc/shmrefd/shmrefd.conf --socket "$hsock" \
+    --user "$suser" --socket-group "$sgroup" --socket-mode "$smode") 2>"$tmp/hand.log" &
+hpid=$!
+for _ in $(seq 100); do [ -S "$hsock" ] && break; sleep 0.05; done
+check "by hand: the daemon runs as User=$suser, Group=$sgrp, no capabilities, no_new_privs" \
+    bash -c 'awk "/^Uid:/ {u=\$2} /^Gid:/ {g=\$2} /^CapEff:/ {c=\$2} /^NoNewPrivs:/ {n=\$2} END {print u, g, c, n}" "/proc/$1/status" |
+             grep -qx "$(id -u "$2") $(getent group "$3" | cut -d: -f3) 0000000000000000 1"' _ "$hpid" "$suser" "$sgrp"
+check "by hand: its socket has the socket unit's group $sgroup and mode $smode" \
+    test "$(stat -c '%G %a' "$hsock" 2>/dev/null)" = "$sgroup ${smode#0}"
+check "by hand: a member of $sgroup may use it, a non-member may not" \
+    bash -c 'setpriv --reuid=nobody --regid=nogroup --groups="$(getent group "$2" | cut -d: -f3)" shmrefctl --socket "$1" ping >/dev/null &&
+             ! setpriv --reuid=nobody --regid=nogroup --clear-groups shmrefctl --socket "$1" ping 2>/dev/null' _ "$hsock" "$sgroup"
+
 # --- purge ---------------------------------------------------------------------------------
 # shellcheck disable=SC2086
 dpkg --purge $PKGS >"$tmp/purge.log" 2>&1; rc=$?
@@ -232,6 +261,9 @@ left_over() {
     return $bad
 }
 check "nothing of the packages is left: files, conffiles, unit symlinks, helper state, byte code" left_over
+for _ in $(seq 100); do kill -0 "$hpid" 2>/dev/null || break; sleep 0.1; done
+check "the daemon started by hand was stopped by the package's prerm" bash -c '! kill -0 "$1" 2>/dev/null' _ "$hpid"
+kill "$hpid" 2>/dev/null; wait "$hpid" 2>/dev/null
 check "Debian's python3 no longer imports shmref" \
     bash -c '! env -i PATH=/usr/bin:/bin /usr/bin/python3 -I -c "import shmref" 2>/dev/null'
 getent passwd shmrefd >/dev/null && echo "NOTE the user shmrefd and group shmref stay after purge (Debian policy)"

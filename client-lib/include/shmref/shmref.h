@@ -91,7 +91,7 @@ SHMREF_EXPORT int shmref_lease(shmref_conn *conn, size_t size, shmref_buf **ret_
  * is returned to every consumer: dtype, shape, a manifest. The producer keeps its lease
  * and must not write after publishing. A buffer is published at most once (-EALREADY).
  * It does not wait for the daemon: the descriptor is the lease's token and len (see
- * issue 12's section); a refusal of it (not expected: the library checks what the daemon
+ * "One round trip per handoff" below); a refusal of it (not expected: the library checks what the daemon
  * would) is reported by shmref_errmsg after the next call. */
 SHMREF_EXPORT int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms,
                                  const void *meta, size_t meta_len, shmref_desc *ret_desc);
@@ -156,7 +156,7 @@ SHMREF_EXPORT int shmref_status_str(const shmref_status *status, const char *pat
 /* The number of elements of the array (or pairs of the map) at path, or -ENOENT/-EINVAL. */
 SHMREF_EXPORT int shmref_status_count(const shmref_status *status, const char *path);
 
-/* ---- Timeouts, fork detection and the array metadata convention (issue 9) ---- */
+/* ---- Timeouts, fork detection and the array metadata convention ---- */
 
 /* Every call that waits for the daemon is bounded by the connection's timeout: past it
  * the call returns -ETIMEDOUT, its message naming the operation and the milliseconds,
@@ -399,7 +399,7 @@ SHMREF_EXPORT int shmref_unit_export_stream(shmref_unit *unit, struct ArrowArray
  * exported structures keep theirs). Accepts NULL. */
 SHMREF_EXPORT int shmref_unit_release(shmref_unit *unit);
 
-/* ---- sealed publish, fan-out (issue 8) ------------------------------------------ */
+/* ---- sealed publish, fan-out ------------------------------------------------------ */
 
 /* Flags of shmref_publish_ex. */
 #define SHMREF_PUBLISH_SEALED 1u   /* seal the buffer against writing (memfd pools only) */
@@ -431,7 +431,7 @@ SHMREF_EXPORT int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, 
 /* shmref_buf_sealed: 1 if buf is a sealed buffer (its seals were checked), else 0. */
 SHMREF_EXPORT int shmref_buf_sealed(const shmref_buf *buf);
 
-/* ---- One round trip per handoff and the event-loop API (issue 12) ---- */
+/* ---- One round trip per handoff and the event-loop API ---- */
 
 /* What waits for the daemon. A plain shmref_publish is one-way (the descriptor is known
  * from the lease); shmref_release is one-way; a lease is served from the connection's
