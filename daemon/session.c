@@ -58,7 +58,7 @@ static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, bool al
     return fd;
 }
 
-static void peer_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
+static void as_peer_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
 {
     struct session *s = (struct session *)p;
     /* A sealed buffer always carries its fd: the consumer checks its seals on it. */
@@ -68,7 +68,7 @@ static void peer_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
     session_send(s, m, fd);
 }
 
-static void peer_reply_many(struct broker_peer *p, const struct proto_msg *m, const int *fds)
+static void as_peer_reply_many(struct broker_peer *p, const struct proto_msg *m, const int *fds)
 {
     struct session *s = (struct session *)p;
     static struct proto_msg r; /* one loop thread; too large for the stack of every call */
@@ -85,22 +85,22 @@ static void peer_reply_many(struct broker_peer *p, const struct proto_msg *m, co
     session_send_fds(s, &r, out, n);
 }
 
-static void peer_refuse(struct broker_peer *p, uint32_t id, int code, const char *msg)
+static void as_peer_refuse(struct broker_peer *p, uint32_t id, int code, const char *msg)
 {
     session_fail((struct session *)p, id, code, "%s", msg);
 }
 
-static void peer_ref(struct broker_peer *p)
+static void as_peer_ref(struct broker_peer *p)
 {
     session_ref((struct session *)p);
 }
 
-static void peer_unref(struct broker_peer *p)
+static void as_peer_unref(struct broker_peer *p)
 {
     session_unref((struct session *)p);
 }
 
-static const struct broker_peer_ops peer_ops = { peer_reply, peer_refuse, peer_ref, peer_unref, peer_reply_many };
+static const struct broker_peer_ops as_peer_ops = { as_peer_reply, as_peer_refuse, as_peer_ref, as_peer_unref, as_peer_reply_many };
 
 /* ---- tenants: what one uid's sessions share ----------------------------------------- */
 
@@ -154,7 +154,7 @@ int session_new(struct session_env *env, int fd, const struct ucred *cred, struc
     struct session *s = calloc(1, sizeof(*s));
     if (!s)
         return -ENOMEM;
-    s->peer.ops = &peer_ops;
+    s->peer.ops = &as_peer_ops;
     s->peer.id = ++env->next_id;
     s->peer.pid = cred->pid;
     s->peer.uid = cred->uid;
@@ -261,7 +261,7 @@ void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle
     if (!idle_ms)
         return;
     for (struct session *s = env->head; s; s = s->next) {
-        if (s->hello && !s->peer.closing && !s->peer.holder.leases && !s->peer.pending && !s->peer.parked &&
+        if (s->hello && !s->peer.closing && !s->peer.holder.leases && !s->peer.pending && !s->peer.parked.n &&
             now_ms - s->last_ms >= idle_ms) {
             session_fail(s, 0, ETIMEDOUT, "idle for %llu s holding nothing (idle-timeout %llu s): closed",
                          (unsigned long long)((now_ms - s->last_ms) / 1000), (unsigned long long)(idle_ms / 1000));

@@ -19,6 +19,7 @@ struct fx {
     unsigned expired, retries;
     uint32_t order[512];         /* ids in the order they expired */
     int owner;
+    struct waiters_mine mine;    /* the owner's list */
 };
 
 static void on_expire(void *arg, struct waiter *w)
@@ -60,11 +61,11 @@ Test(waiters, deadlines_fire_in_deadline_order)
     for (uint32_t i = 0; i < N; i++) {
         s ^= s << 13, s ^= s >> 17, s ^= s << 5;
         waits[i] = 1 + s % 60;
-        struct waiter *w = i % 2 ? waiters_park_lease(&f.ws, &f.owner, i, i % 5, 100, 0, waits[i])
+        struct waiter *w = i % 2 ? waiters_park_lease(&f.ws, &f.owner, &f.mine, i, i % 5, 100, 0, waits[i])
                                  : NULL;
         if (!w) {
             static struct waiters_queue *slots[7];
-            w = waiters_park_acquire(&f.ws, &f.owner, i, &slots[i % 7], waits[i]);
+            w = waiters_park_acquire(&f.ws, &f.owner, &f.mine, i, &slots[i % 7], waits[i]);
         }
         cr_assert_not_null(w);
     }
@@ -83,11 +84,11 @@ Test(waiters, queues_are_fifo_and_removal_keeps_them)
     struct fx f;
     fx_open(&f);
     struct waiters_queue *slot = NULL;
-    struct waiter *a = waiters_park_lease(&f.ws, &f.owner, 1, 1000, 10, 0, 5000);
-    struct waiter *b = waiters_park_lease(&f.ws, &f.owner, 2, 1001, 10, 0, 5000);
-    struct waiter *c = waiters_park_lease(&f.ws, &f.owner, 3, 1000, 10, 0, 100);
-    struct waiter *x = waiters_park_acquire(&f.ws, &f.owner, 4, &slot, 5000);
-    struct waiter *y = waiters_park_acquire(&f.ws, &f.owner, 5, &slot, 50);
+    struct waiter *a = waiters_park_lease(&f.ws, &f.owner, &f.mine, 1, 1000, 10, 0, 5000);
+    struct waiter *b = waiters_park_lease(&f.ws, &f.owner, &f.mine, 2, 1001, 10, 0, 5000);
+    struct waiter *c = waiters_park_lease(&f.ws, &f.owner, &f.mine, 3, 1000, 10, 0, 100);
+    struct waiter *x = waiters_park_acquire(&f.ws, &f.owner, &f.mine, 4, &slot, 5000);
+    struct waiter *y = waiters_park_acquire(&f.ws, &f.owner, &f.mine, 5, &slot, 50);
     cr_assert(a && b && c && x && y);
     struct waiters_queue *q = waiters_tenant(&f.ws, 1000);
     cr_assert_not_null(q);
@@ -122,11 +123,11 @@ Test(waiters, a_kick_runs_the_retry_once_when_leases_wait)
     uv_run(&f.loop, UV_RUN_NOWAIT);
     cr_assert_eq(f.retries, 0);
     struct waiters_queue *slot = NULL;
-    cr_assert_not_null(waiters_park_acquire(&f.ws, &f.owner, 1, &slot, 1000));
+    cr_assert_not_null(waiters_park_acquire(&f.ws, &f.owner, &f.mine, 1, &slot, 1000));
     waiters_kick(&f.ws); /* only acquires wait: no retry either */
     uv_run(&f.loop, UV_RUN_NOWAIT);
     cr_assert_eq(f.retries, 0);
-    struct waiter *w = waiters_park_lease(&f.ws, &f.owner, 2, 1000, 10, 0, 1000);
+    struct waiter *w = waiters_park_lease(&f.ws, &f.owner, &f.mine, 2, 1000, 10, 0, 1000);
     waiters_kick(&f.ws);
     waiters_kick(&f.ws);
     uv_run(&f.loop, UV_RUN_NOWAIT);
