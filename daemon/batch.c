@@ -216,7 +216,8 @@ void batch_lease_many(struct broker *bk, struct broker_peer *p, const struct pro
         batch_start(bk, p, m->id, n, m->u.lease_many.sizes, NULL);
         return;
     }
-    if (lease_beyond_all(bk, p, m->id, m->u.lease_many.sizes, n, "lease_many"))
+    if (lease_beyond_all(bk, p, m->id, m->u.lease_many.sizes, n, "lease_many") ||
+        !peer_park_left(bk, p, m->id, n, "lease_many"))
         return;
     /* A waiting batch waits as a unit: parked first (FIFO behind its tenant's earlier
      * waiters), then tried; refused EDQUOT/ENOSPC, it stays parked and is tried again

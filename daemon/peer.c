@@ -70,3 +70,16 @@ bool peer_leases_left(struct broker *bk, struct broker_peer *p, uint32_t id, con
     peer_refuse(bk, p, id, EMFILE, what, msg);
     return false;
 }
+
+bool peer_park_left(struct broker *bk, struct broker_peer *p, uint32_t id, uint32_t n, const char *what)
+{
+    unsigned mine = p->parked.group ? *p->parked.group : p->parked.places, cap = bk->opt->max_parked_per_uid;
+    if (mine + n <= cap)
+        return true;
+    char msg[PROTO_MAX_ERRMSG];
+    snprintf(msg, sizeof(msg), "too many waiting requests for uid %u: %u wait on its connections (%u on this one), "
+             "%u more asked, limit %u (--max-parked-per-uid)", (unsigned)p->uid, mine, p->parked.places,
+             (unsigned)n, cap);
+    peer_refuse(bk, p, id, EMFILE, what, msg);
+    return false;
+}

@@ -75,6 +75,10 @@ void peer_refuse(struct broker *bk, struct broker_peer *p, uint32_t id, int code
 /* peer_send_buffer: a lease reply (b writing) or an acquire reply (b published) for
  * handle; whether fd travels is the peer's business (fd-once). */
 void peer_send_buffer(struct broker_peer *p, uint32_t id, uint64_t handle, struct registry_buf *b, int fd);
+/* peer_park_left: whether p may park n more requests: its uid's waiting requests (on
+ * all its connections, p->parked.group) stay within --max-parked-per-uid; refuses
+ * EMFILE with the numbers when not. */
+bool peer_park_left(struct broker *bk, struct broker_peer *p, uint32_t id, uint32_t n, const char *what);
 /* peer_leases_left: whether p may take one more lease (held, pending and parked count);
  * refuses EMFILE with the numbers when not. */
 bool peer_leases_left(struct broker *bk, struct broker_peer *p, uint32_t id, const char *what);

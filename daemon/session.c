@@ -167,6 +167,7 @@ int session_new(struct session_env *env, int fd, const struct ucred *cred, struc
         return -ENOMEM;
     }
     s->tenant->conns++;
+    s->peer.parked.group = &s->tenant->parked;
     int r = transport_new(env->loop, fd, PROTO_MAX_REQUEST, &transport_ops, s, &s->transport);
     if (r < 0) {
         tenant_put(env, s->tenant);

@@ -33,6 +33,7 @@ struct session_tenant {
     uint32_t uid;
     uint32_t conns;
     unsigned fds_unread;
+    unsigned parked;             /* requests of the uid waiting in the broker (places) */
     struct session_tenant *next;
 };
 

@@ -155,6 +155,8 @@ static struct waiter *add(struct waiters *ws, void *owner, struct waiters_mine *
     mine->tail = w;
     mine->n++;
     mine->places++;
+    if (mine->group)
+        (*mine->group)++;
     heap_set(ws, ws->n, w);
     heap_up(ws, ws->n);
     ws->n++;
@@ -251,6 +253,8 @@ struct waiter *waiters_park_acquire(struct waiters *ws, void *owner, struct wait
 void waiters_set_count(struct waiter *w, uint32_t count)
 {
     w->mine->places = w->mine->places - w->count + count;
+    if (w->mine->group)
+        *w->mine->group = *w->mine->group - w->count + count;
     w->count = count;
 }
 
@@ -273,6 +277,8 @@ void waiters_remove(struct waiters *ws, struct waiter *w)
     if (w->mnext) w->mnext->mprev = w->mprev; else m->tail = w->mprev;
     m->n--;
     m->places -= w->count;
+    if (m->group)
+        *m->group -= w->count;
     heap_remove(ws, w, ws->n);
     ws->n--;
     if (!w->acquire)

@@ -26,6 +26,7 @@ struct waiters_mine {
     struct waiter *head, *tail;
     unsigned n;                 /* waiters */
     unsigned places;            /* the sum of their counts */
+    unsigned *group;            /* or NULL: a sum of places several owners share (one uid's) */
 };
 
 struct waiter {

@@ -14,13 +14,15 @@
 #include "ledgers.h"
 #include "units.h"
 
-bool waits_park_lease(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, int blocked,
-                      uint32_t wait_ms)
+int waits_park_lease(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, int blocked,
+                     uint32_t wait_ms)
 {
+    if (!peer_park_left(bk, p, id, 1, "lease"))
+        return -EMFILE;
     if (!waiters_park_lease(&bk->waiters, p, &p->parked, id, p->uid, size, blocked, wait_ms))
-        return false;
+        return -ENOMEM;
     bk->counters->lease_waits++;
-    return true;
+    return 0;
 }
 
 /* retry_leases: quota or pool space may have freed: each tenant's waiting leases are
@@ -123,8 +125,10 @@ static struct broker_peer *unpark(struct broker *bk, struct waiter *w, uint32_t 
 void waits_park_acquire(struct broker *bk, struct broker_peer *p, uint32_t id, struct registry_buf *b,
                         uint32_t wait_ms)
 {
-    if (!peer_leases_left(bk, p, id, "acquire"))
-        return; /* a parked acquire takes a place under max-leases, as a lease does */
+    /* a parked acquire takes a place under max-leases, as a lease does, and one of its
+     * uid's under max-parked-per-uid */
+    if (!peer_leases_left(bk, p, id, "acquire") || !peer_park_left(bk, p, id, 1, "acquire"))
+        return;
     if (!waiters_park_acquire(&bk->waiters, p, &p->parked, id, &b->waiting, wait_ms)) {
         peer_fail(p, id, ENOMEM, "daemon out of memory");
         return;

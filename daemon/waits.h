@@ -23,8 +23,9 @@ void waits_stop(struct broker *bk);
 void waits_kick(struct broker *bk);
 
 /* waits_park_lease: a lease (checked) that met EDQUOT/ENOSPC (blocked), or that must
- * queue behind its tenant's earlier waiters, waits up to wait_ms. false: no memory. */
-bool waits_park_lease(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, int blocked,
+ * queue behind its tenant's earlier waiters, waits up to wait_ms. Returns 0, -EMFILE
+ * after refusing (its uid's waiting requests at --max-parked-per-uid), or -ENOMEM. */
+int waits_park_lease(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, int blocked,
                       uint32_t wait_ms);
 /* waits_park_acquire: an acquire waits up to wait_ms for the publish of b (leased, not
  * published). Refuses (max-leases, memory) itself. */
