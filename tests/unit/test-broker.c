@@ -91,6 +91,7 @@ static void fx_open(struct fx *f)
     core_open(&f->core, &f->loop, "broker", 64 * MiB, 16 * MiB);
     f->opt.max_lease_size = 32 * MiB;
     f->opt.max_leases = 4;
+    f->opt.max_parked_per_uid = 1024;
     f->bk = (struct broker){ .opt = &f->opt, .pool = f->core.pool, .quota = f->core.quota, .reg = f->core.reg,
                              .counters = &f->counters };
     fake_init(&f->a, 1, 1000);
