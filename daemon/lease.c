@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* lease.c: see lease.h. Order of an attempt: the size class, a warm buffer of the
  * tenant's (taken before the charge: if its clients still map it, its bytes are charged
- * as pinned until it is taken, and must not count twice), the charge, then the pool. */
+ * as pinned until it is taken, and must not count twice), the charge (refused for quota,
+ * the tenant's oldest retained buffers that nobody holds are reclaimed first), then the
+ * pool. */
 #include "lease.h"
 
 #include <errno.h>
@@ -100,6 +102,10 @@ int lease_attempt(struct lease_attempt *a, char *msg, size_t cap)
     a->csize = cls.size;
     struct pool_buf *warm = pool_take_warm(bk->pool, &cls, p->uid);
     int r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
+    /* What the tenant retained and nobody holds goes first, oldest first: retention
+     * alone never makes its own tenant's lease fail for quota. */
+    while (r == -EDQUOT && registry_reclaim_retained(bk->reg, p->uid))
+        r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
     if (r < 0) {
         if (warm)
             pool_untake(bk->pool, warm);

@@ -142,13 +142,14 @@ static void pack_buffers(msgpack_packer *pk, const struct status_src *s, unsigne
 {
     struct registry_stats rs = registry_stats(s->reg);
     key(pk, "buffers");
-    msgpack_pack_map(pk, 8);
+    msgpack_pack_map(pk, 9);
     kv_u64(pk, "live", rs.buffers);
     kv_u64(pk, "leases", rs.handles);
     kv_u64(pk, "published", rs.published);
     kv_u64(pk, "retained", rs.retained);
     kv_u64(pk, "retained_bytes", rs.retained_bytes);
     kv_u64(pk, "expired", rs.expired);
+    kv_u64(pk, "reclaimed", rs.reclaimed); /* retentions ended for their tenant's lease */
     pack_buffer_list(pk, s, max);
 }
 
