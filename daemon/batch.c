@@ -168,7 +168,8 @@ static bool batch_start(struct broker *bk, struct broker_peer *p, uint32_t id, u
     char msg[PROTO_MAX_ERRMSG];
     for (uint32_t i = 0; i < n; i++) {
         struct batch_item *it = &bt->items[i];
-        *it = (struct batch_item){ .a = { .bk = bk, .p = p, .size = sizes[i], .done = item_done }, .bt = bt };
+        *it = (struct batch_item){ .a = { .bk = bk, .p = p, .size = sizes[i], .waits = w != NULL, .done = item_done },
+                                   .bt = bt };
         int r = lease_attempt(&it->a, msg, sizeof(msg));
         if (r == 1) {
             bt->making++;

@@ -44,7 +44,7 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     struct waiters_queue *q = wait ? waiters_tenant(&bk->waiters, p->uid) : NULL;
     if (q && waits_park_lease(bk, p, m->id, size, q->tail->blocked, wait) != -ENOMEM)
         return; /* parked, or refused at --max-parked-per-uid */
-    int r = lease_one(bk, p, m->id, size, msg, sizeof(msg));
+    int r = lease_one(bk, p, m->id, size, wait != 0, msg, sizeof(msg));
     if (r == 0)
         return;
     if (wait && waits_park_lease(bk, p, m->id, size, -r, wait) != -ENOMEM)
@@ -195,6 +195,21 @@ void broker_mapped(struct broker *bk, struct broker_peer *p, uint64_t buf_id)
 void broker_unmapped(struct broker *bk, struct broker_peer *p, uint64_t buf_id)
 {
     pool_unmapped(bk->pool, buf_id, p->uid);
+}
+
+void broker_resend(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t handle, uint64_t buf_id)
+{
+    struct registry_lease *l = registry_lease_of(&p->holder, handle);
+    if (!l || l->buf->pb->id != buf_id) {
+        peer_fail(p, id, EINVAL, "handle %llu was released before its reply was sent", (unsigned long long)handle);
+        return;
+    }
+    int fd = l->writable ? l->buf->pb->fd : pool_ro_fd(bk->pool, l->buf->pb);
+    if (fd < 0) {
+        peer_fail(p, id, -fd, "cannot open the buffer read-only: %s", strerror(-fd));
+        return;
+    }
+    peer_send_buffer(p, id, handle, l->buf, fd);
 }
 
 uint32_t broker_disconnect(struct broker *bk, struct broker_peer *p)

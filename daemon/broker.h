@@ -39,6 +39,11 @@ void broker_check(struct broker *b);
 void broker_mapped(struct broker *b, struct broker_peer *p, uint64_t buf_id);
 void broker_unmapped(struct broker *b, struct broker_peer *p, uint64_t buf_id);
 
+/* broker_resend: the lease or acquire reply for request id, held back by p for room for
+ * its fd, goes now, rebuilt from handle (which must still name buffer buf_id; if the
+ * client released it meanwhile, an EINVAL error goes instead). */
+void broker_resend(struct broker *b, struct broker_peer *p, uint32_t id, uint64_t handle, uint64_t buf_id);
+
 /* broker_disconnect: drops p's waiting requests (nothing was charged for them) and
  * releases every handle p holds; returns how many handles there were. */
 uint32_t broker_disconnect(struct broker *b, struct broker_peer *p);

@@ -103,8 +103,9 @@ int lease_attempt(struct lease_attempt *a, char *msg, size_t cap)
     struct pool_buf *warm = pool_take_warm(bk->pool, &cls, p->uid);
     int r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
     /* What the tenant retained and nobody holds goes first, oldest first: retention
-     * alone never makes its own tenant's lease fail for quota. */
-    while (r == -EDQUOT && registry_reclaim_retained(bk->reg, p->uid))
+     * alone never makes its own tenant's lease fail for quota. A lease that waits for
+     * quota is slowed by its consumers instead (they take what is retained). */
+    while (r == -EDQUOT && !a->waits && registry_reclaim_retained(bk->reg, p->uid))
         r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
     if (r < 0) {
         if (warm)
@@ -161,7 +162,8 @@ static void single_done(struct lease_attempt *a, int err, const char *msg)
     free(s);
 }
 
-int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, char *msg, size_t cap)
+int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, bool waits, char *msg,
+              size_t cap)
 {
     struct pool_cls cls;
     if (pool_class(bk->pool, size, &cls) < 0) {
@@ -175,7 +177,8 @@ int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t si
         peer_fail(p, id, ENOMEM, "daemon out of memory");
         return 0;
     }
-    *s = (struct single){ .a = { .bk = bk, .p = p, .size = size, .done = single_done }, .id = id };
+    *s = (struct single){ .a = { .bk = bk, .p = p, .size = size, .waits = waits, .done = single_done },
+                         .id = id };
     int r = lease_attempt(&s->a, msg, cap);
     if (r == 1)
         return 0; /* single_done answers */

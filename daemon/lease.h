@@ -29,6 +29,8 @@ struct lease_attempt {
     struct registry_buf *buf;    /* held, on success */
     uint64_t handle;             /* 0 until held */
     bool cancelled;              /* its owner no longer wants it: a buffer made goes back */
+    bool waits;                  /* the lease waits for quota (wait_ms): its tenant's retained
+                                  * buffers are its consumers' to take, not reclaimed for it */
     lease_done_cb done;          /* called once, for an attempt that returned 1 */
 };
 
@@ -38,10 +40,12 @@ struct lease_attempt {
  * the ones waiting can cure. */
 int lease_attempt(struct lease_attempt *a, char *msg, size_t cap);
 
-/* lease_one: one lease request (checked for size and max-leases) tried once: 0 when it
+/* lease_one: one lease request (checked for size and max-leases; waits: it asked to wait
+ * for quota) tried once: 0 when it
  * is answered (served, on its way, or refused with a reply), or -EDQUOT / -ENOSPC with
  * nothing sent and the refusal's text in msg (the caller refuses, or parks it). */
-int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, char *msg, size_t cap);
+int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, bool waits, char *msg,
+              size_t cap);
 
 /* lease_beyond_all: leases of n sizes asked together (a batch waits as one) that need
  * more than the tenant's whole quota or the whole pool, which waiting cannot cure:
