@@ -61,6 +61,9 @@ struct transport {
     bool fd_wait;            /* a send met ETOOMANYREFS: the queue waits for the timer */
     bool room_wait;          /* the queue's head carries fds past a cap: waits for the peer to read */
     bool watched;            /* in the watch (edge-triggered: the peer read, or hung up) */
+    bool watch_user;         /* counted in watch.users */
+    bool room_wanted;        /* the owner was told no room with nothing of ours unread (the
+                              * daemon's budget): the timer looks again */
     bool paused;             /* not polled at all: a cap or fd_wait; the timer resumes it */
     int handles;             /* open libuv handles; the last close callback frees t */
 };
@@ -118,6 +121,7 @@ static void watch_add(struct transport *t, uv_loop_t *loop)
     struct epoll_event ev = { .events = EPOLLOUT | EPOLLHUP | EPOLLET, .data.ptr = t };
     if (epoll_ctl(watch.epfd, EPOLL_CTL_ADD, t->fd, &ev) == 0)
         t->watched = true;
+    t->watch_user = true;
     watch.users++;
 }
 
@@ -126,7 +130,10 @@ static void watch_del(struct transport *t)
     if (t->watched)
         epoll_ctl(watch.epfd, EPOLL_CTL_DEL, t->fd, NULL);
     t->watched = false;
-    if (watch.open && --watch.users == 0) {
+    if (!t->watch_user)
+        return;
+    t->watch_user = false;
+    if (--watch.users == 0 && watch.open) {
         watch.open = false;
         uv_close((uv_handle_t *)&watch.poll, watch_closed);
     }
@@ -274,9 +281,14 @@ static bool fd_room(const struct transport *t, unsigned n)
            !(budget_soft && fds_in_flight + n > budget_soft);
 }
 
-bool transport_fd_room(const struct transport *t, unsigned nfds)
+bool transport_fd_room(struct transport *t, unsigned nfds)
 {
-    return !t->closing && !t->out_head && fd_room(t, nfds);
+    bool room = !t->closing && !t->out_head && fd_room(t, nfds);
+    if (!room && !t->closing && !t->out_head && !t->fd_unread) {
+        t->room_wanted = true; /* no read of its own peer will say when: look again later */
+        arm_recheck(t, false);
+    }
+    return room;
 }
 
 /* refresh_unread: a peer that has read every reply (SIOCOUTQ 0: nothing of ours is left
@@ -304,7 +316,7 @@ static void arm_recheck(struct transport *t, bool reset)
         return;
     /* Waiting on other peers' reads (the group's cap, the daemon's budget) has no edge of
      * its own: the timer looks again. */
-    bool budget = (t->paused || t->room_wait) && (shared_full(t) || (budget_soft && fds_in_flight >= budget_soft) ||
+    bool budget = (t->paused || t->room_wait || t->room_wanted) && (shared_full(t) || (budget_soft && fds_in_flight >= budget_soft) ||
                                                   (budget_hard && fds_in_flight >= budget_hard));
     if (!t->fd_wait && !budget && (t->watched || (!t->fd_unread && !t->paused && !fd_blocked(t)))) {
         uv_timer_stop(&t->recheck);
@@ -510,8 +522,10 @@ static void resume(struct transport *t)
         return;
     if (t->out_head && t->room_wait && fd_room(t, t->out_head->nfds))
         flush(t);
-    if (!t->closing && !t->out_head && t->ops->on_room)
+    if (!t->closing && !t->out_head && t->ops->on_room) {
+        t->room_wanted = false;
         t->ops->on_room(t->ctx);
+    }
     if (t->closing)
         return;
     if (t->paused && !t->out_head && !fd_blocked(t))

@@ -79,7 +79,7 @@ unsigned transport_fds_unread(const struct transport *t);
 /* transport_fd_room: whether a reply with nfds fds would go now (nothing queued, within
  * the caps and the daemon's budget). An owner with many replies to send (parked requests
  * served at once) sends while this holds and the rest on ops->on_room. */
-bool transport_fd_room(const struct transport *t, unsigned nfds);
+bool transport_fd_room(struct transport *t, unsigned nfds);
 
 /* transport_set_fd_budget: the daemon's fds in flight, all transports together, stay
  * below the kernel's limit for its user (RLIMIT_NOFILE, ETOOMANYREFS past it): past
