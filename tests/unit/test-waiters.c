@@ -138,3 +138,38 @@ Test(waiters, a_kick_runs_the_retry_once_when_leases_wait)
     fx_close(&f); /* frees the acquire still parked */
     cr_assert_eq(f.ws.n, 0);
 }
+
+/* Each owner keeps its own list: places (a batch takes its count) and its group's sum
+ * (one uid's connections) follow parking, recounting and removal; dropping one owner's
+ * waiters walks only its own. */
+Test(waiters, each_owner_keeps_its_own_list_and_its_groups_sum)
+{
+    struct fx f;
+    fx_open(&f);
+    unsigned group = 0;
+    struct waiters_mine a = { .group = &group }, b = { .group = &group };
+    struct waiters_queue *slot = NULL;
+    int owner_b;
+    struct waiter *w1 = waiters_park_lease(&f.ws, &f.owner, &a, 1, 1000, 10, 0, 5000);
+    struct waiter *w2 = waiters_park_acquire(&f.ws, &owner_b, &b, 2, &slot, 5000);
+    struct waiter *w3 = waiters_park_lease(&f.ws, &f.owner, &a, 3, 1000, 10, 0, 5000);
+    cr_assert(w1 && w2 && w3);
+    waiters_set_count(w3, 5); /* a batch of 5 */
+    cr_assert_eq(a.n, 2);
+    cr_assert_eq(a.places, 6);
+    cr_assert_eq(b.places, 1);
+    cr_assert_eq(group, 7);
+    cr_assert_eq(a.head, w1);
+    cr_assert_eq(a.tail, w3);
+    cr_assert_eq(b.head, w2);
+    while (a.head) /* a disconnect: only a's own */
+        waiters_remove(&f.ws, a.head);
+    cr_assert_eq(a.places, 0);
+    cr_assert_eq(group, 1);
+    cr_assert_eq(f.ws.n, 1);
+    cr_assert_eq(b.head, w2);
+    waiters_remove(&f.ws, w2);
+    cr_assert_eq(group, 0);
+    cr_assert_null(slot);
+    fx_close(&f);
+}
