@@ -47,6 +47,8 @@ static const struct key keys[] = {
     { "allow-groups", 0, T_GIDS, OFF(allow_gids), "gids or names allowed to connect (all)" },
     { "max-clients-per-uid", 0, T_COUNT, OFF(max_clients_per_uid),
       "connections of one uid, root and the daemon's own uid exempt (half of max-clients)" },
+    { "max-parked-per-uid", 0, T_COUNT, OFF(max_parked_per_uid),
+      "requests of one uid waiting (wait_ms) on all its connections (4 x max-leases)" },
     { "idle-timeout", 0, T_COUNT0, OFF(idle_timeout),
       "seconds a connection holding nothing may stay silent; 0: forever (600)" },
 };
@@ -418,6 +420,8 @@ int options_resolve(struct options *o, uint64_t dir_available)
         o->max_leases = OPTIONS_DEFAULT_MAX_LEASES;
     if (!o->max_clients)
         o->max_clients = OPTIONS_DEFAULT_MAX_CLIENTS;
+    if (!o->max_parked_per_uid)
+        o->max_parked_per_uid = o->max_leases > UINT32_MAX / 4 ? UINT32_MAX : o->max_leases * 4;
     if (!o->max_clients_per_uid)
         o->max_clients_per_uid = o->max_clients > 1 ? o->max_clients / 2 : 1;
     if (!options_given(o, "idle-timeout"))

@@ -386,6 +386,21 @@ struct registry_buf *registry_find(struct registry *r, const uint8_t *token)
     return b;
 }
 
+uint64_t registry_reclaim_retained(struct registry *r, uint32_t tenant)
+{
+    struct registry_buf *oldest = NULL;
+    for (uint32_t i = 0; i < r->nbuckets; i++)
+        for (struct registry_buf *b = r->buckets[i]; b; b = b->hnext)
+            if (b->tenant == tenant && b->retained && b->refs == 1 && (!oldest || b->created_ms < oldest->created_ms))
+                oldest = b;
+    if (!oldest)
+        return 0;
+    uint64_t bytes = oldest->pb->size;
+    r->st.reclaimed++;
+    registry_end_retention(r, oldest); /* only the retention held it: it goes */
+    return bytes;
+}
+
 void registry_end_retentions(struct registry *r)
 {
     for (uint32_t i = 0; i < r->nbuckets; i++) {

@@ -110,6 +110,11 @@ struct registry_buf *registry_find(struct registry *reg, const uint8_t *token);
 struct registry_buf *registry_find_writing(struct registry *reg, const uint8_t *token);
 /* registry_end_retention: drops the retention reference, if any. */
 void registry_end_retention(struct registry *reg, struct registry_buf *b);
+/* registry_reclaim_retained: ends the retention of tenant's oldest published buffer that
+ * only its retention holds (no handle on it anywhere), which then goes back to the pool;
+ * returns its bytes, 0 when there is none. Its tenant's lease that would fail for quota
+ * calls it first: retention alone never fills a quota. */
+uint64_t registry_reclaim_retained(struct registry *reg, uint32_t tenant);
 /* registry_acquired: counts an acquire of b. The retention serves every consumer that
  * comes within its time (fan-out); it ends early once max_acquires (if set) is reached. */
 void registry_acquired(struct registry *reg, struct registry_buf *b);
@@ -118,6 +123,7 @@ struct registry_stats {
     uint64_t buffers, bytes, published, retained, retained_bytes, expired;
     uint64_t handles;       /* lease handles held by all connections */
     uint64_t drift;         /* charges the quota ledger did not hold in full (a bug) */
+    uint64_t reclaimed;     /* retentions ended early for their tenant's lease (quota) */
 };
 struct registry_stats registry_stats(const struct registry *reg);
 

@@ -48,6 +48,11 @@ static void server_fd_caps(struct session_env *env)
     uint64_t uid_cap = lim / 4 > 16 ? lim / 4 : 16;
     env->fd_cap_uid = uid_cap > UINT32_MAX ? UINT32_MAX : (unsigned)uid_cap;
     env->fd_cap_conn = env->fd_cap_uid < SERVER_FDS_PER_CONN ? env->fd_cap_uid : SERVER_FDS_PER_CONN;
+    /* All uids together: past half of it only a connection whose peer has read all it
+     * was sent gets fds, and nothing passes three quarters (the kernel's limit counts
+     * every process of the daemon's user). */
+    uint64_t soft = lim / 2 > UINT32_MAX ? UINT32_MAX : lim / 2, hard = lim / 4 * 3 > UINT32_MAX ? UINT32_MAX : lim / 4 * 3;
+    transport_set_fd_budget((unsigned)soft, (unsigned)hard);
 }
 
 int server_init(struct server *s, uv_loop_t *loop, struct options *opt)

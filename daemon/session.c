@@ -21,7 +21,25 @@ static uint8_t status_body[PROTO_MAX_REPLY - 64];  /* a status map, before its e
 
 static void on_message(void *ctx, const uint8_t *data, size_t len);
 static void on_close(void *ctx, enum transport_end end, const char *why);
-static const struct transport_ops transport_ops = { on_message, on_close };
+static void on_room(void *ctx);
+static const struct transport_ops transport_ops = { on_message, on_close, on_room };
+
+/* A lease or acquire reply held back for room: rebuilt from the handle when it goes. */
+struct session_owed {
+    struct session_owed *next;
+    uint32_t id;
+    uint64_t handle, buf_id;
+};
+
+static void owed_free(struct session *s)
+{
+    while (s->owed_head) {
+        struct session_owed *o = s->owed_head;
+        s->owed_head = o->next;
+        free(o);
+    }
+    s->owed_tail = NULL;
+}
 
 static void session_ref(struct session *s)
 {
@@ -32,6 +50,7 @@ static void session_unref(struct session *s)
 {
     if (--s->refs > 0)
         return;
+    owed_free(s);
     idset_free(&s->known);
     free(s);
 }
@@ -58,9 +77,42 @@ static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, bool al
     return fd;
 }
 
-static void peer_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
+/* owe: a buffer reply that must wait for room for its fd (behind those already waiting,
+ * so the client gets a buffer's fd before any reply that leaves it off). Returns false
+ * when it can go now. */
+static bool owe(struct session *s, const struct proto_msg *m, int fd)
+{
+    if (fd < 0 || s->resending || !s->transport || (!s->owed_head && transport_fd_room(s->transport, 1)))
+        return false;
+    struct session_owed *o = malloc(sizeof(*o));
+    if (!o)
+        return false; /* sent now: the transport queues it */
+    *o = (struct session_owed){ .id = m->id, .handle = m->u.lease_reply.handle, .buf_id = m->u.lease_reply.buf_id };
+    if (s->owed_tail) s->owed_tail->next = o; else s->owed_head = o;
+    s->owed_tail = o;
+    return true;
+}
+
+/* on_room: the client read: held replies go while there is room. */
+static void on_room(void *ctx)
+{
+    struct session *s = ctx;
+    s->resending = true;
+    while (s->owed_head && s->transport && !s->peer.closing && transport_fd_room(s->transport, 1)) {
+        struct session_owed *o = s->owed_head;
+        if (!(s->owed_head = o->next))
+            s->owed_tail = NULL;
+        broker_resend(s->env->broker, &s->peer, o->id, o->handle, o->buf_id);
+        free(o);
+    }
+    s->resending = false;
+}
+
+static void as_peer_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
 {
     struct session *s = (struct session *)p;
+    if ((m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY) && owe(s, m, fd))
+        return;
     /* A sealed buffer always carries its fd: the consumer checks its seals on it. */
     if (m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY)
         fd = fd_to_send(s, m->u.lease_reply.buf_id, m->op == PROTO_OP_LEASE + PROTO_OP_REPLY,
@@ -68,7 +120,7 @@ static void peer_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
     session_send(s, m, fd);
 }
 
-static void peer_reply_many(struct broker_peer *p, const struct proto_msg *m, const int *fds)
+static void as_peer_reply_many(struct broker_peer *p, const struct proto_msg *m, const int *fds)
 {
     struct session *s = (struct session *)p;
     static struct proto_msg r; /* one loop thread; too large for the stack of every call */
@@ -85,22 +137,22 @@ static void peer_reply_many(struct broker_peer *p, const struct proto_msg *m, co
     session_send_fds(s, &r, out, n);
 }
 
-static void peer_refuse(struct broker_peer *p, uint32_t id, int code, const char *msg)
+static void as_peer_refuse(struct broker_peer *p, uint32_t id, int code, const char *msg)
 {
     session_fail((struct session *)p, id, code, "%s", msg);
 }
 
-static void peer_ref(struct broker_peer *p)
+static void as_peer_ref(struct broker_peer *p)
 {
     session_ref((struct session *)p);
 }
 
-static void peer_unref(struct broker_peer *p)
+static void as_peer_unref(struct broker_peer *p)
 {
     session_unref((struct session *)p);
 }
 
-static const struct broker_peer_ops peer_ops = { peer_reply, peer_refuse, peer_ref, peer_unref, peer_reply_many };
+static const struct broker_peer_ops as_peer_ops = { as_peer_reply, as_peer_refuse, as_peer_ref, as_peer_unref, as_peer_reply_many };
 
 /* ---- tenants: what one uid's sessions share ----------------------------------------- */
 
@@ -154,7 +206,7 @@ int session_new(struct session_env *env, int fd, const struct ucred *cred, struc
     struct session *s = calloc(1, sizeof(*s));
     if (!s)
         return -ENOMEM;
-    s->peer.ops = &peer_ops;
+    s->peer.ops = &as_peer_ops;
     s->peer.id = ++env->next_id;
     s->peer.pid = cred->pid;
     s->peer.uid = cred->uid;
@@ -167,6 +219,7 @@ int session_new(struct session_env *env, int fd, const struct ucred *cred, struc
         return -ENOMEM;
     }
     s->tenant->conns++;
+    s->peer.parked.group = &s->tenant->parked;
     int r = transport_new(env->loop, fd, PROTO_MAX_REQUEST, &transport_ops, s, &s->transport);
     if (r < 0) {
         tenant_put(env, s->tenant);
@@ -268,7 +321,7 @@ void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle
     if (!idle_ms)
         return;
     for (struct session *s = env->head; s; s = s->next) {
-        if (s->hello && !s->peer.closing && !s->peer.holder.leases && !s->peer.pending && !s->peer.parked &&
+        if (s->hello && !s->peer.closing && !s->peer.holder.leases && !s->peer.pending && !s->peer.parked.n &&
             now_ms - s->last_ms >= idle_ms) {
             session_fail(s, 0, ETIMEDOUT, "idle for %llu s holding nothing (idle-timeout %llu s): closed",
                          (unsigned long long)((now_ms - s->last_ms) / 1000), (unsigned long long)(idle_ms / 1000));

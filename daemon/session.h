@@ -33,6 +33,7 @@ struct session_tenant {
     uint32_t uid;
     uint32_t conns;
     unsigned fds_unread;
+    unsigned parked;             /* requests of the uid waiting in the broker (places) */
     struct session_tenant *next;
 };
 
@@ -54,6 +55,8 @@ struct session_env {
     unsigned fd_cap_uid;         /* the same, summed over one uid's connections (0: none) */
 };
 
+struct session_owed;
+
 struct session {
     struct broker_peer peer;     /* id, pid, uid, handles, pending leases */
     gid_t gid;
@@ -67,6 +70,11 @@ struct session {
     unsigned refs;
     struct session_env *env;
     struct transport *transport; /* NULL once disconnected */
+    /* Buffer replies held back while the transport has no room for their fds (parked
+     * requests served together, many at once): sent, in order, as the client reads. Each
+     * names a handle the client holds (so at most max-leases), never an fd. */
+    struct session_owed *owed_head, *owed_tail;
+    bool resending;
     struct session *prev, *next;
 };
 

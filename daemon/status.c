@@ -36,13 +36,15 @@ static void kv_str(msgpack_packer *pk, const char *k, const char *v)
 static void pack_daemon(msgpack_packer *pk, const struct status_src *s)
 {
     key(pk, "daemon");
-    msgpack_pack_map(pk, 6);
+    msgpack_pack_map(pk, 8);
     kv_str(pk, "version", SHMREF_VERSION_STRING);
     kv_u64(pk, "protocol", PROTO_VERSION);
     kv_u64(pk, "pid", (uint64_t)getpid());
     kv_u64(pk, "uptime_ms", s->uptime_ms);
     kv_str(pk, "socket", s->opt->socket_path ? s->opt->socket_path : "");
     kv_u64(pk, "clients", s->sessions->n);
+    kv_u64(pk, "fds_in_flight", transport_fds_in_flight());        /* sent, not yet received */
+    kv_u64(pk, "fds_in_flight_budget", transport_fd_budget());     /* below the kernel's limit */
 }
 
 static void pack_pool(msgpack_packer *pk, const struct status_src *s)
@@ -142,13 +144,14 @@ static void pack_buffers(msgpack_packer *pk, const struct status_src *s, unsigne
 {
     struct registry_stats rs = registry_stats(s->reg);
     key(pk, "buffers");
-    msgpack_pack_map(pk, 8);
+    msgpack_pack_map(pk, 9);
     kv_u64(pk, "live", rs.buffers);
     kv_u64(pk, "leases", rs.handles);
     kv_u64(pk, "published", rs.published);
     kv_u64(pk, "retained", rs.retained);
     kv_u64(pk, "retained_bytes", rs.retained_bytes);
     kv_u64(pk, "expired", rs.expired);
+    kv_u64(pk, "reclaimed", rs.reclaimed); /* retentions ended for their tenant's lease */
     pack_buffer_list(pk, s, max);
 }
 
@@ -206,13 +209,14 @@ static void pack_clients(msgpack_packer *pk, const struct status_src *s, unsigne
 static void pack_limits(msgpack_packer *pk, const struct status_src *s)
 {
     key(pk, "limits");
-    msgpack_pack_map(pk, 8);
+    msgpack_pack_map(pk, 9);
     kv_u64(pk, "pool_size", s->opt->pool_size);
     kv_u64(pk, "tenant_quota", s->opt->tenant_quota);
     kv_u64(pk, "max_lease_size", s->opt->max_lease_size);
     kv_u64(pk, "max_leases_per_client", s->opt->max_leases);
     kv_u64(pk, "max_clients", s->opt->max_clients);
     kv_u64(pk, "max_clients_per_uid", s->opt->max_clients_per_uid);
+    kv_u64(pk, "max_parked_per_uid", s->opt->max_parked_per_uid);
     kv_u64(pk, "reserved_clients", s->reserved_clients);
     kv_u64(pk, "idle_timeout_s", s->opt->idle_timeout);
 }

@@ -14,6 +14,7 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -59,6 +60,11 @@ struct transport {
     unsigned fd_unread, fd_cap, shared_cap;
     unsigned *shared;
     bool fd_wait;            /* a send met ETOOMANYREFS: the queue waits for the timer */
+    bool room_wait;          /* the queue's head carries fds past a cap: waits for the peer to read */
+    bool watched;            /* in the watch (edge-triggered: the peer read, or hung up) */
+    bool watch_user;         /* counted in watch.users */
+    bool room_wanted;        /* the owner was told no room with nothing of ours unread (the
+                              * daemon's budget): the timer looks again */
     bool paused;             /* not polled at all: a cap or fd_wait; the timer resumes it */
     int handles;             /* open libuv handles; the last close callback frees t */
 };
@@ -66,6 +72,89 @@ struct transport {
 static uint8_t rbuf[TRANSPORT_BATCH][PROTO_MAX_REQUEST + 1]; /* +1 to see truncation */
 
 static void on_poll(uv_poll_t *p, int status, int events);
+
+/* The daemon's fds in flight, every transport's together: the kernel counts SCM_RIGHTS
+ * fds sent and not yet received per sending user against its RLIMIT_NOFILE
+ * (ETOOMANYREFS past it). Past budget_soft only a transport whose peer has read all it
+ * was sent may send fds (one reply at a time); nobody passes budget_hard. */
+static unsigned fds_in_flight, budget_soft, budget_hard;
+
+/* The watch: one edge-triggered epoll set, itself polled by the loop, with every
+ * transport's socket for EPOLLOUT (the peer read something of ours: its unread fds may be
+ * gone) and EPOLLHUP (the peer is gone). Edge-triggered, it says each time the peer
+ * reads, not that the socket is writable (it almost always is), so a transport paused at
+ * an fd cap resumes as soon as its peer has read, and sees its death at once, with no
+ * timer. */
+static struct {
+    int epfd;
+    uv_poll_t poll;
+    unsigned users;              /* transports alive; the last one closes the watch */
+    bool open;
+} watch = { .epfd = -1 };
+
+static void on_watch(uv_poll_t *p, int status, int events);
+
+static void watch_closed(uv_handle_t *h)
+{
+    (void)h;
+    close(watch.epfd);
+    watch.epfd = -1;
+}
+
+/* watch_add: t's socket in the watch (opened with the first transport). Without it
+ * (no memory, no epoll) the transport still works: it then reads its caps when the
+ * peer next sends. */
+static void watch_add(struct transport *t, uv_loop_t *loop)
+{
+    if (!watch.open && watch.epfd < 0) {
+        if ((watch.epfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+            return;
+        if (uv_poll_init(loop, &watch.poll, watch.epfd) < 0) {
+            close(watch.epfd);
+            watch.epfd = -1;
+            return;
+        }
+        uv_poll_start(&watch.poll, UV_READABLE, on_watch);
+        watch.open = true;
+    }
+    if (!watch.open)
+        return; /* closing: its close callback has not run yet */
+    struct epoll_event ev = { .events = EPOLLOUT | EPOLLHUP | EPOLLET, .data.ptr = t };
+    if (epoll_ctl(watch.epfd, EPOLL_CTL_ADD, t->fd, &ev) == 0)
+        t->watched = true;
+    t->watch_user = true;
+    watch.users++;
+}
+
+static void watch_del(struct transport *t)
+{
+    if (t->watched)
+        epoll_ctl(watch.epfd, EPOLL_CTL_DEL, t->fd, NULL);
+    t->watched = false;
+    if (!t->watch_user)
+        return;
+    t->watch_user = false;
+    if (--watch.users == 0 && watch.open) {
+        watch.open = false;
+        uv_close((uv_handle_t *)&watch.poll, watch_closed);
+    }
+}
+
+void transport_set_fd_budget(unsigned soft, unsigned hard)
+{
+    budget_soft = soft;
+    budget_hard = hard;
+}
+
+unsigned transport_fds_in_flight(void)
+{
+    return fds_in_flight;
+}
+
+unsigned transport_fd_budget(void)
+{
+    return budget_soft;
+}
 
 int transport_new(uv_loop_t *loop, int fd, size_t max_message, const struct transport_ops *ops, void *ctx,
                   struct transport **ret)
@@ -89,6 +178,7 @@ int transport_new(uv_loop_t *loop, int fd, size_t max_message, const struct tran
     t->poll.data = t;
     t->recheck.data = t;
     uv_poll_start(&t->poll, UV_READABLE | UV_DISCONNECT, on_poll);
+    watch_add(t, loop);
     *ret = t;
     return 0;
 }
@@ -105,7 +195,9 @@ static void on_closed(uv_handle_t *h)
         return;
     if (t->shared)
         *t->shared -= t->fd_unread;
+    fds_in_flight -= t->fd_unread;
     t->fd_unread = 0;
+    watch_del(t);
     close(t->fd);
     t->fd = -1;
     t->ops->on_close(t->ctx, t->end, t->has_why ? t->why : NULL);
@@ -188,7 +280,33 @@ static bool shared_full(const struct transport *t)
  * connections hoard fds goes on, one fd at most in flight). */
 static bool fd_blocked(const struct transport *t)
 {
-    return (t->fd_cap && t->fd_unread >= t->fd_cap) || (t->fd_unread && shared_full(t));
+    return (t->fd_cap && t->fd_unread >= t->fd_cap) || (t->fd_unread && shared_full(t)) ||
+           (t->fd_unread && budget_soft && fds_in_flight >= budget_soft);
+}
+
+/* fd_room: whether a reply with n fds may go now: within this transport's cap, its
+ * group's and the daemon's budget; a peer that has read everything may always have one
+ * reply (up to TRANSPORT_MAX_FDS fds) in flight, short of the daemon's hard bound. */
+static bool fd_room(const struct transport *t, unsigned n)
+{
+    if (!n)
+        return true;
+    if (budget_hard && fds_in_flight + n > budget_hard)
+        return false;
+    if (!t->fd_unread)
+        return true;
+    return !(t->fd_cap && t->fd_unread + n > t->fd_cap) && !shared_full(t) &&
+           !(budget_soft && fds_in_flight + n > budget_soft);
+}
+
+bool transport_fd_room(struct transport *t, unsigned nfds)
+{
+    bool room = !t->closing && !t->out_head && fd_room(t, nfds);
+    if (!room && !t->closing && !t->out_head && !t->fd_unread) {
+        t->room_wanted = true; /* no read of its own peer will say when: look again later */
+        arm_recheck(t, false);
+    }
+    return room;
 }
 
 /* refresh_unread: a peer that has read every reply (SIOCOUTQ 0: nothing of ours is left
@@ -199,19 +317,26 @@ static void refresh_unread(struct transport *t)
     if (t->fd_unread && ioctl(t->fd, SIOCOUTQ, &q) == 0 && q == 0) {
         if (t->shared)
             *t->shared -= t->fd_unread;
+        fds_in_flight -= t->fd_unread;
         t->fd_unread = 0;
     }
 }
 
 static void on_recheck(uv_timer_t *h);
 
-/* arm_recheck: while fds are unread, blocked or waiting, look again later (backing off
- * from 5 ms to 500 ms: a peer that keeps fds unread costs a few wake-ups a second). */
+/* arm_recheck: a send met ETOOMANYREFS (the kernel's count of the daemon's fds in flight
+ * includes what other processes of its user send): try again later, backing off from 5
+ * to 500 ms. Unread fds need no timer: the watch says when the peer reads. A transport
+ * without the watch (no epoll) falls back to the timer for them too. */
 static void arm_recheck(struct transport *t, bool reset)
 {
     if (t->closing)
         return;
-    if (!t->fd_unread && !t->fd_wait && !t->paused && !fd_blocked(t)) {
+    /* Waiting on other peers' reads (the group's cap, the daemon's budget) has no edge of
+     * its own: the timer looks again. */
+    bool budget = (t->paused || t->room_wait || t->room_wanted) && (shared_full(t) || (budget_soft && fds_in_flight >= budget_soft) ||
+                                                  (budget_hard && fds_in_flight >= budget_hard));
+    if (!t->fd_wait && !budget && (t->watched || (!t->fd_unread && !t->paused && !fd_blocked(t)))) {
         uv_timer_stop(&t->recheck);
         t->recheck_ms = 0;
         return;
@@ -238,7 +363,7 @@ static void set_events(struct transport *t)
         ev = UV_WRITABLE;
     /* A send that met ETOOMANYREFS, or a cap of fds in flight: wait for the timer (the
      * socket itself stays writable, so polling it would spin). */
-    if (t->out_head && t->fd_wait)
+    if (t->out_head && (t->fd_wait || t->room_wait))
         ev = 0;
     else if (!t->out_head && fd_blocked(t))
         ev = 0;
@@ -290,6 +415,7 @@ static ssize_t send_one(int sock, const uint8_t *data, size_t len, const int *fd
 static void sent_fds(struct transport *t, unsigned n)
 {
     t->fd_unread += n;
+    fds_in_flight += n;
     if (t->shared)
         *t->shared += n;
     arm_recheck(t, false);
@@ -347,7 +473,7 @@ int transport_send_fds(struct transport *t, const uint8_t *data, size_t len, con
         return -EPIPE;
     if (nfds > TRANSPORT_MAX_FDS)
         return -EINVAL;
-    if (!t->out_head) {
+    if (!t->out_head && fd_room(t, nfds)) {
         ssize_t n = send_one(t->fd, data, len, fds, nfds);
         if (n >= 0) {
             if (nfds)
@@ -368,8 +494,16 @@ int transport_send_fds(struct transport *t, const uint8_t *data, size_t len, con
 
 static void flush(struct transport *t)
 {
+    t->room_wait = false;
     while (t->out_head && !t->closing) {
         struct transport_out *o = t->out_head;
+        if (!fd_room(t, o->nfds)) { /* past a cap: the watch resumes it when the peer reads */
+            t->room_wait = true;
+            set_events(t);
+            if (!t->watched)
+                arm_recheck(t, false);
+            return;
+        }
         ssize_t n = send_one(t->fd, o->data, o->len, o->fds, o->nfds);
         if (n == -EAGAIN) {
             if (t->paused)
@@ -398,6 +532,25 @@ static void flush(struct transport *t)
     set_events(t);
 }
 
+/* resume: the peer may have read (its unread fds are recounted): replies held past a cap
+ * go, the owner sends what it held for room (ops->on_room), reading starts again. */
+static void resume(struct transport *t)
+{
+    if (t->closing)
+        return;
+    if (t->out_head && t->room_wait && fd_room(t, t->out_head->nfds))
+        flush(t);
+    if (!t->closing && !t->out_head && t->ops->on_room) {
+        t->room_wanted = false;
+        t->ops->on_room(t->ctx);
+    }
+    if (t->closing)
+        return;
+    if (t->paused && !t->out_head && !fd_blocked(t))
+        set_events(t);
+    arm_recheck(t, false);
+}
+
 static void on_recheck(uv_timer_t *h)
 {
     struct transport *t = h->data;
@@ -407,10 +560,34 @@ static void on_recheck(uv_timer_t *h)
     if (t->fd_wait) {
         t->fd_wait = false;
         flush(t); /* may meet ETOOMANYREFS again and re-arm */
-    } else if (t->paused && !fd_blocked(t)) {
-        set_events(t);
     }
-    arm_recheck(t, false);
+    resume(t);
+}
+
+/* on_watch: edges from the watch: a peer read something of ours, or hung up. A paused
+ * transport is not polled by the loop, so its peer's death is seen here, at once. */
+static void on_watch(uv_poll_t *p, int status, int events)
+{
+    (void)p;
+    (void)status;
+    (void)events;
+    struct epoll_event ev[64];
+    int n;
+    do {
+        n = epoll_wait(watch.epfd, ev, 64, 0);
+        for (int i = 0; i < n; i++) {
+            struct transport *t = ev[i].data.ptr;
+            if (t->closing)
+                continue;
+            if (ev[i].events & (EPOLLHUP | EPOLLERR)) {
+                if (t->paused || t->room_wait)
+                    end(t, TRANSPORT_END_PEER, NULL); /* polled, the loop sees it itself */
+                continue;
+            }
+            refresh_unread(t);
+            resume(t);
+        }
+    } while (n == 64);
 }
 
 /* A peer's fds are closed in libuv's thread pool: a close can take long (a TCP socket
@@ -588,8 +765,11 @@ static void on_poll(uv_poll_t *p, int status, int events)
         return;
     }
     /* Nothing here frees t: a close only marks it, and frees it from the loop. */
-    if (events & UV_WRITABLE)
+    if (events & UV_WRITABLE) {
         flush(t);
+        if (!t->closing && !t->out_head && t->ops->on_room)
+            t->ops->on_room(t->ctx); /* the queue drained: the owner's held replies may go */
+    }
     if (t->fd_unread) {
         refresh_unread(t);
         if (!t->fd_unread)

@@ -40,6 +40,9 @@ struct transport_ops {
      * the owner to release what it holds. why is NULL for a plain peer EOF; it is valid
      * during the call only. */
     void (*on_close)(void *ctx, enum transport_end end, const char *why);
+    /* on_room: (may be NULL) the peer read replies or the queue drained: replies the owner
+     * held back (transport_fd_room said no) may go now. */
+    void (*on_room)(void *ctx);
 };
 
 /* transport_new: takes ownership of fd (non-blocking, CLOEXEC) and starts reading. On
@@ -76,5 +79,20 @@ void transport_set_fd_limits(struct transport *t, unsigned per_transport, unsign
 
 /* transport_fds_unread: fds sent that the peer may not have received yet. */
 unsigned transport_fds_unread(const struct transport *t);
+
+/* transport_fd_room: whether a reply with nfds fds would go now (nothing queued, within
+ * the caps and the daemon's budget). An owner with many replies to send (parked requests
+ * served at once) sends while this holds and the rest on ops->on_room. */
+bool transport_fd_room(struct transport *t, unsigned nfds);
+
+/* transport_set_fd_budget: the daemon's fds in flight, all transports together, stay
+ * below the kernel's limit for its user (RLIMIT_NOFILE, ETOOMANYREFS past it): past
+ * soft, only a transport whose peer has read everything sends fds; nobody passes hard.
+ * 0: no budget. */
+void transport_set_fd_budget(unsigned soft, unsigned hard);
+/* transport_fds_in_flight / transport_fd_budget: the daemon's fds in flight now, and the
+ * soft budget (for status). */
+unsigned transport_fds_in_flight(void);
+unsigned transport_fd_budget(void);
 
 #endif

@@ -122,7 +122,8 @@ void waiters_kick(struct waiters *ws)
         uv_timer_start(&ws->kick, on_kick, 0, 0);
 }
 
-static struct waiter *add(struct waiters *ws, void *owner, uint32_t id, uint32_t wait_ms, struct waiters_queue *q)
+static struct waiter *add(struct waiters *ws, void *owner, struct waiters_mine *mine, uint32_t id, uint32_t wait_ms,
+                          struct waiters_queue *q)
 {
     if (ws->n == ws->heap_cap) {
         unsigned cap = ws->heap_cap ? ws->heap_cap * 2 : 16;
@@ -148,6 +149,14 @@ static struct waiter *add(struct waiters *ws, void *owner, uint32_t id, uint32_t
     w->prev = ws->tail;
     if (ws->tail) ws->tail->next = w; else ws->head = w;
     ws->tail = w;
+    w->mine = mine;
+    w->mprev = mine->tail;
+    if (mine->tail) mine->tail->mnext = w; else mine->head = w;
+    mine->tail = w;
+    mine->n++;
+    mine->places++;
+    if (mine->group)
+        (*mine->group)++;
     heap_set(ws, ws->n, w);
     heap_up(ws, ws->n);
     ws->n++;
@@ -191,8 +200,8 @@ void waiters_tenant_last(struct waiters *ws, struct waiters_queue *q)
     tenant_append(ws, q);
 }
 
-struct waiter *waiters_park_lease(struct waiters *ws, void *owner, uint32_t id, uint32_t uid, uint64_t size,
-                                  int blocked, uint32_t wait_ms)
+struct waiter *waiters_park_lease(struct waiters *ws, void *owner, struct waiters_mine *mine, uint32_t id,
+                                  uint32_t uid, uint64_t size, int blocked, uint32_t wait_ms)
 {
     struct waiters_queue *q = tenant_find(ws, uid);
     bool made = false;
@@ -203,7 +212,7 @@ struct waiter *waiters_park_lease(struct waiters *ws, void *owner, uint32_t id, 
         tenant_append(ws, q);
         made = true;
     }
-    struct waiter *w = add(ws, owner, id, wait_ms, q);
+    struct waiter *w = add(ws, owner, mine, id, wait_ms, q);
     if (!w) {
         if (made) {
             tenant_unlink(ws, q);
@@ -217,8 +226,8 @@ struct waiter *waiters_park_lease(struct waiters *ws, void *owner, uint32_t id, 
     return w;
 }
 
-struct waiter *waiters_park_acquire(struct waiters *ws, void *owner, uint32_t id, struct waiters_queue **slot,
-                                    uint32_t wait_ms)
+struct waiter *waiters_park_acquire(struct waiters *ws, void *owner, struct waiters_mine *mine, uint32_t id,
+                                    struct waiters_queue **slot, uint32_t wait_ms)
 {
     struct waiters_queue *q = *slot;
     bool made = false;
@@ -229,7 +238,7 @@ struct waiter *waiters_park_acquire(struct waiters *ws, void *owner, uint32_t id
         *slot = q;
         made = true;
     }
-    struct waiter *w = add(ws, owner, id, wait_ms, q);
+    struct waiter *w = add(ws, owner, mine, id, wait_ms, q);
     if (!w) {
         if (made) {
             *slot = NULL;
@@ -239,6 +248,14 @@ struct waiter *waiters_park_acquire(struct waiters *ws, void *owner, uint32_t id
     }
     w->acquire = true;
     return w;
+}
+
+void waiters_set_count(struct waiter *w, uint32_t count)
+{
+    w->mine->places = w->mine->places - w->count + count;
+    if (w->mine->group)
+        *w->mine->group = *w->mine->group - w->count + count;
+    w->count = count;
 }
 
 void waiters_remove(struct waiters *ws, struct waiter *w)
@@ -255,6 +272,13 @@ void waiters_remove(struct waiters *ws, struct waiter *w)
     }
     if (w->prev) w->prev->next = w->next; else ws->head = w->next;
     if (w->next) w->next->prev = w->prev; else ws->tail = w->prev;
+    struct waiters_mine *m = w->mine;
+    if (w->mprev) w->mprev->mnext = w->mnext; else m->head = w->mnext;
+    if (w->mnext) w->mnext->mprev = w->mprev; else m->tail = w->mprev;
+    m->n--;
+    m->places -= w->count;
+    if (m->group)
+        *m->group -= w->count;
     heap_remove(ws, w, ws->n);
     ws->n--;
     if (!w->acquire)

@@ -17,6 +17,17 @@
 #include <uv.h>
 
 struct waiters_queue;
+struct waiter;
+
+/* waiters_mine: one owner's waiters (a peer keeps its own list: a disconnect drops them
+ * without looking at anyone else's), and the places they take under a cap (a batch of n
+ * leases takes n). The container keeps both as waiters come and go. */
+struct waiters_mine {
+    struct waiter *head, *tail;
+    unsigned n;                 /* waiters */
+    unsigned places;            /* the sum of their counts */
+    unsigned *group;            /* or NULL: a sum of places several owners share (one uid's) */
+};
 
 struct waiter {
     bool acquire;               /* an acquire waiting for a publish; else a lease */
@@ -26,12 +37,14 @@ struct waiter {
     uint32_t wait_ms;           /* the wait granted (for messages) */
     uint64_t size;              /* a lease: bytes asked */
     int blocked;                /* a lease: what it last met, EDQUOT or ENOSPC */
-    uint32_t count;             /* places under max-leases it takes (a batch: its leases) */
+    uint32_t count;             /* places under max-leases it takes (waiters_set_count) */
     void *data;                 /* the owner's, freed with the waiter (a batch's sizes) */
     bool busy;                  /* being tried (a batch whose buffers are being made) */
     struct waiter *prev, *next;   /* every waiter, in arrival order */
     struct waiter *qprev, *qnext; /* its queue */
     struct waiters_queue *q;
+    struct waiters_mine *mine;    /* its owner's list */
+    struct waiter *mprev, *mnext;
     unsigned hidx;                /* its place in the deadline heap */
 };
 
@@ -69,12 +82,15 @@ void waiters_init(struct waiters *ws, uv_loop_t *loop, waiters_expire_cb expire,
 /* waiters_close: frees every waiter (no callbacks) and closes the timers on the loop. */
 void waiters_close(struct waiters *ws);
 
-/* waiters_park_lease: a lease of uid at the tail of uid's queue. NULL: out of memory. */
-struct waiter *waiters_park_lease(struct waiters *ws, void *owner, uint32_t id, uint32_t uid, uint64_t size,
-                                  int blocked, uint32_t wait_ms);
+/* waiters_park_lease: a lease of uid at the tail of uid's queue, and of mine (the
+ * owner's list). NULL: out of memory. */
+struct waiter *waiters_park_lease(struct waiters *ws, void *owner, struct waiters_mine *mine, uint32_t id,
+                                  uint32_t uid, uint64_t size, int blocked, uint32_t wait_ms);
 /* waiters_park_acquire: an acquire at the tail of the queue *slot (made on first use). */
-struct waiter *waiters_park_acquire(struct waiters *ws, void *owner, uint32_t id, struct waiters_queue **slot,
-                                    uint32_t wait_ms);
+struct waiter *waiters_park_acquire(struct waiters *ws, void *owner, struct waiters_mine *mine, uint32_t id,
+                                    struct waiters_queue **slot, uint32_t wait_ms);
+/* waiters_set_count: w takes count places (1 when parked) in its owner's list. */
+void waiters_set_count(struct waiter *w, uint32_t count);
 /* waiters_remove: unlinks w (and its queue if now empty, clearing the slot) and frees it. */
 void waiters_remove(struct waiters *ws, struct waiter *w);
 

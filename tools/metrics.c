@@ -73,6 +73,12 @@ static void tenants_and_clients(const shmref_status *st, FILE *f)
     head(f, "shmref_tenant_buffers", "gauge", "Live buffers charged per tenant uid.");
     each(st, f, "tenants", "uid", "uid", "shmref_tenant_buffers", "buffers");
     one(f, "shmref_clients", "gauge", "Connected clients.", get(st, "clients_total"));
+    one(f, "shmref_fds_in_flight", "gauge", "Buffer fds sent to clients and not yet received by them.",
+        get(st, "daemon.fds_in_flight"));
+    one(f, "shmref_fds_in_flight_budget", "gauge", "The daemon's budget of fds in flight (half of RLIMIT_NOFILE).",
+        get(st, "daemon.fds_in_flight_budget"));
+    one(f, "shmref_retentions_reclaimed_total", "counter",
+        "Retentions ended early because their tenant's lease needed the quota.", get(st, "buffers.reclaimed"));
     one(f, "shmref_leases_held", "gauge", "Lease handles held by all clients.", get(st, "buffers.leases"));
     head(f, "shmref_buffers", "gauge", "Live buffers by state.");
     fprintf(f, "shmref_buffers{state=\"live\"} %llu\n", (unsigned long long)get(st, "buffers.live"));

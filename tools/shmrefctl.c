@@ -108,6 +108,8 @@ static void print_table(const shmref_status *st)
            str(st, "daemon.version"), (unsigned long long)u64(st, "daemon.protocol"),
            (unsigned long long)u64(st, "daemon.pid"), u64(st, "daemon.uptime_ms") / 1000.0,
            (unsigned long long)u64(st, "daemon.clients"), str(st, "daemon.socket"));
+    printf("fds in flight %llu (budget %llu)\n", (unsigned long long)u64(st, "daemon.fds_in_flight"),
+           (unsigned long long)u64(st, "daemon.fds_in_flight_budget"));
     printf("\npool %s (%s)\n", str(st, "pool.dir"), str(st, "pool.kind"));
     printf("  total %s, leased %s, free %s\n", size_at(st, "pool.bytes_total", a),
            size_at(st, "pool.bytes_leased", b), size_at(st, "pool.bytes_free", c));
@@ -124,9 +126,10 @@ static void print_table(const shmref_status *st)
         printf("  %12s %8llu %8llu\n", size_at(st, k1, a), (unsigned long long)u64(st, k2),
                (unsigned long long)u64(st, k3));
     }
-    printf("\nbuffers: %llu live, %llu published, %llu retained (%s)\n",
+    printf("\nbuffers: %llu live, %llu published, %llu retained (%s), %llu retentions reclaimed for quota\n",
            (unsigned long long)u64(st, "buffers.live"), (unsigned long long)u64(st, "buffers.published"),
-           (unsigned long long)u64(st, "buffers.retained"), size_at(st, "buffers.retained_bytes", a));
+           (unsigned long long)u64(st, "buffers.retained"), size_at(st, "buffers.retained_bytes", a),
+           (unsigned long long)u64(st, "buffers.reclaimed"));
     n = shmref_status_count(st, "tenants");
     printf("\n%-10s %12s %12s %8s\n", "TENANT", "BYTES", "QUOTA", "BUFFERS");
     for (int i = 0; i < n; i++) {

@@ -91,6 +91,7 @@ static void fx_open(struct fx *f)
     core_open(&f->core, &f->loop, "broker", 64 * MiB, 16 * MiB);
     f->opt.max_lease_size = 32 * MiB;
     f->opt.max_leases = 4;
+    f->opt.max_parked_per_uid = 1024;
     f->bk = (struct broker){ .opt = &f->opt, .pool = f->core.pool, .quota = f->core.quota, .reg = f->core.reg,
                              .counters = &f->counters };
     fake_init(&f->a, 1, 1000);
@@ -446,13 +447,13 @@ Test(broker, acquire_waits_for_the_publish)
     acquire_wait(&f, &f.b, token, 41, 5000);
     acquire_wait(&f, &f.b, token, 42, 5000);
     cr_assert_eq(f.b.replies, before, "a waiting acquire replied before the publish");
-    cr_assert_eq(f.b.peer.parked, 2);
+    cr_assert_eq(f.b.peer.parked.places, 2);
     cr_assert_eq(f.counters.acquire_waits, 2);
     publish_noreply(&f, &f.a, h);
     cr_assert_eq(f.b.replies, before + 2, "the publish did not serve its waiters");
     cr_assert_eq(f.b.last.op, PROTO_OP_ACQUIRE + PROTO_OP_REPLY, "%s", f.b.msg);
     cr_assert_eq(f.b.last.id, 42, "served out of arrival order");
-    cr_assert_eq(f.b.peer.parked, 0);
+    cr_assert_eq(f.b.peer.parked.places, 0);
     cr_assert_eq(f.b.peer.holder.leases, 2);
     cr_assert_eq(f.counters.acquires, 2);
     cr_assert_eq(f.counters.acquire_wait_timeouts, 0);
@@ -490,7 +491,7 @@ Test(broker, acquire_wait_ends_with_enoent)
     cr_assert_eq(f.b.code, ENOENT);
     cr_assert_eq(f.b.last.id, 51);
     cr_assert(strstr(f.b.msg, "released before it was published"), "%s", f.b.msg);
-    cr_assert_eq(f.b.peer.parked, 0);
+    cr_assert_eq(f.b.peer.parked.places, 0);
 
     /* the wait runs out */
     h = lease(&f, &f.a, 5000);
@@ -531,7 +532,7 @@ Test(broker, parked_acquires_count_against_max_leases)
     cr_assert_eq(f.b.code, EMFILE);
     broker_disconnect(&f.bk, &f.b.peer);
     cr_assert_eq(f.bk.waiters.n, 0);
-    cr_assert_eq(f.b.peer.parked, 0);
+    cr_assert_eq(f.b.peer.parked.places, 0);
     before = f.b.replies;
     publish_noreply(&f, &f.a, h);
     cr_assert_eq(f.b.replies, before, "a dropped waiter was served");
@@ -551,7 +552,7 @@ Test(broker, lease_waits_for_quota_in_order)
     lease_wait(&f, &f.a, 8 * MiB, 71, 5000);
     lease_wait(&f, &f.a, 4 * KiB, 72, 5000);  /* queues behind the first, FIFO */
     cr_assert_eq(f.a.replies, before, "a waiting lease replied at once: %s", f.a.msg);
-    cr_assert_eq(f.a.peer.parked, 2);
+    cr_assert_eq(f.a.peer.parked.places, 2);
     cr_assert_eq(f.counters.lease_waits, 2);
     cr_assert_eq(f.counters.refused_quota, 0);
     /* uid 1001 is not held up by uid 1000's waiters */
@@ -564,13 +565,13 @@ Test(broker, lease_waits_for_quota_in_order)
     cr_assert_eq(f.a.last.id, 71, "the second waiter came first");
     uint64_t h3 = f.a.last.u.lease_reply.handle;
     cr_assert_eq(run_until(&f, &f.a, before + 2, 100), before + 1, "a lease past the quota was served");
-    cr_assert_eq(f.a.peer.parked, 1);
+    cr_assert_eq(f.a.peer.parked.places, 1);
     cr_assert_eq(quota_held(f.bk.quota, 1000), 16 * MiB);
     release(&f, &f.a, h2, PROTO_RELEASE_NOREPLY);
     cr_assert_eq(run_until(&f, &f.a, before + 2, 3000), before + 2, "the second waiter was not served");
     cr_assert_eq(f.a.last.id, 72);
     cr_assert_eq(f.a.code, 0, "%s", f.a.msg);
-    cr_assert_eq(f.a.peer.parked, 0);
+    cr_assert_eq(f.a.peer.parked.places, 0);
     cr_assert_eq(f.a.peer.holder.leases, 2);
     cr_assert_eq(f.counters.refused_quota, 0, "a waiting lease was refused");
     release(&f, &f.a, h3, 0);
@@ -593,12 +594,12 @@ Test(broker, lease_wait_times_out_with_the_numbers)
     cr_assert(strstr(f.a.msg, " ms for quota: uid 1000 holds 16.0 MiB (16777216 bytes) of its 16.0 MiB quota"), "%s",
               f.a.msg);
     cr_assert_eq(f.counters.lease_wait_timeouts, 1);
-    cr_assert_eq(f.a.peer.parked, 0);
+    cr_assert_eq(f.a.peer.parked.places, 0);
     cr_assert_eq(quota_held(f.bk.quota, 1000), 16 * MiB, "a timed-out wait was charged");
 
     /* a waiter whose peer goes is dropped with nothing charged */
     lease_wait(&f, &f.a, MiB, 82, 5000);
-    cr_assert_eq(f.a.peer.parked, 1);
+    cr_assert_eq(f.a.peer.parked.places, 1);
     release(&f, &f.a, h1, 0);
     broker_disconnect(&f.bk, &f.a.peer);
     cr_assert_eq(f.bk.waiters.n, 0);
@@ -621,7 +622,7 @@ Test(broker, lease_waits_for_pool_space, .timeout = 30)
     unsigned before = f.b.replies;
     lease_wait(&f, &f.b, 16 * MiB, 91, 5000);
     cr_assert_eq(f.b.replies, before, "%s", f.b.msg);
-    cr_assert_eq(f.b.peer.parked, 1);
+    cr_assert_eq(f.b.peer.parked.places, 1);
     /* a retry that fails frees nothing: it must not kick itself again (a busy loop) */
     broker_kick(&f.bk);
     run_until(&f, &f.b, before + 1, 30);
@@ -755,7 +756,7 @@ Test(broker, lease_many_waits_as_a_unit, .timeout = 30)
     lease_many(&f, &f.a, 121, sizes, 3, 5000);
     run_until(&f, &f.a, before + 1, 100);
     cr_assert_eq(f.a.replies, before, "a waiting batch replied: %s", f.a.msg);
-    cr_assert_eq(f.a.peer.parked, 3);
+    cr_assert_eq(f.a.peer.parked.places, 3);
     cr_assert_eq(f.a.peer.holder.leases, 2, "a waiting batch holds some of its leases");
     cr_assert_eq(quota_held(f.bk.quota, 1000), 12 * MiB, "a waiting batch kept a charge");
     lease_wait(&f, &f.a, 4 * KiB, 122, 5000); /* behind the batch */
@@ -765,7 +766,7 @@ Test(broker, lease_many_waits_as_a_unit, .timeout = 30)
     cr_assert_eq(f.a.replies, before, "a batch past the quota was served");
     release(&f, &f.a, h1, PROTO_RELEASE_NOREPLY);
     cr_assert_eq(run_until(&f, &f.a, before + 2, 3000), before + 2, "the batch and the lease behind it");
-    cr_assert_eq(f.a.peer.parked, 0);
+    cr_assert_eq(f.a.peer.parked.places, 0);
     cr_assert_eq(f.a.peer.holder.leases, 4);
     cr_assert_eq(f.a.last.id, 122, "the lease behind the batch came first");
     cr_assert_eq(f.counters.refused_quota, 0);
@@ -779,11 +780,11 @@ Test(broker, lease_many_waits_as_a_unit, .timeout = 30)
     cr_assert_eq(run_until(&f, &f.a, before + 1, 3000), before + 1);
     cr_assert_eq(f.a.code, ETIMEDOUT, "%s", f.a.msg);
     cr_assert(strstr(f.a.msg, "lease_many of 2 leases of 8.0 MiB (8388608 bytes) waited "), "%s", f.a.msg);
-    cr_assert_eq(f.a.peer.parked, 0);
+    cr_assert_eq(f.a.peer.parked.places, 0);
     cr_assert_eq(quota_held(f.bk.quota, 1000), 16 * MiB);
     /* and one whose connection goes is dropped */
     lease_many(&f, &f.a, 124, sizes, 2, 5000);
-    cr_assert_eq(f.a.peer.parked, 2);
+    cr_assert_eq(f.a.peer.parked.places, 2);
     broker_disconnect(&f.bk, &f.a.peer);
     cr_assert_eq(f.bk.waiters.n, 0);
     fx_close(&f);

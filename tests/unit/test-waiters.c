@@ -19,6 +19,7 @@ struct fx {
     unsigned expired, retries;
     uint32_t order[512];         /* ids in the order they expired */
     int owner;
+    struct waiters_mine mine;    /* the owner's list */
 };
 
 static void on_expire(void *arg, struct waiter *w)
@@ -60,11 +61,11 @@ Test(waiters, deadlines_fire_in_deadline_order)
     for (uint32_t i = 0; i < N; i++) {
         s ^= s << 13, s ^= s >> 17, s ^= s << 5;
         waits[i] = 1 + s % 60;
-        struct waiter *w = i % 2 ? waiters_park_lease(&f.ws, &f.owner, i, i % 5, 100, 0, waits[i])
+        struct waiter *w = i % 2 ? waiters_park_lease(&f.ws, &f.owner, &f.mine, i, i % 5, 100, 0, waits[i])
                                  : NULL;
         if (!w) {
             static struct waiters_queue *slots[7];
-            w = waiters_park_acquire(&f.ws, &f.owner, i, &slots[i % 7], waits[i]);
+            w = waiters_park_acquire(&f.ws, &f.owner, &f.mine, i, &slots[i % 7], waits[i]);
         }
         cr_assert_not_null(w);
     }
@@ -83,11 +84,11 @@ Test(waiters, queues_are_fifo_and_removal_keeps_them)
     struct fx f;
     fx_open(&f);
     struct waiters_queue *slot = NULL;
-    struct waiter *a = waiters_park_lease(&f.ws, &f.owner, 1, 1000, 10, 0, 5000);
-    struct waiter *b = waiters_park_lease(&f.ws, &f.owner, 2, 1001, 10, 0, 5000);
-    struct waiter *c = waiters_park_lease(&f.ws, &f.owner, 3, 1000, 10, 0, 100);
-    struct waiter *x = waiters_park_acquire(&f.ws, &f.owner, 4, &slot, 5000);
-    struct waiter *y = waiters_park_acquire(&f.ws, &f.owner, 5, &slot, 50);
+    struct waiter *a = waiters_park_lease(&f.ws, &f.owner, &f.mine, 1, 1000, 10, 0, 5000);
+    struct waiter *b = waiters_park_lease(&f.ws, &f.owner, &f.mine, 2, 1001, 10, 0, 5000);
+    struct waiter *c = waiters_park_lease(&f.ws, &f.owner, &f.mine, 3, 1000, 10, 0, 100);
+    struct waiter *x = waiters_park_acquire(&f.ws, &f.owner, &f.mine, 4, &slot, 5000);
+    struct waiter *y = waiters_park_acquire(&f.ws, &f.owner, &f.mine, 5, &slot, 50);
     cr_assert(a && b && c && x && y);
     struct waiters_queue *q = waiters_tenant(&f.ws, 1000);
     cr_assert_not_null(q);
@@ -122,11 +123,11 @@ Test(waiters, a_kick_runs_the_retry_once_when_leases_wait)
     uv_run(&f.loop, UV_RUN_NOWAIT);
     cr_assert_eq(f.retries, 0);
     struct waiters_queue *slot = NULL;
-    cr_assert_not_null(waiters_park_acquire(&f.ws, &f.owner, 1, &slot, 1000));
+    cr_assert_not_null(waiters_park_acquire(&f.ws, &f.owner, &f.mine, 1, &slot, 1000));
     waiters_kick(&f.ws); /* only acquires wait: no retry either */
     uv_run(&f.loop, UV_RUN_NOWAIT);
     cr_assert_eq(f.retries, 0);
-    struct waiter *w = waiters_park_lease(&f.ws, &f.owner, 2, 1000, 10, 0, 1000);
+    struct waiter *w = waiters_park_lease(&f.ws, &f.owner, &f.mine, 2, 1000, 10, 0, 1000);
     waiters_kick(&f.ws);
     waiters_kick(&f.ws);
     uv_run(&f.loop, UV_RUN_NOWAIT);
@@ -136,4 +137,39 @@ Test(waiters, a_kick_runs_the_retry_once_when_leases_wait)
     waiters_remove(&f.ws, w);
     fx_close(&f); /* frees the acquire still parked */
     cr_assert_eq(f.ws.n, 0);
+}
+
+/* Each owner keeps its own list: places (a batch takes its count) and its group's sum
+ * (one uid's connections) follow parking, recounting and removal; dropping one owner's
+ * waiters walks only its own. */
+Test(waiters, each_owner_keeps_its_own_list_and_its_groups_sum)
+{
+    struct fx f;
+    fx_open(&f);
+    unsigned group = 0;
+    struct waiters_mine a = { .group = &group }, b = { .group = &group };
+    struct waiters_queue *slot = NULL;
+    int owner_b;
+    struct waiter *w1 = waiters_park_lease(&f.ws, &f.owner, &a, 1, 1000, 10, 0, 5000);
+    struct waiter *w2 = waiters_park_acquire(&f.ws, &owner_b, &b, 2, &slot, 5000);
+    struct waiter *w3 = waiters_park_lease(&f.ws, &f.owner, &a, 3, 1000, 10, 0, 5000);
+    cr_assert(w1 && w2 && w3);
+    waiters_set_count(w3, 5); /* a batch of 5 */
+    cr_assert_eq(a.n, 2);
+    cr_assert_eq(a.places, 6);
+    cr_assert_eq(b.places, 1);
+    cr_assert_eq(group, 7);
+    cr_assert_eq(a.head, w1);
+    cr_assert_eq(a.tail, w3);
+    cr_assert_eq(b.head, w2);
+    while (a.head) /* a disconnect: only a's own */
+        waiters_remove(&f.ws, a.head);
+    cr_assert_eq(a.places, 0);
+    cr_assert_eq(group, 1);
+    cr_assert_eq(f.ws.n, 1);
+    cr_assert_eq(b.head, w2);
+    waiters_remove(&f.ws, w2);
+    cr_assert_eq(group, 0);
+    cr_assert_null(slot);
+    fx_close(&f);
 }
