@@ -76,6 +76,9 @@ static void send_buffer(struct broker_peer *p, uint32_t id, uint64_t handle, str
         r.u.acquire_reply.meta = b->meta;
         r.u.acquire_reply.meta_len = b->meta_len;
         r.u.acquire_reply.flags = b->pb->sealed ? PROTO_BUF_SEALED : 0;
+        /* Retired at its last release (pool_put): the client should not cache it. */
+        if (b->pb->sealed || b->pb->foreign)
+            r.u.acquire_reply.flags |= PROTO_BUF_RETIRE;
     }
     p->ops->reply(p, &r, fd);
 }
@@ -1030,6 +1033,18 @@ void broker_mapped(struct broker *bk, struct broker_peer *p, uint64_t buf_id)
 void broker_unmapped(struct broker *bk, struct broker_peer *p, uint64_t buf_id)
 {
     pool_unmapped(bk->pool, buf_id, p->uid);
+}
+
+bool broker_pins_after_close(struct broker *bk, uint64_t buf_id)
+{
+    return pool_pins_after_close(bk->pool, buf_id);
+}
+
+void broker_hold_until_exit(struct broker *bk, struct broker_peer *p, int pidfd, const uint64_t *ids, unsigned n)
+{
+    if (pool_hold_until_exit(bk->pool, p->uid, p->pid, pidfd, ids, n) < 0)
+        log_warning("client %llu pid=%d uid=%u: out of memory: its mappings of %u sealed buffer%s are no longer "
+                    "charged to it", (unsigned long long)p->id, (int)p->pid, (unsigned)p->uid, n, n == 1 ? "" : "s");
 }
 
 uint32_t broker_disconnect(struct broker *bk, struct broker_peer *p)

@@ -89,6 +89,12 @@ void broker_check(struct broker *b);
  * against the pool's cap and p's tenant quota until its last mapping goes. */
 void broker_mapped(struct broker *b, struct broker_peer *p, uint64_t buf_id);
 void broker_unmapped(struct broker *b, struct broker_peer *p, uint64_t buf_id);
+/* broker_pins_after_close: whether a mapping of buf_id outlives what the daemon can free
+ * (pool_pins_after_close): a closing connection hands those to broker_hold_until_exit. */
+bool broker_pins_after_close(struct broker *b, uint64_t buf_id);
+/* broker_hold_until_exit: p's connection closed while it mapped ids[0..n); they stay
+ * charged to p's uid until p's process exits (pidfd, taken). */
+void broker_hold_until_exit(struct broker *b, struct broker_peer *p, int pidfd, const uint64_t *ids, unsigned n);
 
 /* broker_disconnect: drops p's waiting requests (nothing was charged for them) and
  * releases every handle p holds; returns how many handles there were. */

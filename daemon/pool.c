@@ -16,6 +16,13 @@
 #include "store.h"
 #include "units.h"
 
+/* pool_doomed: an fd of a retired buffer, to close; empty > 0: free the file's pages first
+ * (store_empty over that many bytes), so no stale mapping keeps them. */
+struct pool_doomed {
+    int fd;
+    uint64_t empty;
+};
+
 struct pool_class {
     struct pool_class_stat st;
     struct pool_buf *free_head;
@@ -29,10 +36,11 @@ struct pool {
     uint64_t bytes_alloc, bytes_warm, bytes_creating;
     uint64_t next_id;
     uint64_t nfds, fd_budget;   /* fds held by buffers (and being created), and the most */
-    int *batch;                 /* fds of retired buffers, to close (see flush) */
+    struct pool_doomed *batch;  /* fds of retired buffers, to empty and close (see flush) */
     unsigned nbatch, batch_cap;
     uint64_t batch_bytes;
     _Atomic uint64_t closing_bytes; /* batches queued to close off the loop, not yet closed */
+    _Atomic uint64_t empty_failed;  /* store_empty failures (off the loop), for the log */
     bool closing;               /* pool_free: the loop no longer runs */
     struct pool_buf *lru_head, *lru_tail;
     struct pool_buf **ids;      /* every buffer (live, warm or pinned) by id */
@@ -41,8 +49,24 @@ struct pool {
     uint64_t bytes_retired_pinned; /* of those, retired: outside bytes_alloc, inside the cap */
     pool_pin_cb pin_cb;
     void *pin_arg;
+    struct pool_mapper *mappers; /* processes whose connection closed, still charged */
+    bool keep_pages;            /* pool_stop: retired files are no longer emptied */
     struct pool_counters counters;
     struct pool_class classes[POOL_MAX_CLASSES];
+};
+
+/* pool_mapper: a client process whose connection closed while it mapped buffers whose
+ * pages the pool cannot free (sealed memfds). Its mappings stay counted (charged to uid)
+ * until its pidfd turns readable: the process exited, and its mappings with it. */
+struct pool_mapper {
+    uv_poll_t poll;
+    struct pool *pool;
+    pid_t pid;
+    uint32_t uid;
+    int pidfd;
+    unsigned n, cap;
+    uint64_t *ids;
+    struct pool_mapper *next;
 };
 
 struct pool_create {
@@ -235,14 +259,22 @@ struct pool_close {
     struct pool *pool;
     uint64_t bytes;
     unsigned n;
-    int fds[];
+    struct pool_doomed fds[];
 };
+
+/* doom: empty (if asked) and close one fd; any thread. */
+static void doom(struct pool *p, const struct pool_doomed *d)
+{
+    if (d->empty && store_empty(&p->store, d->fd, d->empty) < 0)
+        atomic_fetch_add(&p->empty_failed, 1);
+    close(d->fd);
+}
 
 static void close_work(uv_work_t *w)
 {
     struct pool_close *c = w->data;
     for (unsigned i = 0; i < c->n; i++)
-        close(c->fds[i]);
+        doom(c->pool, &c->fds[i]);
     atomic_fetch_sub(&c->pool->closing_bytes, c->bytes);
 }
 
@@ -252,19 +284,20 @@ static void close_done(uv_work_t *w, int status)
     free(w->data);
 }
 
-static void batch_add(struct pool *p, int fd)
+static void batch_add(struct pool *p, int fd, uint64_t empty)
 {
+    struct pool_doomed d = { .fd = fd, .empty = empty };
     if (p->nbatch == p->batch_cap) {
         unsigned cap = p->batch_cap ? p->batch_cap * 2 : 16;
-        int *v = realloc(p->batch, cap * sizeof(*v));
+        struct pool_doomed *v = realloc(p->batch, cap * sizeof(*v));
         if (!v) {
-            close(fd); /* no memory to defer: close now */
+            doom(p, &d); /* no memory to defer: now */
             return;
         }
         p->batch = v;
         p->batch_cap = cap;
     }
-    p->batch[p->nbatch++] = fd;
+    p->batch[p->nbatch++] = d;
 }
 
 /* flush: close the batch of retired fds, off the loop if it is large. */
@@ -274,11 +307,11 @@ static void flush(struct pool *p)
         return;
     struct pool_close *c = NULL;
     if (p->batch_bytes >= CLOSE_OFF_LOOP_BYTES && !p->closing &&
-        (c = malloc(sizeof(*c) + p->nbatch * sizeof(int)))) {
+        (c = malloc(sizeof(*c) + p->nbatch * sizeof(c->fds[0])))) {
         c->n = p->nbatch;
         c->pool = p;
         c->bytes = p->batch_bytes;
-        memcpy(c->fds, p->batch, p->nbatch * sizeof(int));
+        memcpy(c->fds, p->batch, p->nbatch * sizeof(c->fds[0]));
         c->work.data = c;
         atomic_fetch_add(&p->closing_bytes, c->bytes);
         if (uv_queue_work(p->loop, &c->work, close_work, close_done) < 0) {
@@ -289,7 +322,7 @@ static void flush(struct pool *p)
     }
     if (!c)
         for (unsigned i = 0; i < p->nbatch; i++)
-            close(p->batch[i]);
+            doom(p, &p->batch[i]);
     p->nbatch = 0;
     p->batch_bytes = 0;
 }
@@ -310,19 +343,28 @@ static void pin_charge(struct pool *p, struct pool_buf *b, bool on)
             p->pin_cb(p->pin_arg, b->pins[i].uid, on ? (int64_t)b->size : -(int64_t)b->size);
 }
 
-/* retire: a buffer leaves the pool; its fds join the batch (see flush). One that clients
- * still map stays, pinned, until they unmap it. */
+/* retire: a buffer leaves the pool; its fds join the batch (see flush), which first frees
+ * its pages (store_empty), so whoever still maps it keeps none of them. One whose pages
+ * cannot be freed (a memfd sealed against writing) and that clients still map stays,
+ * pinned, charged to the mapping uids until the last mapping is gone (which, for a client
+ * whose connection closed, is when its process is: see pool_hold_until_exit). */
 static void retire(struct pool *p, struct pool_buf *b)
 {
+    /* Stopping: clients that still hold leases keep their bytes (the pages go with their
+     * mappings). */
+    bool emptiable = !p->keep_pages && store_emptiable(&p->store, b->fd);
     p->nfds -= 1 + (b->ro_fd >= 0);
     p->classes[b->cls].st.total--;
     p->bytes_alloc -= b->size;
     p->counters.retired++;
-    batch_add(p, b->fd);
+    batch_add(p, b->fd, emptiable ? b->size : 0);
     if (b->ro_fd >= 0)
-        batch_add(p, b->ro_fd);
+        batch_add(p, b->ro_fd, 0);
     p->batch_bytes += b->size;
-    if (b->maps == 0) {
+    if (emptiable && b->maps)
+        p->counters.emptied_mapped++;
+    if (b->maps == 0 || emptiable) {
+        pin_charge(p, b, false); /* a warm buffer's pin ends with its pages */
         buf_free(p, b);
         return;
     }
@@ -389,25 +431,24 @@ void pool_unmapped(struct pool *p, uint64_t id, uint32_t uid)
 }
 
 /* make_room: evict the least recently used free buffers until need more bytes fit.
- * Pinned bytes count: their pages are still in the tmpfs. A warm buffer that a client
- * still maps is not evicted for bytes (its pages would stay: it would only turn pinned). */
+ * Pinned bytes of retired buffers count: their pages are still in memory. A warm buffer
+ * that a client still maps is evicted all the same: retiring empties its file
+ * (store_empty), so its pages go. (Only a memfd sealed against writing cannot be emptied,
+ * and those are never warm: a producer that seals one through its own fd finds it retired
+ * as tampered when it comes back; evicting one anyway leaves it pinned, so used is read
+ * back from the counters.) */
 static int make_room(struct pool *p, uint64_t need)
 {
-    uint64_t evictable = 0, used = p->bytes_alloc + p->bytes_retired_pinned;
-    for (struct pool_buf *b = p->lru_head; b; b = b->lru_next)
-        if (b->maps == 0)
-            evictable += b->size;
+    uint64_t evictable = p->bytes_warm, used = p->bytes_alloc + p->bytes_retired_pinned;
     /* A request that would not fit even with every evictable buffer gone evicts none. */
     if (used - evictable + need > p->cap)
         return -ENOSPC;
     for (struct pool_buf *b = p->lru_head, *next; b && used + need > p->cap; b = next) {
         next = b->lru_next;
-        if (b->maps)
-            continue;
         lru_unlink(p, b);
         p->counters.evicted++;
-        used -= b->size;
         retire(p, b);
+        used = p->bytes_alloc + p->bytes_retired_pinned;
     }
     return used + need > p->cap ? -ENOSPC : 0;
 }
@@ -607,6 +648,112 @@ int pool_ro_fd(struct pool *p, struct pool_buf *b)
     b->ro_fd = fd;
     p->nfds++;
     return fd;
+}
+
+bool pool_pins_after_close(struct pool *p, uint64_t id)
+{
+    struct pool_buf *b = id_find(p, id);
+    return b && (b->retired || b->sealed || (b->fd >= 0 && !store_emptiable(&p->store, b->fd)));
+}
+
+static void mapper_closed(uv_handle_t *h)
+{
+    struct pool_mapper *m = h->data;
+    free(m->ids);
+    free(m);
+}
+
+/* mapper_end: m's process is gone (or the pool stops): its mappings are no longer
+ * counted (unless stopping), and it leaves the list. */
+static void mapper_end(struct pool *p, struct pool_mapper *m, bool unmap)
+{
+    for (struct pool_mapper **pp = &p->mappers; *pp; pp = &(*pp)->next)
+        if (*pp == m) {
+            *pp = m->next;
+            break;
+        }
+    for (unsigned i = 0; unmap && i < m->n; i++)
+        pool_unmapped(p, m->ids[i], m->uid);
+    p->nfds--;
+    uv_poll_stop(&m->poll);
+    close(m->pidfd); /* libuv's epoll forgot it at stop */
+    uv_close((uv_handle_t *)&m->poll, mapper_closed);
+}
+
+static void mapper_exited(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events; /* readable, or an error: either way nothing more will come */
+    struct pool_mapper *m = h->data;
+    mapper_end(m->pool, m, true);
+}
+
+int pool_hold_until_exit(struct pool *p, uint32_t uid, pid_t pid, int pidfd, const uint64_t *ids, unsigned n)
+{
+    struct pool_mapper *m = NULL;
+    if (p->keep_pages || n == 0)
+        goto drop;
+    for (m = p->mappers; m && !(m->pid == pid && m->uid == uid); m = m->next)
+        ;
+    if (m) { /* another connection of the same process: one watch */
+        close(pidfd);
+        pidfd = -1;
+    } else {
+        if (!(m = calloc(1, sizeof(*m))))
+            goto drop;
+        m->pool = p;
+        m->pid = pid;
+        m->uid = uid;
+        m->pidfd = pidfd;
+        if (uv_poll_init(p->loop, &m->poll, pidfd) < 0) {
+            free(m);
+            goto drop;
+        }
+        m->poll.data = m;
+        if (uv_poll_start(&m->poll, UV_READABLE, mapper_exited) < 0) {
+            uv_close((uv_handle_t *)&m->poll, mapper_closed);
+            m = NULL;
+            goto drop;
+        }
+        m->next = p->mappers;
+        p->mappers = m;
+        p->nfds++;
+    }
+    if (m->n + n > m->cap) {
+        unsigned cap = m->n + n > 2 * m->cap ? m->n + n : 2 * m->cap;
+        uint64_t *v = realloc(m->ids, cap * sizeof(*v));
+        if (!v) { /* nothing new is counted for it: as if it had unmapped them */
+            for (unsigned i = 0; i < n; i++)
+                pool_unmapped(p, ids[i], uid);
+            return -ENOMEM;
+        }
+        m->ids = v;
+        m->cap = cap;
+    }
+    memcpy(m->ids + m->n, ids, n * sizeof(*ids));
+    m->n += n;
+    return 0;
+drop:
+    if (pidfd >= 0)
+        close(pidfd);
+    for (unsigned i = 0; i < n; i++)
+        pool_unmapped(p, ids[i], uid);
+    return p->keep_pages || n == 0 ? 0 : -ENOMEM;
+}
+
+void pool_stop(struct pool *p)
+{
+    p->keep_pages = true;
+    while (p->mappers)
+        mapper_end(p, p->mappers, false);
+}
+
+uint64_t pool_mappers(const struct pool *p)
+{
+    uint64_t n = 0;
+    for (const struct pool_mapper *m = p->mappers; m; m = m->next)
+        n++;
+    return n;
 }
 
 void pool_free(struct pool *p)

@@ -55,6 +55,7 @@ struct pool_class_stat {
 struct pool_counters {
     uint64_t created, recycled, retired, evicted, create_failed;
     uint64_t tampered;      /* came back resized or with holes: retired */
+    uint64_t emptied_mapped; /* retired while clients mapped it: its pages freed under them */
 };
 
 struct pool;
@@ -122,6 +123,25 @@ int pool_mapped(struct pool *pool, uint64_t id, uint32_t uid);
 /* pool_unmapped: that client said it unmapped it (forget), or went away. A pinned buffer
  * whose last mapping goes is gone for good. Unknown ids are ignored. */
 void pool_unmapped(struct pool *pool, uint64_t id, uint32_t uid);
+
+/* pool_pins_after_close: whether buffer id's pages outlive the pool's fds while a client
+ * maps it: it is retired and pinned, or cannot be emptied when it is (a memfd sealed
+ * against writing refuses a punched hole). A connection that closes while it maps such a
+ * buffer stays charged for it: pool_hold_until_exit. */
+bool pool_pins_after_close(struct pool *pool, uint64_t id);
+/* pool_hold_until_exit: a connection of uid from process pid closed while it mapped
+ * ids[0..n) (each as pool_mapped counted it); those mappings stay counted, charged to uid
+ * as pinned once their buffer is retired, until pidfd (the process's, taken by the pool,
+ * which closes it) turns readable: the process exited. Connections of one process share
+ * one watch, which counts as one of the pool's fds. Returns 0; on failure (-ENOMEM) the
+ * mappings are no longer counted, as if unmapped. */
+int pool_hold_until_exit(struct pool *pool, uint32_t uid, pid_t pid, int pidfd, const uint64_t *ids, unsigned n);
+/* pool_mappers: processes watched by pool_hold_until_exit now. */
+uint64_t pool_mappers(const struct pool *pool);
+/* pool_stop: the daemon is stopping: every watch ends (its handles are closed, so the
+ * loop can run dry) and retired files are no longer emptied (clients that still hold
+ * leases keep their bytes). */
+void pool_stop(struct pool *pool);
 
 /* pool_ro_fd: the read-only fd of buf (made on first use). Returns it or -errno. */
 int pool_ro_fd(struct pool *pool, struct pool_buf *buf);

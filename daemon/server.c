@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -124,6 +125,25 @@ static void refuse(int fd, const struct ucred *cred, int code, const char *fmt, 
     close(fd);
 }
 
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+/* peer_pidfd: a pidfd of the process that connected (SO_PEERPIDFD, Linux 6.5; else
+ * pidfd_open of its pid, which a pid reused since the connect could fool), or -1. It lets
+ * the daemon charge a client's mappings of sealed buffers until its process exits. */
+static int peer_pidfd(int fd, pid_t pid)
+{
+    int pidfd = -1;
+    socklen_t len = sizeof(pidfd);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) == 0 && pidfd >= 0) {
+        fcntl(pidfd, F_SETFD, FD_CLOEXEC);
+        return pidfd;
+    }
+    pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    return pidfd;
+}
+
 static void accept_one(struct server *s, int fd)
 {
     struct ucred cred;
@@ -176,6 +196,7 @@ static void accept_one(struct server *s, int fd)
         close(fd);
         return;
     }
+    c->pidfd = peer_pidfd(fd, cred.pid);
     s->counters.connections++;
     log_debug("client %llu pid=%d uid=%u gid=%u connected", (unsigned long long)c->peer.id, (int)cred.pid,
               (unsigned)cred.uid, (unsigned)cred.gid);
@@ -338,6 +359,8 @@ void server_stop(struct server *s)
     uv_close((uv_handle_t *)&s->accept_retry, noop_close);
     uv_close((uv_handle_t *)&s->housekeeping, noop_close);
     s->broker.stopping = true;
+    if (s->pool)
+        pool_stop(s->pool); /* before sessions release: clients keep the bytes they hold */
     broker_stop(&s->broker); /* its waiters' sessions are closing */
     session_close_all(&s->sessions); /* each releases what it held from the loop */
     if (s->reg)

@@ -53,7 +53,7 @@ static void pack_pool(msgpack_packer *pk, const struct status_src *s)
     unsigned n = pool_classes(s->pool, cls, POOL_MAX_CLASSES);
 
     key(pk, "pool");
-    msgpack_pack_map(pk, 10);
+    msgpack_pack_map(pk, 11);
     kv_str(pk, "dir", pool_dir(s->pool));
     kv_str(pk, "kind", pool_kind(s->pool));
     kv_u64(pk, "bytes_total", cap);
@@ -63,6 +63,7 @@ static void pack_pool(msgpack_packer *pk, const struct status_src *s)
     kv_u64(pk, "bytes_warm", pool_bytes_warm(s->pool));
     kv_u64(pk, "fs_available", pool_fs_available(s->pool));
     kv_u64(pk, "bytes_pinned", pool_bytes_pinned(s->pool));
+    kv_u64(pk, "mappers", pool_mappers(s->pool));
     key(pk, "classes");
     msgpack_pack_array(pk, n);
     for (unsigned i = 0; i < n; i++) {
