@@ -789,7 +789,12 @@ uint64_t pool_bytes_creating(const struct pool *p) { return p->bytes_creating; }
 uint64_t pool_bytes_pinned(const struct pool *p) { return p->bytes_pinned; }
 const char *pool_dir(const struct pool *p) { return p->store.dir; }
 const char *pool_kind(const struct pool *p) { return store_kind(&p->store); }
-struct pool_counters pool_counters(const struct pool *p) { return p->counters; }
+struct pool_counters pool_counters(const struct pool *p)
+{
+    struct pool_counters c = p->counters;
+    c.empty_failed = atomic_load(&((struct pool *)p)->empty_failed);
+    return c;
+}
 
 uint64_t pool_fs_available(const struct pool *p)
 {

@@ -56,6 +56,7 @@ struct pool_counters {
     uint64_t created, recycled, retired, evicted, create_failed;
     uint64_t tampered;      /* came back resized or with holes: retired */
     uint64_t emptied_mapped; /* retired while clients mapped it: its pages freed under them */
+    uint64_t empty_failed;  /* store_empty failed: its pages stay with whoever maps it */
 };
 
 struct pool;

@@ -223,7 +223,7 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     const struct counters *k = s->counters;
     struct pool_counters pc = pool_counters(s->pool);
     key(pk, "counters");
-    msgpack_pack_map(pk, 27);
+    msgpack_pack_map(pk, 29);
     kv_u64(pk, "connections", k->connections);
     kv_u64(pk, "leases", k->leases);
     kv_u64(pk, "publishes", k->publishes);
@@ -244,6 +244,8 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     kv_u64(pk, "buffers_evicted", pc.evicted);
     kv_u64(pk, "buffers_create_failed", pc.create_failed);
     kv_u64(pk, "buffers_tampered", pc.tampered);
+    kv_u64(pk, "buffers_emptied_mapped", pc.emptied_mapped);
+    kv_u64(pk, "buffers_empty_failed", pc.empty_failed);
     kv_u64(pk, "retentions_expired", registry_stats(s->reg).expired);
     kv_u64(pk, "clients_closed", k->clients_closed);
     kv_u64(pk, "clients_died", k->clients_died);
