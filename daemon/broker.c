@@ -210,13 +210,54 @@ static void lease_refused(struct broker *bk, struct broker_peer *p, uint32_t id,
  * Returns 0 when the lease is answered: served, on its way (a new buffer is being made),
  * or refused with a reply; or -EDQUOT / -ENOSPC with nothing sent and the refusal's text
  * in msg: the caller refuses, or parks the lease until quota or space frees. */
-static int lease_try(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, char *msg, size_t cap)
+/* stock_refusal: why a stock lease of class cls does not fit (its size, the uid's stock
+ * cap, the reserve), with the numbers in msg, or NULL when it fits. */
+static const char *stock_refusal(struct broker *bk, struct broker_peer *p, const struct pool_cls *cls, char *msg,
+                                 size_t cap)
+{
+    char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], c[UNITS_TEXT_MAX];
+    const struct options *o = bk->opt;
+    uint64_t mine = quota_stock_held(bk->quota, p->uid);
+    if (cls->size > o->stock_max_lease)
+        snprintf(msg, cap, "a stock lease of %s (%llu bytes) exceeds the largest stock lease %s (%llu bytes)",
+                 units_format(cls->size, a), (unsigned long long)cls->size, units_format(o->stock_max_lease, b),
+                 (unsigned long long)o->stock_max_lease);
+    else if (mine + cls->size > o->stock_per_uid)
+        snprintf(msg, cap, "uid %u's stock holds %s (%llu bytes); %s (%llu bytes) more would pass its stock cap "
+                 "%s (%llu bytes)", (unsigned)p->uid, units_format(mine, a), (unsigned long long)mine,
+                 units_format(cls->size, b), (unsigned long long)cls->size, units_format(o->stock_per_uid, c),
+                 (unsigned long long)o->stock_per_uid);
+    else if (!pool_stock_room(bk->pool, cls->size))
+        snprintf(msg, cap, "the stock reserve is full: %s (%llu bytes) of %s (%llu bytes) held; %s (%llu bytes) asked",
+                 units_format(pool_bytes_stock(bk->pool), a), (unsigned long long)pool_bytes_stock(bk->pool),
+                 units_format(pool_stock_reserve(bk->pool), b), (unsigned long long)pool_stock_reserve(bk->pool),
+                 units_format(cls->size, c), (unsigned long long)cls->size);
+    else
+        return NULL;
+    return msg;
+}
+
+/* stock_refuse: EAGAIN for a stock lease: routine (the client leases plainly when a
+ * caller asks), so counted but not logged. */
+static void stock_refuse(struct broker *bk, struct broker_peer *p, uint32_t id, const char *msg)
+{
+    bk->counters->stock_refused++;
+    p->ops->refuse(p, id, EAGAIN, msg);
+}
+
+static int lease_try(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, bool stock, char *msg,
+                     size_t cap)
 {
     struct pool_cls cls;
     if (pool_class(bk->pool, size, &cls) < 0) {
         refuse(bk, p, id, EFBIG, "lease", "lease size beyond every size class");
         return 0;
     }
+    if (stock && stock_refusal(bk, p, &cls, msg, cap)) {
+        stock_refuse(bk, p, id, msg);
+        return 0;
+    }
+    cls.stock = stock;
     if (!fd_share_left(bk, p, id))
         return 0;
     /* A warm buffer first: if this tenant's clients still map it, its bytes are charged
@@ -232,6 +273,7 @@ static int lease_try(struct broker *bk, struct broker_peer *p, uint32_t id, uint
         refuse(bk, p, id, -r, "lease", msg);
         return 0;
     }
+    bk->counters->stock_leases += stock;
     if (warm) {
         lease_finish(bk, p, id, warm, size, &charge);
         return 0;
@@ -256,6 +298,11 @@ static int lease_try(struct broker *bk, struct broker_peer *p, uint32_t id, uint
     if (r == -ENOSPC) {
         pool_full_msg(bk, cls.size, msg, cap);
         return r;
+    }
+    if (r == -EAGAIN) { /* a stock lease: the reserve has no room even after evicting */
+        bk->counters->stock_leases--;
+        stock_refuse(bk, p, id, stock_refusal(bk, p, &cls, msg, cap) ? msg : "the stock reserve is full");
+        return 0;
     }
     lease_refused(bk, p, id, r);
     return 0;
@@ -322,7 +369,8 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     }
     if (!leases_left(bk, p, m->id, "lease"))
         return;
-    uint32_t wait = bk->loop ? m->u.lease.wait_ms : 0;
+    bool stock = (m->u.lease.flags & PROTO_LEASE_STOCK) != 0;
+    uint32_t wait = bk->loop && !stock ? m->u.lease.wait_ms : 0; /* a stock lease never waits */
     if (wait > PROTO_MAX_LEASE_WAIT_MS)
         wait = PROTO_MAX_LEASE_WAIT_MS;
     if (wait && beyond_all(bk, p, m->id, &size, 1, "lease"))
@@ -331,7 +379,7 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     struct waiters_queue *q = wait ? waiters_tenant(&bk->waiters, p->uid) : NULL;
     if (q && park_lease(bk, p, m->id, size, q->tail->blocked, wait))
         return;
-    int r = lease_try(bk, p, m->id, size, msg, sizeof(msg));
+    int r = lease_try(bk, p, m->id, size, stock, msg, sizeof(msg));
     if (r == 0)
         return;
     if (wait && park_lease(bk, p, m->id, size, -r, wait))
@@ -378,7 +426,7 @@ static void retry_leases(void *arg)
             }
             p->parked -= w->count; /* its place under max-leases goes to the lease, whatever comes */
             if (!p->closing) {
-                int r = lease_try(bk, p, w->id, w->size, msg, sizeof(msg));
+                int r = lease_try(bk, p, w->id, w->size, false, msg, sizeof(msg));
                 if (r < 0) { /* still blocked: the rest of this tenant stays behind it */
                     p->parked += w->count;
                     w->blocked = -r;
@@ -506,6 +554,7 @@ static void do_publish(struct broker *bk, struct broker_peer *p, const struct pr
         return;
     }
     bk->counters->publishes++;
+    pool_unstock(bk->pool, b->pb); /* a stock lease in use now: counted in the cap if it fits */
     /* NOREPLY: the producer knows the token from the lease reply */
     if (!(m->u.publish.flags & PROTO_PUBLISH_NOREPLY)) {
         struct proto_msg rep = { .op = PROTO_OP_PUBLISH + PROTO_OP_REPLY, .id = m->id };
@@ -688,6 +737,7 @@ struct batch {
     struct waiter *waiter;       /* a waiting batch's place in its tenant's queue, or NULL */
     bool expired;                /* its wait ran out while it was being made: undo, silently */
     bool hard;                   /* a failure that waiting would not cure (a create failed) */
+    bool stock;                  /* PROTO_LEASE_STOCK: every item from the stock reserve */
     int code;                    /* the first refusal, 0 if none */
     char msg[2 * PROTO_MAX_ERRMSG]; /* room for a reason of PROTO_MAX_ERRMSG; cut when sent */
     struct batch_item items[PROTO_MAX_BATCH];
@@ -779,7 +829,9 @@ static bool batch_done(struct batch *bt)
             waiters_remove(&bk->waiters, w);
             waiters_kick(&bk->waiters); /* the next of its tenant may go now */
         }
-        if (!p->closing && !bt->expired)
+        if (!p->closing && !bt->expired && bt->stock && bt->code == EAGAIN)
+            stock_refuse(bk, p, bt->id, bt->msg);
+        else if (!p->closing && !bt->expired)
             refuse(bk, p, bt->id, bt->code, "lease_many", bt->msg);
         free(bt);
         return false;
@@ -847,6 +899,11 @@ static bool batch_item_start(struct batch *bt, uint32_t i)
         return false;
     }
     it->csize = cls.size;
+    if (bt->stock && stock_refusal(bk, p, &cls, msg, sizeof(msg))) {
+        batch_fail(bt, i, EAGAIN, msg);
+        return false;
+    }
+    cls.stock = bt->stock;
     struct pool_buf *warm = pool_take_warm(bk->pool, &cls, p->uid);
     int r = quota_take(bk->quota, p->uid, cls.size, &it->charge, msg, sizeof(msg));
     if (r < 0) {
@@ -875,6 +932,8 @@ static bool batch_item_start(struct batch *bt, uint32_t i)
     registry_abandon(bk->reg, &it->charge, NULL);
     if (r == -ENOSPC)
         pool_full_msg(bk, cls.size, msg, sizeof(msg));
+    else if (r == -EAGAIN)
+        snprintf(msg, sizeof(msg), "the stock reserve is full");
     else if (r == -EMFILE)
         snprintf(msg, sizeof(msg), "daemon at its fd limit: its buffers hold %llu fds of the %llu it allows itself",
                  (unsigned long long)pool_fds(bk->pool), (unsigned long long)pool_fd_budget(bk->pool));
@@ -887,7 +946,7 @@ static bool batch_item_start(struct batch *bt, uint32_t i)
 /* batch_start: an attempt at n leases (checked), all or nothing. w: the batch's waiter,
  * if it waits. Returns whether w is still parked (blocked, or its buffers being made). */
 static bool batch_start(struct broker *bk, struct broker_peer *p, uint32_t id, uint32_t n, const uint64_t *sizes,
-                        struct waiter *w)
+                        struct waiter *w, bool stock)
 {
     struct batch *bt = calloc(1, sizeof(*bt));
     if (!bt) {
@@ -898,7 +957,7 @@ static bool batch_start(struct broker *bk, struct broker_peer *p, uint32_t id, u
         fail(p, id, ENOMEM, "daemon out of memory");
         return false;
     }
-    *bt = (struct batch){ .broker = bk, .peer = p, .id = id, .n = n, .waiter = w };
+    *bt = (struct batch){ .broker = bk, .peer = p, .id = id, .n = n, .waiter = w, .stock = stock };
     if (w) {
         w->busy = true;
         ((struct batch_wait *)w->data)->bt = bt;
@@ -946,11 +1005,12 @@ static void do_lease_many(struct broker *bk, struct broker_peer *p, const struct
         refuse(bk, p, m->id, EMFILE, "lease_many", msg);
         return;
     }
-    uint32_t wait = bk->loop ? m->u.lease_many.wait_ms : 0;
+    bool stock = (m->u.lease_many.flags & PROTO_LEASE_STOCK) != 0;
+    uint32_t wait = bk->loop && !stock ? m->u.lease_many.wait_ms : 0; /* a stock lease never waits */
     if (wait > PROTO_MAX_LEASE_WAIT_MS)
         wait = PROTO_MAX_LEASE_WAIT_MS;
     if (!wait) {
-        batch_start(bk, p, m->id, n, m->u.lease_many.sizes, NULL);
+        batch_start(bk, p, m->id, n, m->u.lease_many.sizes, NULL, stock);
         return;
     }
     if (beyond_all(bk, p, m->id, m->u.lease_many.sizes, n, "lease_many"))
@@ -976,7 +1036,7 @@ static void do_lease_many(struct broker *bk, struct broker_peer *p, const struct
     w->data = bw;
     w->count = n;
     p->parked += n;
-    if (q || batch_start(bk, p, m->id, n, bw->sizes, w))
+    if (q || batch_start(bk, p, m->id, n, bw->sizes, w, false))
         bk->counters->lease_waits++;
 }
 
@@ -985,7 +1045,7 @@ static void do_lease_many(struct broker *bk, struct broker_peer *p, const struct
 static bool batch_retry(struct broker *bk, struct waiter *w)
 {
     struct batch_wait *bw = w->data;
-    return !batch_start(bk, w->owner, w->id, bw->n, bw->sizes, w);
+    return !batch_start(bk, w->owner, w->id, bw->n, bw->sizes, w, false);
 }
 
 static void do_release_many(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)

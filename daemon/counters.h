@@ -16,6 +16,8 @@ struct counters {
     /* waits (protocol v2): leases parked for quota or pool space and acquires parked for a
      * publish, and those whose deadline passed (ETIMEDOUT / ENOENT) */
     uint64_t lease_waits, lease_wait_timeouts, acquire_waits, acquire_wait_timeouts;
+    /* stock leases (protocol v3) served from the stock reserve, and refused EAGAIN */
+    uint64_t stock_leases, stock_refused;
 };
 
 #endif

@@ -50,6 +50,9 @@ struct pool {
     pool_pin_cb pin_cb;
     void *pin_arg;
     struct pool_mapper *mappers; /* processes whose connection closed, still charged */
+    uint64_t stock_reserve, bytes_stock; /* see pool_set_stock */
+    pool_pin_cb stock_cb;
+    void *stock_arg;
     bool keep_pages;            /* pool_stop: retired files are no longer emptied */
     struct pool_counters counters;
     struct pool_class classes[POOL_MAX_CLASSES];
@@ -75,6 +78,7 @@ struct pool_create {
     uint64_t size;
     uint16_t cls;
     uint32_t tenant;
+    bool stock;
     int fd, err;
     pool_get_cb cb;
     void *data;
@@ -343,6 +347,25 @@ static void pin_charge(struct pool *p, struct pool_buf *b, bool on)
             p->pin_cb(p->pin_arg, b->pins[i].uid, on ? (int64_t)b->size : -(int64_t)b->size);
 }
 
+/* stock_count: size bytes of tenant's stock leases come (on) or go. */
+static void stock_count(struct pool *p, uint32_t tenant, uint64_t size, bool on)
+{
+    if (on)
+        p->bytes_stock += size;
+    else
+        p->bytes_stock -= size;
+    if (p->stock_cb)
+        p->stock_cb(p->stock_arg, tenant, on ? (int64_t)size : -(int64_t)size);
+}
+
+static void stock_mark(struct pool *p, struct pool_buf *b, bool on)
+{
+    if (b->stock == on)
+        return;
+    b->stock = on;
+    stock_count(p, b->tenant, b->size, on);
+}
+
 /* retire: a buffer leaves the pool; its fds join the batch (see flush), which first frees
  * its pages (store_empty), so whoever still maps it keeps none of them. One whose pages
  * cannot be freed (a memfd sealed against writing) and that clients still map stays,
@@ -437,20 +460,28 @@ void pool_unmapped(struct pool *p, uint64_t id, uint32_t uid)
  * and those are never warm: a producer that seals one through its own fd finds it retired
  * as tampered when it comes back; evicting one anyway leaves it pinned, so used is read
  * back from the counters.) */
-static int make_room(struct pool *p, uint64_t need)
+/* used: what counts against the cap (ordinary) or against cap + reserve (stock). */
+static uint64_t used(const struct pool *p, bool stock)
 {
-    uint64_t evictable = p->bytes_warm, used = p->bytes_alloc + p->bytes_retired_pinned;
+    uint64_t all = p->bytes_alloc + p->bytes_retired_pinned;
+    return stock ? all : all - p->bytes_stock;
+}
+
+static int make_room(struct pool *p, uint64_t need, bool stock)
+{
+    uint64_t evictable = p->bytes_warm, limit = stock ? p->cap + p->stock_reserve : p->cap;
+    if (stock && p->bytes_stock + need > p->stock_reserve)
+        return -EAGAIN;
     /* A request that would not fit even with every evictable buffer gone evicts none. */
-    if (used - evictable + need > p->cap)
-        return -ENOSPC;
-    for (struct pool_buf *b = p->lru_head, *next; b && used + need > p->cap; b = next) {
+    if (used(p, stock) - evictable + need > limit)
+        return stock ? -EAGAIN : -ENOSPC;
+    for (struct pool_buf *b = p->lru_head, *next; b && used(p, stock) + need > limit; b = next) {
         next = b->lru_next;
         lru_unlink(p, b);
         p->counters.evicted++;
         retire(p, b);
-        used = p->bytes_alloc + p->bytes_retired_pinned;
     }
-    return used + need > p->cap ? -ENOSPC : 0;
+    return used(p, stock) + need <= limit ? 0 : stock ? -EAGAIN : -ENOSPC;
 }
 
 /* make_fd_room: evict warm buffers until one more fd fits in the budget. */
@@ -494,6 +525,8 @@ static void create_done(uv_work_t *w, int status)
     if (c->err < 0) {
         p->nfds--;
         p->bytes_alloc -= c->size;
+        if (c->stock)
+            stock_count(p, c->tenant, c->size, false);
         p->counters.create_failed++;
         c->cb(p, NULL, c->err, c->data);
         free(c);
@@ -507,6 +540,7 @@ static void create_done(uv_work_t *w, int status)
     b->tenant = c->tenant;
     b->gen = 1;
     b->cls = c->cls;
+    b->stock = c->stock; /* counted since it was queued */
     p->classes[c->cls].st.size = c->size;
     p->classes[c->cls].st.total++;
     p->counters.created++;
@@ -526,6 +560,8 @@ struct pool_buf *pool_take_warm(struct pool *p, const struct pool_cls *cls, uint
 {
     /* Only the tenant's own warm buffer: every buffer is created for a tenant. */
     struct pool_buf *pick = NULL;
+    if (cls->stock && !pool_stock_room(p, cls->size))
+        return NULL;
     for (struct pool_buf *b = p->classes[cls->idx].free_head; b; b = b->cls_next) {
         if (b->tenant == tenant) {
             pick = b;
@@ -538,6 +574,8 @@ struct pool_buf *pool_take_warm(struct pool *p, const struct pool_cls *cls, uint
     pin_charge(p, pick, false); /* held again: charged to its lease, not as a pin */
     pick->gen++;
     p->counters.recycled++;
+    if (cls->stock)
+        stock_mark(p, pick, true);
     return pick;
 }
 
@@ -559,7 +597,7 @@ int pool_get_class(struct pool *p, const struct pool_cls *cls, uint32_t tenant, 
         *ret = pick;
         return 0;
     }
-    int room = make_room(p, csize);
+    int room = make_room(p, csize, cls->stock);
     if (room == 0)
         room = make_fd_room(p);
     flush(p); /* whatever was evicted, in one go */
@@ -573,6 +611,7 @@ int pool_get_class(struct pool *p, const struct pool_cls *cls, uint32_t tenant, 
     cr->size = csize;
     cr->cls = (uint16_t)idx;
     cr->tenant = tenant;
+    cr->stock = cls->stock;
     cr->fd = -1;
     cr->cb = cb;
     cr->data = data;
@@ -584,11 +623,14 @@ int pool_get_class(struct pool *p, const struct pool_cls *cls, uint32_t tenant, 
     p->bytes_alloc += csize;
     p->bytes_creating += csize;
     p->nfds++;
+    if (cls->stock)
+        stock_count(p, tenant, csize, true);
     return 1;
 }
 
 void pool_put(struct pool *p, struct pool_buf *b)
 {
+    stock_mark(p, b, false);
     if (b->sealed) /* seals are for good: publish-once */
         b->foreign = true;
     if (!b->foreign && !store_intact(&p->store, b->fd, b->size)) {
@@ -778,6 +820,44 @@ void pool_free(struct pool *p)
     free(p->batch);
     store_close(&p->store);
     free(p);
+}
+
+uint64_t pool_set_stock(struct pool *p, uint64_t reserve, pool_pin_cb cb, void *arg)
+{
+    if (!p->store.memfd) {
+        uint64_t avail = pool_fs_available(p), held = p->bytes_alloc;
+        uint64_t beyond = avail + held > p->cap ? avail + held - p->cap : 0;
+        if (reserve > beyond)
+            reserve = beyond;
+    }
+    p->stock_reserve = reserve;
+    p->stock_cb = cb;
+    p->stock_arg = arg;
+    return reserve;
+}
+
+uint64_t pool_stock_reserve(const struct pool *p) { return p->stock_reserve; }
+uint64_t pool_bytes_stock(const struct pool *p) { return p->bytes_stock; }
+uint64_t pool_bytes_retired_pinned(const struct pool *p) { return p->bytes_retired_pinned; }
+
+bool pool_stock_room(const struct pool *p, uint64_t size)
+{
+    return p->bytes_stock + size <= p->stock_reserve;
+}
+
+bool pool_unstock(struct pool *p, struct pool_buf *b)
+{
+    if (!b->stock)
+        return false;
+    /* Counted as ordinary, it must fit the cap: the reserve can never be a way past it. */
+    stock_mark(p, b, false);
+    if (make_room(p, 0, false) == 0) {
+        flush(p);
+        return true;
+    }
+    flush(p);
+    stock_mark(p, b, true);
+    return false;
 }
 
 uint64_t pool_cap(const struct pool *p) { return p->cap; }

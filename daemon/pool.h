@@ -31,6 +31,7 @@ struct pool_buf {
     bool foreign;           /* mapped by another uid than tenant: retire on return */
     bool sealed;            /* F_SEAL_WRITE added (a sealed publish): retire on return */
     bool is_free;
+    bool stock;             /* held as a stock lease: counted in the stock reserve, not the cap */
     struct pool_buf *lru_prev, *lru_next; /* all free buffers, oldest first */
     struct pool_buf *cls_prev, *cls_next; /* free buffers of this class */
     /* Client mappings (an fd sent and not forgotten, as sessions report them). A buffer
@@ -83,6 +84,7 @@ uint64_t pool_class_size(const struct pool *pool, uint64_t size);
 struct pool_cls {
     uint16_t idx;
     uint64_t size;
+    bool stock;             /* for a stock lease: from the stock reserve (see pool_set_stock) */
 };
 /* pool_class: the class of size bytes into *ret. Returns 0, or -EFBIG if too large. */
 int pool_class(const struct pool *pool, uint64_t size, struct pool_cls *ret);
@@ -144,6 +146,24 @@ uint64_t pool_mappers(const struct pool *pool);
  * leases keep their bytes). */
 void pool_stop(struct pool *pool);
 
+/* The stock reserve: bytes beyond the cap that only stock leases (kept ready by clients,
+ * not asked for by a caller yet) may take, and that ordinary leases never count: the cap
+ * applies to bytes_alloc + pinned - bytes_stock. So however much stock clients keep, an
+ * ordinary lease finds the whole cap; a stock lease that does not fit the reserve is
+ * refused (-EAGAIN) and the client leases plainly when a caller asks. */
+/* pool_set_stock: the reserve's size (clamped, for a tmpfile pool, to what the directory
+ * has beyond the cap now) and who hears of each uid's stock bytes (cb(arg, uid, delta)).
+ * Returns the reserve in force. */
+uint64_t pool_set_stock(struct pool *pool, uint64_t reserve, pool_pin_cb cb, void *arg);
+uint64_t pool_stock_reserve(const struct pool *pool);
+uint64_t pool_bytes_stock(const struct pool *pool);
+/* pool_stock_room: whether a stock lease of size bytes fits the reserve now. */
+bool pool_stock_room(const struct pool *pool, uint64_t size);
+/* pool_unstock: a stock lease became an ordinary one (its client published it): it leaves
+ * the reserve if the cap has room for it (evicting warm buffers), else it stays counted
+ * there until it comes back. Returns whether it moved. */
+bool pool_unstock(struct pool *pool, struct pool_buf *buf);
+
 /* pool_ro_fd: the read-only fd of buf (made on first use). Returns it or -errno. */
 int pool_ro_fd(struct pool *pool, struct pool_buf *buf);
 
@@ -155,6 +175,7 @@ uint64_t pool_bytes_alloc(const struct pool *pool);   /* every backing file */
 uint64_t pool_bytes_warm(const struct pool *pool);    /* free buffers, ready */
 uint64_t pool_bytes_creating(const struct pool *pool); /* buffers being created off the loop */
 uint64_t pool_bytes_pinned(const struct pool *pool);  /* buffers no lease holds that clients still map */
+uint64_t pool_bytes_retired_pinned(const struct pool *pool); /* of those, retired (sealed memfds) */
 uint64_t pool_fs_available(const struct pool *pool);  /* statvfs of the dir, now */
 const char *pool_dir(const struct pool *pool);
 const char *pool_kind(const struct pool *pool);       /* "tmpfile", "tmpfile-hugepages" or "memfd" */

@@ -15,6 +15,7 @@ struct quota_tenant {
     uint32_t buffers;  /* live buffers charged */
     uint64_t pinned;   /* bytes of retired buffers this uid's mappings keep alive: they count
                         * against its quota, but are no charge of a live buffer */
+    uint64_t stock;    /* of bytes, those of its clients' stock leases (in the pool's stock reserve) */
     /* requests of this uid refused, by cause (as the server's refused_* counters) */
     uint64_t refused_quota, refused_space, refused_limit, refused_access, refused_other;
 };
@@ -58,6 +59,11 @@ int quota_return(struct quota *q, struct quota_ticket *t);
  * is refused when charged + pinned + asked passes it) until its process unmaps them or
  * exits. Returns 0 or -ENOMEM. */
 int quota_pin(struct quota *q, uint32_t uid, int64_t delta);
+
+/* quota_stock: uid's stock bytes go up or down (the pool's stock callback). Returns 0 or
+ * -ENOMEM. quota_stock_held: uid's stock bytes now. */
+int quota_stock(struct quota *q, uint32_t uid, int64_t delta);
+uint64_t quota_stock_held(const struct quota *q, uint32_t uid);
 
 /* quota_check_pinned: -EDQUOT (the numbers in why) when uid's charges and pins are
  * already past its quota, else 0: an acquire of another tenant's buffer, which would pin

@@ -49,6 +49,12 @@ static void server_fd_caps(struct session_env *env)
     env->fd_cap_conn = env->fd_cap_uid < SERVER_FDS_PER_CONN ? env->fd_cap_uid : SERVER_FDS_PER_CONN;
 }
 
+/* stock_changed: the pool's count of uid's stock bytes, kept in its quota entry (status). */
+static void stock_changed(void *arg, uint32_t uid, int64_t delta)
+{
+    quota_stock(arg, uid, delta);
+}
+
 int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
 {
     const char *why = NULL;
@@ -68,6 +74,12 @@ int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
         (r = registry_new(loop, s->pool, s->quota, &s->reg)) < 0 || (r = server_apply_limits(s)) < 0) {
         log_error("cannot start: %s", strerror(-r));
         return r;
+    }
+    uint64_t reserve = pool_set_stock(s->pool, opt->stock_reserve, stock_changed, s->quota);
+    if (reserve < opt->stock_reserve) {
+        char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX];
+        log_notice("stock reserve %s instead of %s: that is what %s has beyond the pool size",
+                   units_format(reserve, a), units_format(opt->stock_reserve, b), opt->pool_dir);
     }
     s->broker = (struct broker){ .opt = opt, .pool = s->pool, .quota = s->quota, .reg = s->reg,
                                  .counters = &s->counters };

@@ -237,7 +237,7 @@ int store_setup_hugepages(const struct options *o)
      * file (fallocate through its O_RDWR fd) takes at most what the pool may hold. (The
      * pool counts a batch of retired buffers until it is closed off the loop, and a
      * create that finds their pages not freed yet waits for them: see pool.c.) */
-    uint64_t bytes = o->pool_size;
+    uint64_t bytes = o->pool_size + o->stock_reserve; /* the stock reserve is beyond the cap */
     int r = mount_huge(o->pool_dir, bytes, uid, gid, why, sizeof(why));
     if (r == 0) {
         log_info("mounted a private huge-page tmpfs (huge=within_size, at most %s) over %s",
