@@ -856,6 +856,8 @@ static bool batch_done(struct batch *bt)
         fds[i] = it->buf->pb->fd;
     }
     bk->counters->leases += bt->n;
+    if (bt->stock)
+        bk->counters->stock_leases += bt->n;
     p->ops->reply_many(p, &r, fds);
     free(bt);
     return false;
