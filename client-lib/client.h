@@ -117,6 +117,7 @@ struct stock_class {
     uint64_t capacity, lo;
     shmref_buf *ready[STOCK_MAX_DEPTH];
     unsigned n_ready, inflight;
+    unsigned skip;          /* refills not asked for after the daemon refused one (EAGAIN) */
     uint64_t last_use;
     bool used;
 };

@@ -303,6 +303,7 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
         b->size = src->size;
         b->capacity = src->capacity;
         b->sealed = src->sealed;
+        b->retire = src->retire;
         memcpy(b->token, src->token, SHMREF_TOKEN_LEN);
         if (src->meta_len)
             memcpy(b->meta, src->meta, src->meta_len);

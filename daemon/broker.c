@@ -273,8 +273,8 @@ static int lease_try(struct broker *bk, struct broker_peer *p, uint32_t id, uint
         refuse(bk, p, id, -r, "lease", msg);
         return 0;
     }
-    bk->counters->stock_leases += stock;
     if (warm) {
+        bk->counters->stock_leases += stock;
         lease_finish(bk, p, id, warm, size, &charge);
         return 0;
     }
@@ -284,6 +284,7 @@ static int lease_try(struct broker *bk, struct broker_peer *p, uint32_t id, uint
         *pl = (struct pending_lease){ .broker = bk, .peer = p, .id = id, .size = size, .charge = charge };
     r = pl ? pool_get_class(bk->pool, &cls, p->uid, &pb, lease_created, pl) : -ENOMEM;
     if (r == 1) {
+        bk->counters->stock_leases += stock;
         p->ops->ref(p);
         p->pending++;
         bk->pending_bytes += cls.size;
@@ -291,6 +292,7 @@ static int lease_try(struct broker *bk, struct broker_peer *p, uint32_t id, uint
     }
     free(pl);
     if (r == 0) {
+        bk->counters->stock_leases += stock;
         lease_finish(bk, p, id, pb, size, &charge);
         return 0;
     }
@@ -300,7 +302,6 @@ static int lease_try(struct broker *bk, struct broker_peer *p, uint32_t id, uint
         return r;
     }
     if (r == -EAGAIN) { /* a stock lease: the reserve has no room even after evicting */
-        bk->counters->stock_leases--;
         stock_refuse(bk, p, id, stock_refusal(bk, p, &cls, msg, cap) ? msg : "the stock reserve is full");
         return 0;
     }
