@@ -478,13 +478,15 @@ void shmref_close(shmref_conn *conn)
             pending_drain(conn, ms);
     }
     /* Release every handle (one-way, no round trips). A pinned buffer (its unit's Arrow
-     * exports are alive) stays: the last export releases it. */
-    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
+     * exports are alive) stays: the last export releases it. Mappings the daemon will
+     * retire are unmapped and forgotten on the way (lease_forget), so it need not charge
+     * them to this process until it exits. */
     for (shmref_buf *b = conn->bufs, *next; b; b = next) {
         next = b->next;
         if (!b->pinned)
             shmref_release(b); /* unlinks and frees b */
     }
+    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     while (conn->bufs) {
         shmref_buf *b = conn->bufs;
         conn->bufs = b->next;

@@ -54,6 +54,7 @@ struct shmref_buf {
     bool writable, published;
     bool pinned;            /* held by a unit's exports: outlives shmref_close */
     bool sealed;                /* an acquired sealed buffer, its seals checked */
+    bool retire;                /* PROTO_BUF_RETIRE: unmapped when its last local user goes */
     struct client_share *share; /* an acquired handle shared locally, else NULL */
     void *meta;
     size_t meta_len;
@@ -116,6 +117,7 @@ struct stock_class {
     uint64_t capacity, lo;
     shmref_buf *ready[STOCK_MAX_DEPTH];
     unsigned n_ready, inflight;
+    unsigned skip;          /* refills not asked for after the daemon refused one (EAGAIN) */
     uint64_t last_use;
     bool used;
 };
@@ -322,6 +324,9 @@ unsigned mapcache_drop_idle(struct mapcache *mc);
 /* mapcache_drop: unmap the mapping at addr, whoever uses it (telling on_unmap): for a
  * buffer whose writable mapping must be gone before it is sealed. */
 void mapcache_drop(struct mapcache *mc, void *addr);
+/* mapcache_drop_idle_one: mapcache_drop of addr if no one uses it (a buffer the daemon
+ * retires: PROTO_BUF_RETIRE). */
+void mapcache_drop_idle_one(struct mapcache *mc, void *addr);
 /* mapcache_clear: unmap everything (the connection closes). */
 void mapcache_clear(struct mapcache *mc);
 

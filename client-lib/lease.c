@@ -60,6 +60,7 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
     if (!(b = calloc(1, sizeof(*b))))
         goto fail;
     b->sealed = sealed;
+    b->retire = (flags & PROTO_BUF_RETIRE) != 0;
     b->handle = handle;
     b->buf_id = buf_id;
     b->size = size;
@@ -106,8 +107,13 @@ uint64_t lease_forget(shmref_buf *buf)
 {
     uint64_t handle = buf->handle;
     unlink_buf(buf);
-    if (buf->data)
+    if (buf->data) {
         mapcache_put(&buf->conn->cache, buf->data);
+        /* The daemon retires this buffer after its last release: a cached mapping would
+         * never be used again, and would pin its pages (a sealed buffer's) until exit. */
+        if (buf->retire)
+            mapcache_drop_idle_one(&buf->conn->cache, buf->data);
+    }
     if (buf->share) {
         if (atomic_fetch_sub(&buf->share->refs, 1) == 1)
             free(buf->share);
@@ -297,6 +303,7 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
         b->size = src->size;
         b->capacity = src->capacity;
         b->sealed = src->sealed;
+        b->retire = src->retire;
         memcpy(b->token, src->token, SHMREF_TOKEN_LEN);
         if (src->meta_len)
             memcpy(b->meta, src->meta, src->meta_len);

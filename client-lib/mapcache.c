@@ -153,6 +153,16 @@ void mapcache_drop(struct mapcache *mc, void *addr)
     }
 }
 
+void mapcache_drop_idle_one(struct mapcache *mc, void *addr)
+{
+    for (unsigned i = 0; i < mc->n; i++)
+        if (mc->v[i].addr == addr) {
+            if (mc->v[i].users == 0)
+                mapcache_drop(mc, addr);
+            return;
+        }
+}
+
 void mapcache_clear(struct mapcache *mc)
 {
     for (unsigned i = 0; i < mc->n; i++)

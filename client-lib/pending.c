@@ -59,6 +59,7 @@ static void build(const struct pending *p, struct proto_msg *req)
     case PROTO_OP_LEASE:
         req->u.lease.size = p->size;
         req->u.lease.wait_ms = p->wait_ms;
+        req->u.lease.flags = p->refill ? PROTO_LEASE_STOCK : 0; /* the daemon bounds the stock */
         break;
     case PROTO_OP_ACQUIRE:
         memcpy(req->u.acquire.token, p->desc.token, PROTO_TOKEN_LEN);
@@ -67,6 +68,7 @@ static void build(const struct pending *p, struct proto_msg *req)
     case PROTO_OP_LEASE_MANY:
         req->u.lease_many.n = p->n;
         req->u.lease_many.wait_ms = p->wait_ms;
+        req->u.lease_many.flags = p->refill ? PROTO_LEASE_STOCK : 0;
         memcpy(req->u.lease_many.sizes, p->sizes, p->n * sizeof(uint64_t));
         break;
     default: /* status, ping: no fields */
@@ -410,7 +412,10 @@ static void dispatch(shmref_conn *conn, const struct proto_msg *rep, int *fds, u
     if (rep->op == PROTO_OP_ERROR) {
         for (unsigned i = 0; i < nfds; i++)
             close(fds[i]);
-        if (retry(conn, p, rep->u.error.code)) {
+        /* A refill a caller took over, refused by the stock reserve: asked again plainly
+         * (p->refill is false now, so it goes without the stock flag). */
+        bool plain = refill && rep->u.error.code == EAGAIN && (p->owner == PENDING_WAIT || p->owner == PENDING_USER);
+        if ((plain && pending_submit(conn, p) == 0) || retry(conn, p, rep->u.error.code)) {
             memcpy(conn->errmsg, keep, sizeof(keep));
             if (refill)
                 pending_resend_parked(conn);

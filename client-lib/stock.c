@@ -62,8 +62,17 @@ static unsigned empty(struct stock_class *c)
 }
 
 /* refill: ask for k leases of class c, without waiting. */
+/* After the daemon refuses a stock refill (EAGAIN: its stock reserve or this uid's stock
+ * cap is full, or the class is too large for a stock), so many refills of the class are
+ * not asked for: leases of it go plainly meanwhile. */
+#define STOCK_SKIP_AFTER_REFUSAL 64
+
 static void refill(shmref_conn *conn, struct stock_class *c, unsigned k)
 {
+    if (c->skip > 0) {
+        c->skip--;
+        return;
+    }
     while (k > 0) {
         bool many = CLIENT_WIRE_BATCH && k > 1;
         struct pending *p = pending_new(conn, many ? PROTO_OP_LEASE_MANY : PROTO_OP_LEASE, PENDING_STOCK);
@@ -154,6 +163,8 @@ void stock_arrived(shmref_conn *conn, struct pending *p)
     struct stock_class *c = by_capacity(conn, p->size);
     if (c)
         c->inflight -= n < c->inflight ? n : c->inflight;
+    if (c && p->result == -EAGAIN)
+        c->skip = STOCK_SKIP_AFTER_REFUSAL;
     for (unsigned i = 0; v && i < n; i++) {
         if (!v[i])
             continue;

@@ -26,6 +26,7 @@ struct batch {
     struct waiter *waiter;       /* a waiting batch's place in its tenant's queue, or NULL */
     bool expired;                /* its wait ran out while it was being made: undo, silently */
     bool hard;                   /* a failure that waiting would not cure (a create failed) */
+    bool stock;                  /* PROTO_LEASE_STOCK: every item from the stock reserve */
     int code;                    /* the first refusal, 0 if none */
     char msg[2 * PROTO_MAX_ERRMSG]; /* room for a reason of PROTO_MAX_ERRMSG; cut when sent */
     struct batch_item items[PROTO_MAX_BATCH];
@@ -108,7 +109,9 @@ static bool batch_done(struct batch *bt)
         }
         if (w)
             unpark(bk, w);
-        if (!p->closing && !bt->expired)
+        if (!p->closing && !bt->expired && bt->stock && bt->code == EAGAIN)
+            lease_stock_refuse(bk, p, bt->id, bt->msg);
+        else if (!p->closing && !bt->expired)
             peer_refuse(bk, p, bt->id, bt->code, "lease_many", bt->msg);
         free(bt);
         return false;
@@ -130,6 +133,8 @@ static bool batch_done(struct batch *bt)
         fds[i] = a->buf->pb->fd;
     }
     bk->counters->leases += bt->n;
+    if (bt->stock)
+        bk->counters->stock_leases += bt->n;
     p->ops->reply_many(p, &r, fds);
     free(bt);
     return false;
@@ -151,7 +156,7 @@ static void item_done(struct lease_attempt *a, int err, const char *msg)
 /* batch_start: an attempt at n leases (checked), all or nothing. w: the batch's waiter,
  * if it waits. Returns whether w is still parked (blocked, or its buffers being made). */
 static bool batch_start(struct broker *bk, struct broker_peer *p, uint32_t id, uint32_t n, const uint64_t *sizes,
-                        struct waiter *w)
+                        struct waiter *w, bool stock)
 {
     struct batch *bt = calloc(1, sizeof(*bt));
     if (!bt) {
@@ -160,7 +165,7 @@ static bool batch_start(struct broker *bk, struct broker_peer *p, uint32_t id, u
         peer_fail(p, id, ENOMEM, "daemon out of memory");
         return false;
     }
-    *bt = (struct batch){ .broker = bk, .peer = p, .id = id, .n = n, .waiter = w };
+    *bt = (struct batch){ .broker = bk, .peer = p, .id = id, .n = n, .waiter = w, .stock = stock };
     if (w) {
         w->busy = true;
         ((struct batch_wait *)w->data)->bt = bt;
@@ -168,7 +173,8 @@ static bool batch_start(struct broker *bk, struct broker_peer *p, uint32_t id, u
     char msg[PROTO_MAX_ERRMSG];
     for (uint32_t i = 0; i < n; i++) {
         struct batch_item *it = &bt->items[i];
-        *it = (struct batch_item){ .a = { .bk = bk, .p = p, .size = sizes[i], .waits = w != NULL, .done = item_done },
+        *it = (struct batch_item){ .a = { .bk = bk, .p = p, .size = sizes[i], .waits = w != NULL, .stock = stock,
+                                          .done = item_done },
                                    .bt = bt };
         int r = lease_attempt(&it->a, msg, sizeof(msg));
         if (r == 1) {
@@ -210,11 +216,12 @@ void batch_lease_many(struct broker *bk, struct broker_peer *p, const struct pro
     }
     if (!lease_fd_share_left(bk, p, m->id, n, "lease_many"))
         return;
-    uint32_t wait = bk->loop ? m->u.lease_many.wait_ms : 0;
+    bool stock = (m->u.lease_many.flags & PROTO_LEASE_STOCK) != 0;
+    uint32_t wait = bk->loop && !stock ? m->u.lease_many.wait_ms : 0; /* a stock lease never waits */
     if (wait > PROTO_MAX_LEASE_WAIT_MS)
         wait = PROTO_MAX_LEASE_WAIT_MS;
     if (!wait) {
-        batch_start(bk, p, m->id, n, m->u.lease_many.sizes, NULL);
+        batch_start(bk, p, m->id, n, m->u.lease_many.sizes, NULL, stock);
         return;
     }
     if (lease_beyond_all(bk, p, m->id, m->u.lease_many.sizes, n, "lease_many") ||
@@ -240,14 +247,14 @@ void batch_lease_many(struct broker *bk, struct broker_peer *p, const struct pro
     memcpy(bw->sizes, m->u.lease_many.sizes, n * sizeof(bw->sizes[0]));
     w->data = bw;
     waiters_set_count(w, n);
-    if (q || batch_start(bk, p, m->id, n, bw->sizes, w))
+    if (q || batch_start(bk, p, m->id, n, bw->sizes, w, false))
         bk->counters->lease_waits++;
 }
 
 bool batch_retry(struct broker *bk, struct waiter *w)
 {
     struct batch_wait *bw = w->data;
-    return !batch_start(bk, w->owner, w->id, bw->n, bw->sizes, w);
+    return !batch_start(bk, w->owner, w->id, bw->n, bw->sizes, w, false);
 }
 
 void batch_release_many(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)

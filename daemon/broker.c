@@ -35,7 +35,8 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     }
     if (!peer_leases_left(bk, p, m->id, "lease"))
         return;
-    uint32_t wait = bk->loop ? m->u.lease.wait_ms : 0;
+    bool stock = (m->u.lease.flags & PROTO_LEASE_STOCK) != 0;
+    uint32_t wait = bk->loop && !stock ? m->u.lease.wait_ms : 0; /* a stock lease never waits */
     if (wait > PROTO_MAX_LEASE_WAIT_MS)
         wait = PROTO_MAX_LEASE_WAIT_MS;
     if (wait && lease_beyond_all(bk, p, m->id, &size, 1, "lease"))
@@ -44,7 +45,7 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     struct waiters_queue *q = wait ? waiters_tenant(&bk->waiters, p->uid) : NULL;
     if (q && waits_park_lease(bk, p, m->id, size, q->tail->blocked, wait) != -ENOMEM)
         return; /* parked, or refused at --max-parked-per-uid */
-    int r = lease_one(bk, p, m->id, size, wait != 0, msg, sizeof(msg));
+    int r = lease_one(bk, p, m->id, size, wait != 0, stock, msg, sizeof(msg));
     if (r == 0)
         return;
     if (wait && waits_park_lease(bk, p, m->id, size, -r, wait) != -ENOMEM)
@@ -113,6 +114,7 @@ static void do_publish(struct broker *bk, struct broker_peer *p, const struct pr
         return;
     }
     bk->counters->publishes++;
+    pool_unstock(bk->pool, b->pb); /* a stock lease in use now: counted in the cap if it fits */
     /* NOREPLY: the producer knows the token from the lease reply */
     if (!(m->u.publish.flags & PROTO_PUBLISH_NOREPLY)) {
         struct proto_msg rep = { .op = PROTO_OP_PUBLISH + PROTO_OP_REPLY, .id = m->id };
@@ -210,6 +212,18 @@ void broker_resend(struct broker *bk, struct broker_peer *p, uint32_t id, uint64
         return;
     }
     peer_send_buffer(p, id, handle, l->buf, fd);
+}
+
+bool broker_pins_after_close(struct broker *bk, uint64_t buf_id)
+{
+    return pool_pins_after_close(bk->pool, buf_id);
+}
+
+void broker_hold_until_exit(struct broker *bk, struct broker_peer *p, int pidfd, const uint64_t *ids, unsigned n)
+{
+    if (pool_hold_until_exit(bk->pool, p->uid, p->pid, pidfd, ids, n) < 0)
+        log_warning("client %llu pid=%d uid=%u: out of memory: its mappings of %u sealed buffer%s are no longer "
+                    "charged to it", (unsigned long long)p->id, (int)p->pid, (unsigned)p->uid, n, n == 1 ? "" : "s");
 }
 
 uint32_t broker_disconnect(struct broker *bk, struct broker_peer *p)

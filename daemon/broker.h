@@ -38,6 +38,12 @@ void broker_check(struct broker *b);
  * against the pool's cap and p's tenant quota until its last mapping goes. */
 void broker_mapped(struct broker *b, struct broker_peer *p, uint64_t buf_id);
 void broker_unmapped(struct broker *b, struct broker_peer *p, uint64_t buf_id);
+/* broker_pins_after_close: whether a mapping of buf_id outlives what the daemon can free
+ * (pool_pins_after_close): a closing connection hands those to broker_hold_until_exit. */
+bool broker_pins_after_close(struct broker *b, uint64_t buf_id);
+/* broker_hold_until_exit: p's connection closed while it mapped ids[0..n); they stay
+ * charged to p's uid until p's process exits (pidfd, taken). */
+void broker_hold_until_exit(struct broker *b, struct broker_peer *p, int pidfd, const uint64_t *ids, unsigned n);
 
 /* broker_resend: the lease or acquire reply for request id, held back by p for room for
  * its fd, goes now, rebuilt from handle (which must still name buffer buf_id; if the

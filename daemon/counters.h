@@ -17,6 +17,8 @@ struct counters {
      * publish, and those whose deadline passed (ETIMEDOUT / ENOENT) */
     uint64_t lease_waits, lease_wait_timeouts, acquire_waits, acquire_wait_timeouts;
     uint64_t fd_waits;         /* replies that waited on ETOOMANYREFS (from the transport) */
+    /* stock leases (protocol v3) served from the stock reserve, and refused EAGAIN */
+    uint64_t stock_leases, stock_refused;
 };
 
 #endif

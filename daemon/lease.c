@@ -87,6 +87,39 @@ static void created(struct pool *pool, struct pool_buf *pb, int err, void *data)
     ledgers_check(bk);
 }
 
+/* stock_refusal: why a stock lease of class cls does not fit (its size, the uid's stock
+ * cap, the reserve), with the numbers in msg, or NULL when it fits. */
+static const char *stock_refusal(struct broker *bk, struct broker_peer *p, const struct pool_cls *cls, char *msg,
+                                 size_t cap)
+{
+    char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX], c[UNITS_TEXT_MAX];
+    const struct options *o = bk->opt;
+    uint64_t mine = quota_stock_held(bk->quota, p->uid);
+    if (cls->size > o->stock_max_lease)
+        snprintf(msg, cap, "a stock lease of %s (%llu bytes) exceeds the largest stock lease %s (%llu bytes)",
+                 units_format(cls->size, a), (unsigned long long)cls->size, units_format(o->stock_max_lease, b),
+                 (unsigned long long)o->stock_max_lease);
+    else if (mine + cls->size > o->stock_per_uid)
+        snprintf(msg, cap, "uid %u's stock holds %s (%llu bytes); %s (%llu bytes) more would pass its stock cap "
+                 "%s (%llu bytes)", (unsigned)p->uid, units_format(mine, a), (unsigned long long)mine,
+                 units_format(cls->size, b), (unsigned long long)cls->size, units_format(o->stock_per_uid, c),
+                 (unsigned long long)o->stock_per_uid);
+    else if (!pool_stock_room(bk->pool, cls->size))
+        snprintf(msg, cap, "the stock reserve is full: %s (%llu bytes) of %s (%llu bytes) held; %s (%llu bytes) asked",
+                 units_format(pool_bytes_stock(bk->pool), a), (unsigned long long)pool_bytes_stock(bk->pool),
+                 units_format(pool_stock_reserve(bk->pool), b), (unsigned long long)pool_stock_reserve(bk->pool),
+                 units_format(cls->size, c), (unsigned long long)cls->size);
+    else
+        return NULL;
+    return msg;
+}
+
+void lease_stock_refuse(struct broker *bk, struct broker_peer *p, uint32_t id, const char *msg)
+{
+    bk->counters->stock_refused++;
+    p->ops->refuse(p, id, EAGAIN, msg);
+}
+
 int lease_attempt(struct lease_attempt *a, char *msg, size_t cap)
 {
     struct broker *bk = a->bk;
@@ -100,6 +133,9 @@ int lease_attempt(struct lease_attempt *a, char *msg, size_t cap)
         return -EFBIG;
     }
     a->csize = cls.size;
+    if (a->stock && stock_refusal(bk, p, &cls, msg, cap))
+        return -EAGAIN;
+    cls.stock = a->stock;
     struct pool_buf *warm = pool_take_warm(bk->pool, &cls, p->uid);
     int r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
     /* What the tenant retained and nobody holds goes first, oldest first: retention
@@ -127,6 +163,8 @@ int lease_attempt(struct lease_attempt *a, char *msg, size_t cap)
     registry_abandon(bk->reg, &a->charge, NULL);
     if (r == -ENOSPC)
         pool_full_msg(bk, cls.size, msg, cap);
+    else if (r == -EAGAIN) /* a stock lease: the reserve has no room even after evicting */
+        (void)(stock_refusal(bk, p, &cls, msg, cap) || snprintf(msg, cap, "the stock reserve is full"));
     else if (r == -EMFILE)
         snprintf(msg, cap, "daemon at its fd limit: its buffers hold %llu fds of the %llu it allows itself "
                  "(three quarters of RLIMIT_NOFILE); release buffers or raise LimitNOFILE",
@@ -149,7 +187,10 @@ static void single_answer(struct single *s, int r, const char *msg)
     struct lease_attempt *a = &s->a;
     if (r == 0) {
         a->bk->counters->leases++;
+        a->bk->counters->stock_leases += a->stock;
         peer_send_buffer(a->p, s->id, a->handle, a->buf, a->buf->pb->fd);
+    } else if (r == -EAGAIN && a->stock && !a->p->closing) {
+        lease_stock_refuse(a->bk, a->p, s->id, msg);
     } else if (r != -ECANCELED && !a->p->closing) {
         peer_refuse(a->bk, a->p, s->id, -r, "lease", msg);
     }
@@ -162,8 +203,8 @@ static void single_done(struct lease_attempt *a, int err, const char *msg)
     free(s);
 }
 
-int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, bool waits, char *msg,
-              size_t cap)
+int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, bool waits, bool stock,
+              char *msg, size_t cap)
 {
     struct pool_cls cls;
     if (pool_class(bk->pool, size, &cls) < 0) {
@@ -177,7 +218,8 @@ int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t si
         peer_fail(p, id, ENOMEM, "daemon out of memory");
         return 0;
     }
-    *s = (struct single){ .a = { .bk = bk, .p = p, .size = size, .waits = waits, .done = single_done },
+    *s = (struct single){ .a = { .bk = bk, .p = p, .size = size, .waits = waits, .stock = stock,
+                                 .done = single_done },
                          .id = id };
     int r = lease_attempt(&s->a, msg, cap);
     if (r == 1)

@@ -31,6 +31,9 @@ struct lease_attempt {
     bool cancelled;              /* its owner no longer wants it: a buffer made goes back */
     bool waits;                  /* the lease waits for quota (wait_ms): its tenant's retained
                                   * buffers are its consumers' to take, not reclaimed for it */
+    bool stock;                  /* PROTO_LEASE_STOCK: from the pool's stock reserve, never
+                                  * waits; refused -EAGAIN when the reserve or the uid's
+                                  * stock cap has no room */
     lease_done_cb done;          /* called once, for an attempt that returned 1 */
 };
 
@@ -44,8 +47,12 @@ int lease_attempt(struct lease_attempt *a, char *msg, size_t cap);
  * for quota) tried once: 0 when it
  * is answered (served, on its way, or refused with a reply), or -EDQUOT / -ENOSPC with
  * nothing sent and the refusal's text in msg (the caller refuses, or parks it). */
-int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, bool waits, char *msg,
-              size_t cap);
+int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, bool waits, bool stock,
+              char *msg, size_t cap);
+
+/* lease_stock_refuse: EAGAIN for a stock lease: routine (the client leases plainly when a
+ * caller asks), so counted but not logged. */
+void lease_stock_refuse(struct broker *bk, struct broker_peer *p, uint32_t id, const char *msg);
 
 /* lease_beyond_all: leases of n sizes asked together (a batch waits as one) that need
  * more than the tenant's whole quota or the whole pool, which waiting cannot cure:

@@ -18,7 +18,7 @@
 #include "paths.h"
 #include "units.h"
 
-enum type { T_STR, T_MODE, T_SIZE, T_COUNT, T_BOOL, T_TRI, T_UIDS, T_GIDS, T_COUNT0 /* 0 allowed */ };
+enum type { T_STR, T_MODE, T_SIZE, T_COUNT, T_BOOL, T_TRI, T_UIDS, T_GIDS, T_COUNT0 /* 0 allowed */, T_SIZE0 };
 
 struct key {
     const char *name;
@@ -51,6 +51,10 @@ static const struct key keys[] = {
       "requests of one uid waiting (wait_ms) on all its connections (4 x max-leases)" },
     { "idle-timeout", 0, T_COUNT0, OFF(idle_timeout),
       "seconds a connection holding nothing may stay silent; 0: forever (600)" },
+    { "stock-reserve", 0, T_SIZE0, OFF(stock_reserve),
+      "bytes beyond pool-size for clients' lease stocks; 0: no stock (pool-size/16, at most 64M)" },
+    { "stock-max-lease", 0, T_SIZE, OFF(stock_max_lease), "largest stock lease (a quarter of stock-reserve, at most 4M)" },
+    { "stock-per-uid", 0, T_SIZE, OFF(stock_per_uid), "stock bytes one uid may hold (a quarter of stock-reserve)" },
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 #define FIELD(o, k, T) ((T *)((char *)(o) + (k)->off))
@@ -148,6 +152,10 @@ static int set_key(struct options *o, unsigned i, const char *value, char *err, 
             return errf(err, len, "%s: '%s' is not a size in bytes (like 4096, 64M or 2G)", k->name, value);
         break;
     }
+    case T_SIZE0:
+        if (units_parse(value, FIELD(o, k, uint64_t)) < 0)
+            return errf(err, len, "%s: '%s' is not a size in bytes (like 0, 4096 or 64M)", k->name, value);
+        break;
     case T_COUNT: {
         uint32_t *p = FIELD(o, k, uint32_t);
         if (parse_count(value, 10, UINT32_MAX, p) < 0 || *p == 0)
@@ -208,7 +216,7 @@ static void usage(FILE *f)
           "Broker of pre-faulted shared-memory buffers over a Unix socket.\n\n", f);
     for (unsigned i = 0; i < NKEYS; i++) {
         char left[64];
-        const char *arg = keys[i].type == T_BOOL ? "" : keys[i].type == T_SIZE ? " BYTES" : " VALUE";
+        const char *arg = keys[i].type == T_BOOL ? "" : keys[i].type == T_SIZE || keys[i].type == T_SIZE0 ? " BYTES" : " VALUE";
         if (keys[i].short_opt)
             snprintf(left, sizeof(left), "-%c, --%s%s", keys[i].short_opt, keys[i].name, arg);
         else
@@ -361,7 +369,7 @@ static int copy_key(struct options *dst, const struct options *src, unsigned i)
     case T_MODE:
     case T_COUNT0:
     case T_COUNT: *FIELD(dst, k, uint32_t) = *FIELD(src, k, const uint32_t); break;
-    case T_SIZE: *FIELD(dst, k, uint64_t) = *FIELD(src, k, const uint64_t); break;
+    case T_SIZE: case T_SIZE0: *FIELD(dst, k, uint64_t) = *FIELD(src, k, const uint64_t); break;
     case T_BOOL: *FIELD(dst, k, bool) = *FIELD(src, k, const bool); break;
     case T_TRI: *FIELD(dst, k, int) = *FIELD(src, k, const int); break;
     case T_UIDS:
@@ -435,6 +443,17 @@ int options_resolve(struct options *o, uint64_t dir_available)
         o->tenant_quota = o->pool_size / 2;
     if (!o->max_lease_size)
         o->max_lease_size = o->pool_size;
+    if (!options_given(o, "stock-reserve")) {
+        o->stock_reserve = o->pool_size / 16 < OPTIONS_DEFAULT_STOCK_MAX ? o->pool_size / 16 : OPTIONS_DEFAULT_STOCK_MAX;
+        /* beyond the cap: only what the pool's directory has beyond it */
+        uint64_t beyond = dir_available > o->pool_size ? dir_available - o->pool_size : 0;
+        if (o->stock_reserve > beyond)
+            o->stock_reserve = beyond;
+    }
+    if (!o->stock_max_lease)
+        o->stock_max_lease = o->stock_reserve / 4 < (4u << 20) ? o->stock_reserve / 4 : (4u << 20);
+    if (!o->stock_per_uid)
+        o->stock_per_uid = o->stock_reserve / 4;
     return 0;
 }
 
@@ -459,7 +478,7 @@ void options_print(const struct options *o, FILE *f)
         case T_MODE: fprintf(f, "%04o", *FIELD(o, k, const uint32_t)); break;
         case T_COUNT0:
         case T_COUNT: fprintf(f, "%u", *FIELD(o, k, const uint32_t)); break;
-        case T_SIZE: fprintf(f, "%llu", (unsigned long long)*FIELD(o, k, const uint64_t)); break;
+        case T_SIZE: case T_SIZE0: fprintf(f, "%llu", (unsigned long long)*FIELD(o, k, const uint64_t)); break;
         case T_BOOL: fprintf(f, "%s", *FIELD(o, k, const bool) ? "yes" : "no"); break;
         case T_TRI: {
             static const char *const v[] = { "auto", "yes", "no" };

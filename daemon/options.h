@@ -15,6 +15,7 @@
 
 #define OPTIONS_DEFAULT_CONFIG "/etc/shmrefd/shmrefd.conf"
 #define OPTIONS_DEFAULT_POOL_MAX (1ULL << 30)
+#define OPTIONS_DEFAULT_STOCK_MAX (64ULL << 20)
 #define OPTIONS_DEFAULT_MAX_LEASES 4096
 #define OPTIONS_DEFAULT_MAX_CLIENTS 1024
 #define OPTIONS_DEFAULT_IDLE_TIMEOUT 600 /* seconds */
@@ -40,6 +41,10 @@ struct options {
     uint64_t pool_size;       /* default: min(1 GiB, half of what the dir has) */
     uint64_t tenant_quota;    /* default: half of pool_size */
     uint64_t max_lease_size;  /* default: pool_size */
+    uint64_t stock_reserve;   /* beyond pool_size, for stock leases (default: pool_size/16, <= 64 MiB,
+                               * and what pool_dir has beyond pool_size); 0: no stock */
+    uint64_t stock_max_lease; /* largest stock lease (default: stock_reserve/4, <= 4 MiB) */
+    uint64_t stock_per_uid;   /* stock bytes one uid may hold (default: stock_reserve/4) */
     uint32_t max_leases;      /* per connection */
     uint32_t max_clients;
     bool memfd;

@@ -16,6 +16,13 @@
 #include "store.h"
 #include "units.h"
 
+/* pool_doomed: an fd of a retired buffer, to close; empty > 0: free the file's pages first
+ * (store_empty over that many bytes), so no stale mapping keeps them. */
+struct pool_doomed {
+    int fd;
+    uint64_t empty;
+};
+
 struct pool_class {
     struct pool_class_stat st;
     struct pool_buf *free_head;
@@ -29,10 +36,11 @@ struct pool {
     uint64_t bytes_alloc, bytes_warm, bytes_creating;
     uint64_t next_id;
     uint64_t nfds, fd_budget;   /* fds held by buffers (and being created), and the most */
-    int *batch;                 /* fds of retired buffers, to close (see flush) */
+    struct pool_doomed *batch;  /* fds of retired buffers, to empty and close (see flush) */
     unsigned nbatch, batch_cap;
     uint64_t batch_bytes;
     _Atomic uint64_t closing_bytes; /* batches queued to close off the loop, not yet closed */
+    _Atomic uint64_t empty_failed;  /* store_empty failures (off the loop), for the log */
     bool closing;               /* pool_free: the loop no longer runs */
     struct pool_buf *lru_head, *lru_tail;
     struct pool_buf **ids;      /* every buffer (live, warm or pinned) by id */
@@ -41,8 +49,27 @@ struct pool {
     uint64_t bytes_retired_pinned; /* of those, retired: outside bytes_alloc, inside the cap */
     pool_pin_cb pin_cb;
     void *pin_arg;
+    struct pool_mapper *mappers; /* processes whose connection closed, still charged */
+    uint64_t stock_reserve, bytes_stock; /* see pool_set_stock */
+    pool_pin_cb stock_cb;
+    void *stock_arg;
+    bool keep_pages;            /* pool_stop: retired files are no longer emptied */
     struct pool_counters counters;
     struct pool_class classes[POOL_MAX_CLASSES];
+};
+
+/* pool_mapper: a client process whose connection closed while it mapped buffers whose
+ * pages the pool cannot free (sealed memfds). Its mappings stay counted (charged to uid)
+ * until its pidfd turns readable: the process exited, and its mappings with it. */
+struct pool_mapper {
+    uv_poll_t poll;
+    struct pool *pool;
+    pid_t pid;
+    uint32_t uid;
+    int pidfd;
+    unsigned n, cap;
+    uint64_t *ids;
+    struct pool_mapper *next;
 };
 
 struct pool_create {
@@ -51,6 +78,7 @@ struct pool_create {
     uint64_t size;
     uint16_t cls;
     uint32_t tenant;
+    bool stock;
     int fd, err;
     pool_get_cb cb;
     void *data;
@@ -235,14 +263,22 @@ struct pool_close {
     struct pool *pool;
     uint64_t bytes;
     unsigned n;
-    int fds[];
+    struct pool_doomed fds[];
 };
+
+/* doom: empty (if asked) and close one fd; any thread. */
+static void doom(struct pool *p, const struct pool_doomed *d)
+{
+    if (d->empty && store_empty(&p->store, d->fd, d->empty) < 0)
+        atomic_fetch_add(&p->empty_failed, 1);
+    close(d->fd);
+}
 
 static void close_work(uv_work_t *w)
 {
     struct pool_close *c = w->data;
     for (unsigned i = 0; i < c->n; i++)
-        close(c->fds[i]);
+        doom(c->pool, &c->fds[i]);
     atomic_fetch_sub(&c->pool->closing_bytes, c->bytes);
 }
 
@@ -252,19 +288,20 @@ static void close_done(uv_work_t *w, int status)
     free(w->data);
 }
 
-static void batch_add(struct pool *p, int fd)
+static void batch_add(struct pool *p, int fd, uint64_t empty)
 {
+    struct pool_doomed d = { .fd = fd, .empty = empty };
     if (p->nbatch == p->batch_cap) {
         unsigned cap = p->batch_cap ? p->batch_cap * 2 : 16;
-        int *v = realloc(p->batch, cap * sizeof(*v));
+        struct pool_doomed *v = realloc(p->batch, cap * sizeof(*v));
         if (!v) {
-            close(fd); /* no memory to defer: close now */
+            doom(p, &d); /* no memory to defer: now */
             return;
         }
         p->batch = v;
         p->batch_cap = cap;
     }
-    p->batch[p->nbatch++] = fd;
+    p->batch[p->nbatch++] = d;
 }
 
 /* flush: close the batch of retired fds, off the loop if it is large. */
@@ -274,11 +311,11 @@ static void flush(struct pool *p)
         return;
     struct pool_close *c = NULL;
     if (p->batch_bytes >= CLOSE_OFF_LOOP_BYTES && !p->closing &&
-        (c = malloc(sizeof(*c) + p->nbatch * sizeof(int)))) {
+        (c = malloc(sizeof(*c) + p->nbatch * sizeof(c->fds[0])))) {
         c->n = p->nbatch;
         c->pool = p;
         c->bytes = p->batch_bytes;
-        memcpy(c->fds, p->batch, p->nbatch * sizeof(int));
+        memcpy(c->fds, p->batch, p->nbatch * sizeof(c->fds[0]));
         c->work.data = c;
         atomic_fetch_add(&p->closing_bytes, c->bytes);
         if (uv_queue_work(p->loop, &c->work, close_work, close_done) < 0) {
@@ -289,7 +326,7 @@ static void flush(struct pool *p)
     }
     if (!c)
         for (unsigned i = 0; i < p->nbatch; i++)
-            close(p->batch[i]);
+            doom(p, &p->batch[i]);
     p->nbatch = 0;
     p->batch_bytes = 0;
 }
@@ -310,19 +347,47 @@ static void pin_charge(struct pool *p, struct pool_buf *b, bool on)
             p->pin_cb(p->pin_arg, b->pins[i].uid, on ? (int64_t)b->size : -(int64_t)b->size);
 }
 
-/* retire: a buffer leaves the pool; its fds join the batch (see flush). One that clients
- * still map stays, pinned, until they unmap it. */
+/* stock_count: size bytes of tenant's stock leases come (on) or go. */
+static void stock_count(struct pool *p, uint32_t tenant, uint64_t size, bool on)
+{
+    if (on)
+        p->bytes_stock += size;
+    else
+        p->bytes_stock -= size;
+    if (p->stock_cb)
+        p->stock_cb(p->stock_arg, tenant, on ? (int64_t)size : -(int64_t)size);
+}
+
+static void stock_mark(struct pool *p, struct pool_buf *b, bool on)
+{
+    if (b->stock == on)
+        return;
+    b->stock = on;
+    stock_count(p, b->tenant, b->size, on);
+}
+
+/* retire: a buffer leaves the pool; its fds join the batch (see flush), which first frees
+ * its pages (store_empty), so whoever still maps it keeps none of them. One whose pages
+ * cannot be freed (a memfd sealed against writing) and that clients still map stays,
+ * pinned, charged to the mapping uids until the last mapping is gone (which, for a client
+ * whose connection closed, is when its process is: see pool_hold_until_exit). */
 static void retire(struct pool *p, struct pool_buf *b)
 {
+    /* Stopping: clients that still hold leases keep their bytes (the pages go with their
+     * mappings). */
+    bool emptiable = !p->keep_pages && store_emptiable(&p->store, b->fd);
     p->nfds -= 1 + (b->ro_fd >= 0);
     p->classes[b->cls].st.total--;
     p->bytes_alloc -= b->size;
     p->counters.retired++;
-    batch_add(p, b->fd);
+    batch_add(p, b->fd, emptiable ? b->size : 0);
     if (b->ro_fd >= 0)
-        batch_add(p, b->ro_fd);
+        batch_add(p, b->ro_fd, 0);
     p->batch_bytes += b->size;
-    if (b->maps == 0) {
+    if (emptiable && b->maps)
+        p->counters.emptied_mapped++;
+    if (b->maps == 0 || emptiable) {
+        pin_charge(p, b, false); /* a warm buffer's pin ends with its pages */
         buf_free(p, b);
         return;
     }
@@ -389,27 +454,34 @@ void pool_unmapped(struct pool *p, uint64_t id, uint32_t uid)
 }
 
 /* make_room: evict the least recently used free buffers until need more bytes fit.
- * Pinned bytes count: their pages are still in the tmpfs. A warm buffer that a client
- * still maps is not evicted for bytes (its pages would stay: it would only turn pinned). */
-static int make_room(struct pool *p, uint64_t need)
+ * Pinned bytes of retired buffers count: their pages are still in memory. A warm buffer
+ * that a client still maps is evicted all the same: retiring empties its file
+ * (store_empty), so its pages go. (Only a memfd sealed against writing cannot be emptied,
+ * and those are never warm: a producer that seals one through its own fd finds it retired
+ * as tampered when it comes back; evicting one anyway leaves it pinned, so used is read
+ * back from the counters.) */
+/* used: what counts against the cap (ordinary) or against cap + reserve (stock). */
+static uint64_t used(const struct pool *p, bool stock)
 {
-    uint64_t evictable = 0, used = p->bytes_alloc + p->bytes_retired_pinned;
-    for (struct pool_buf *b = p->lru_head; b; b = b->lru_next)
-        if (b->maps == 0)
-            evictable += b->size;
+    uint64_t all = p->bytes_alloc + p->bytes_retired_pinned;
+    return stock ? all : all - p->bytes_stock;
+}
+
+static int make_room(struct pool *p, uint64_t need, bool stock)
+{
+    uint64_t evictable = p->bytes_warm, limit = stock ? p->cap + p->stock_reserve : p->cap;
+    if (stock && p->bytes_stock + need > p->stock_reserve)
+        return -EAGAIN;
     /* A request that would not fit even with every evictable buffer gone evicts none. */
-    if (used - evictable + need > p->cap)
-        return -ENOSPC;
-    for (struct pool_buf *b = p->lru_head, *next; b && used + need > p->cap; b = next) {
+    if (used(p, stock) - evictable + need > limit)
+        return stock ? -EAGAIN : -ENOSPC;
+    for (struct pool_buf *b = p->lru_head, *next; b && used(p, stock) + need > limit; b = next) {
         next = b->lru_next;
-        if (b->maps)
-            continue;
         lru_unlink(p, b);
         p->counters.evicted++;
-        used -= b->size;
         retire(p, b);
     }
-    return used + need > p->cap ? -ENOSPC : 0;
+    return used(p, stock) + need <= limit ? 0 : stock ? -EAGAIN : -ENOSPC;
 }
 
 /* make_fd_room: evict warm buffers until one more fd fits in the budget. */
@@ -453,6 +525,8 @@ static void create_done(uv_work_t *w, int status)
     if (c->err < 0) {
         p->nfds--;
         p->bytes_alloc -= c->size;
+        if (c->stock)
+            stock_count(p, c->tenant, c->size, false);
         p->counters.create_failed++;
         c->cb(p, NULL, c->err, c->data);
         free(c);
@@ -466,6 +540,7 @@ static void create_done(uv_work_t *w, int status)
     b->tenant = c->tenant;
     b->gen = 1;
     b->cls = c->cls;
+    b->stock = c->stock; /* counted since it was queued */
     p->classes[c->cls].st.size = c->size;
     p->classes[c->cls].st.total++;
     p->counters.created++;
@@ -485,6 +560,8 @@ struct pool_buf *pool_take_warm(struct pool *p, const struct pool_cls *cls, uint
 {
     /* Only the tenant's own warm buffer: every buffer is created for a tenant. */
     struct pool_buf *pick = NULL;
+    if (cls->stock && !pool_stock_room(p, cls->size))
+        return NULL;
     for (struct pool_buf *b = p->classes[cls->idx].free_head; b; b = b->cls_next) {
         if (b->tenant == tenant) {
             pick = b;
@@ -497,6 +574,8 @@ struct pool_buf *pool_take_warm(struct pool *p, const struct pool_cls *cls, uint
     pin_charge(p, pick, false); /* held again: charged to its lease, not as a pin */
     pick->gen++;
     p->counters.recycled++;
+    if (cls->stock)
+        stock_mark(p, pick, true);
     return pick;
 }
 
@@ -518,7 +597,7 @@ int pool_get_class(struct pool *p, const struct pool_cls *cls, uint32_t tenant, 
         *ret = pick;
         return 0;
     }
-    int room = make_room(p, csize);
+    int room = make_room(p, csize, cls->stock);
     if (room == 0)
         room = make_fd_room(p);
     flush(p); /* whatever was evicted, in one go */
@@ -532,6 +611,7 @@ int pool_get_class(struct pool *p, const struct pool_cls *cls, uint32_t tenant, 
     cr->size = csize;
     cr->cls = (uint16_t)idx;
     cr->tenant = tenant;
+    cr->stock = cls->stock;
     cr->fd = -1;
     cr->cb = cb;
     cr->data = data;
@@ -543,11 +623,14 @@ int pool_get_class(struct pool *p, const struct pool_cls *cls, uint32_t tenant, 
     p->bytes_alloc += csize;
     p->bytes_creating += csize;
     p->nfds++;
+    if (cls->stock)
+        stock_count(p, tenant, csize, true);
     return 1;
 }
 
 void pool_put(struct pool *p, struct pool_buf *b)
 {
+    stock_mark(p, b, false);
     if (b->sealed) /* seals are for good: publish-once */
         b->foreign = true;
     if (!b->foreign && !store_intact(&p->store, b->fd, b->size)) {
@@ -609,6 +692,112 @@ int pool_ro_fd(struct pool *p, struct pool_buf *b)
     return fd;
 }
 
+bool pool_pins_after_close(struct pool *p, uint64_t id)
+{
+    struct pool_buf *b = id_find(p, id);
+    return b && (b->retired || b->sealed || (b->fd >= 0 && !store_emptiable(&p->store, b->fd)));
+}
+
+static void mapper_closed(uv_handle_t *h)
+{
+    struct pool_mapper *m = h->data;
+    free(m->ids);
+    free(m);
+}
+
+/* mapper_end: m's process is gone (or the pool stops): its mappings are no longer
+ * counted (unless stopping), and it leaves the list. */
+static void mapper_end(struct pool *p, struct pool_mapper *m, bool unmap)
+{
+    for (struct pool_mapper **pp = &p->mappers; *pp; pp = &(*pp)->next)
+        if (*pp == m) {
+            *pp = m->next;
+            break;
+        }
+    for (unsigned i = 0; unmap && i < m->n; i++)
+        pool_unmapped(p, m->ids[i], m->uid);
+    p->nfds--;
+    uv_poll_stop(&m->poll);
+    close(m->pidfd); /* libuv's epoll forgot it at stop */
+    uv_close((uv_handle_t *)&m->poll, mapper_closed);
+}
+
+static void mapper_exited(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events; /* readable, or an error: either way nothing more will come */
+    struct pool_mapper *m = h->data;
+    mapper_end(m->pool, m, true);
+}
+
+int pool_hold_until_exit(struct pool *p, uint32_t uid, pid_t pid, int pidfd, const uint64_t *ids, unsigned n)
+{
+    struct pool_mapper *m = NULL;
+    if (p->keep_pages || n == 0)
+        goto drop;
+    for (m = p->mappers; m && !(m->pid == pid && m->uid == uid); m = m->next)
+        ;
+    if (m) { /* another connection of the same process: one watch */
+        close(pidfd);
+        pidfd = -1;
+    } else {
+        if (!(m = calloc(1, sizeof(*m))))
+            goto drop;
+        m->pool = p;
+        m->pid = pid;
+        m->uid = uid;
+        m->pidfd = pidfd;
+        if (uv_poll_init(p->loop, &m->poll, pidfd) < 0) {
+            free(m);
+            goto drop;
+        }
+        m->poll.data = m;
+        if (uv_poll_start(&m->poll, UV_READABLE, mapper_exited) < 0) {
+            uv_close((uv_handle_t *)&m->poll, mapper_closed);
+            m = NULL;
+            goto drop;
+        }
+        m->next = p->mappers;
+        p->mappers = m;
+        p->nfds++;
+    }
+    if (m->n + n > m->cap) {
+        unsigned cap = m->n + n > 2 * m->cap ? m->n + n : 2 * m->cap;
+        uint64_t *v = realloc(m->ids, cap * sizeof(*v));
+        if (!v) { /* nothing new is counted for it: as if it had unmapped them */
+            for (unsigned i = 0; i < n; i++)
+                pool_unmapped(p, ids[i], uid);
+            return -ENOMEM;
+        }
+        m->ids = v;
+        m->cap = cap;
+    }
+    memcpy(m->ids + m->n, ids, n * sizeof(*ids));
+    m->n += n;
+    return 0;
+drop:
+    if (pidfd >= 0)
+        close(pidfd);
+    for (unsigned i = 0; i < n; i++)
+        pool_unmapped(p, ids[i], uid);
+    return p->keep_pages || n == 0 ? 0 : -ENOMEM;
+}
+
+void pool_stop(struct pool *p)
+{
+    p->keep_pages = true;
+    while (p->mappers)
+        mapper_end(p, p->mappers, false);
+}
+
+uint64_t pool_mappers(const struct pool *p)
+{
+    uint64_t n = 0;
+    for (const struct pool_mapper *m = p->mappers; m; m = m->next)
+        n++;
+    return n;
+}
+
 void pool_free(struct pool *p)
 {
     if (!p)
@@ -633,6 +822,44 @@ void pool_free(struct pool *p)
     free(p);
 }
 
+uint64_t pool_set_stock(struct pool *p, uint64_t reserve, pool_pin_cb cb, void *arg)
+{
+    if (!p->store.memfd) {
+        uint64_t avail = pool_fs_available(p), held = p->bytes_alloc;
+        uint64_t beyond = avail + held > p->cap ? avail + held - p->cap : 0;
+        if (reserve > beyond)
+            reserve = beyond;
+    }
+    p->stock_reserve = reserve;
+    p->stock_cb = cb;
+    p->stock_arg = arg;
+    return reserve;
+}
+
+uint64_t pool_stock_reserve(const struct pool *p) { return p->stock_reserve; }
+uint64_t pool_bytes_stock(const struct pool *p) { return p->bytes_stock; }
+uint64_t pool_bytes_retired_pinned(const struct pool *p) { return p->bytes_retired_pinned; }
+
+bool pool_stock_room(const struct pool *p, uint64_t size)
+{
+    return p->bytes_stock + size <= p->stock_reserve;
+}
+
+bool pool_unstock(struct pool *p, struct pool_buf *b)
+{
+    if (!b->stock)
+        return false;
+    /* Counted as ordinary, it must fit the cap: the reserve can never be a way past it. */
+    stock_mark(p, b, false);
+    if (make_room(p, 0, false) == 0) {
+        flush(p);
+        return true;
+    }
+    flush(p);
+    stock_mark(p, b, true);
+    return false;
+}
+
 uint64_t pool_cap(const struct pool *p) { return p->cap; }
 uint64_t pool_fds(const struct pool *p) { return p->nfds; }
 uint64_t pool_fd_budget(const struct pool *p) { return p->fd_budget; }
@@ -642,7 +869,12 @@ uint64_t pool_bytes_creating(const struct pool *p) { return p->bytes_creating; }
 uint64_t pool_bytes_pinned(const struct pool *p) { return p->bytes_pinned; }
 const char *pool_dir(const struct pool *p) { return p->store.dir; }
 const char *pool_kind(const struct pool *p) { return store_kind(&p->store); }
-struct pool_counters pool_counters(const struct pool *p) { return p->counters; }
+struct pool_counters pool_counters(const struct pool *p)
+{
+    struct pool_counters c = p->counters;
+    c.empty_failed = atomic_load(&((struct pool *)p)->empty_failed);
+    return c;
+}
 
 uint64_t pool_fs_available(const struct pool *p)
 {

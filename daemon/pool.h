@@ -31,6 +31,7 @@ struct pool_buf {
     bool foreign;           /* mapped by another uid than tenant: retire on return */
     bool sealed;            /* F_SEAL_WRITE added (a sealed publish): retire on return */
     bool is_free;
+    bool stock;             /* held as a stock lease: counted in the stock reserve, not the cap */
     struct pool_buf *lru_prev, *lru_next; /* all free buffers, oldest first */
     struct pool_buf *cls_prev, *cls_next; /* free buffers of this class */
     /* Client mappings (an fd sent and not forgotten, as sessions report them). A buffer
@@ -55,6 +56,8 @@ struct pool_class_stat {
 struct pool_counters {
     uint64_t created, recycled, retired, evicted, create_failed;
     uint64_t tampered;      /* came back resized or with holes: retired */
+    uint64_t emptied_mapped; /* retired while clients mapped it: its pages freed under them */
+    uint64_t empty_failed;  /* store_empty failed: its pages stay with whoever maps it */
 };
 
 struct pool;
@@ -81,6 +84,7 @@ uint64_t pool_class_size(const struct pool *pool, uint64_t size);
 struct pool_cls {
     uint16_t idx;
     uint64_t size;
+    bool stock;             /* for a stock lease: from the stock reserve (see pool_set_stock) */
 };
 /* pool_class: the class of size bytes into *ret. Returns 0, or -EFBIG if too large. */
 int pool_class(const struct pool *pool, uint64_t size, struct pool_cls *ret);
@@ -123,6 +127,43 @@ int pool_mapped(struct pool *pool, uint64_t id, uint32_t uid);
  * whose last mapping goes is gone for good. Unknown ids are ignored. */
 void pool_unmapped(struct pool *pool, uint64_t id, uint32_t uid);
 
+/* pool_pins_after_close: whether buffer id's pages outlive the pool's fds while a client
+ * maps it: it is retired and pinned, or cannot be emptied when it is (a memfd sealed
+ * against writing refuses a punched hole). A connection that closes while it maps such a
+ * buffer stays charged for it: pool_hold_until_exit. */
+bool pool_pins_after_close(struct pool *pool, uint64_t id);
+/* pool_hold_until_exit: a connection of uid from process pid closed while it mapped
+ * ids[0..n) (each as pool_mapped counted it); those mappings stay counted, charged to uid
+ * as pinned once their buffer is retired, until pidfd (the process's, taken by the pool,
+ * which closes it) turns readable: the process exited. Connections of one process share
+ * one watch, which counts as one of the pool's fds. Returns 0; on failure (-ENOMEM) the
+ * mappings are no longer counted, as if unmapped. */
+int pool_hold_until_exit(struct pool *pool, uint32_t uid, pid_t pid, int pidfd, const uint64_t *ids, unsigned n);
+/* pool_mappers: processes watched by pool_hold_until_exit now. */
+uint64_t pool_mappers(const struct pool *pool);
+/* pool_stop: the daemon is stopping: every watch ends (its handles are closed, so the
+ * loop can run dry) and retired files are no longer emptied (clients that still hold
+ * leases keep their bytes). */
+void pool_stop(struct pool *pool);
+
+/* The stock reserve: bytes beyond the cap that only stock leases (kept ready by clients,
+ * not asked for by a caller yet) may take, and that ordinary leases never count: the cap
+ * applies to bytes_alloc + pinned - bytes_stock. So however much stock clients keep, an
+ * ordinary lease finds the whole cap; a stock lease that does not fit the reserve is
+ * refused (-EAGAIN) and the client leases plainly when a caller asks. */
+/* pool_set_stock: the reserve's size (clamped, for a tmpfile pool, to what the directory
+ * has beyond the cap now) and who hears of each uid's stock bytes (cb(arg, uid, delta)).
+ * Returns the reserve in force. */
+uint64_t pool_set_stock(struct pool *pool, uint64_t reserve, pool_pin_cb cb, void *arg);
+uint64_t pool_stock_reserve(const struct pool *pool);
+uint64_t pool_bytes_stock(const struct pool *pool);
+/* pool_stock_room: whether a stock lease of size bytes fits the reserve now. */
+bool pool_stock_room(const struct pool *pool, uint64_t size);
+/* pool_unstock: a stock lease became an ordinary one (its client published it): it leaves
+ * the reserve if the cap has room for it (evicting warm buffers), else it stays counted
+ * there until it comes back. Returns whether it moved. */
+bool pool_unstock(struct pool *pool, struct pool_buf *buf);
+
 /* pool_ro_fd: the read-only fd of buf (made on first use). Returns it or -errno. */
 int pool_ro_fd(struct pool *pool, struct pool_buf *buf);
 
@@ -134,6 +175,7 @@ uint64_t pool_bytes_alloc(const struct pool *pool);   /* every backing file */
 uint64_t pool_bytes_warm(const struct pool *pool);    /* free buffers, ready */
 uint64_t pool_bytes_creating(const struct pool *pool); /* buffers being created off the loop */
 uint64_t pool_bytes_pinned(const struct pool *pool);  /* buffers no lease holds that clients still map */
+uint64_t pool_bytes_retired_pinned(const struct pool *pool); /* of those, retired (sealed memfds) */
 uint64_t pool_fs_available(const struct pool *pool);  /* statvfs of the dir, now */
 const char *pool_dir(const struct pool *pool);
 const char *pool_kind(const struct pool *pool);       /* "tmpfile", "tmpfile-hugepages" or "memfd" */

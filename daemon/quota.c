@@ -80,7 +80,7 @@ static bool refused_any(const struct entry *e)
 /* Drop entries that hold nothing, have no limit of their own and no refusals to show. */
 static void prune(struct quota *q, struct entry *e)
 {
-    if (e->t.bytes || e->t.buffers || e->t.pinned || e->own_limit || refused_any(e))
+    if (e->t.bytes || e->t.buffers || e->t.pinned || e->t.stock || e->own_limit || refused_any(e))
         return;
     *e = q->v[--q->n];
 }
@@ -109,7 +109,7 @@ void quota_clear_limits(struct quota *q)
         struct entry *e = &q->v[i];
         e->own_limit = false;
         e->t.quota = q->default_quota;
-        if (!e->t.bytes && !e->t.buffers && !e->t.pinned && !refused_any(e))
+        if (!e->t.bytes && !e->t.buffers && !e->t.pinned && !e->t.stock && !refused_any(e))
             *e = q->v[--q->n]; /* the moved entry is examined next */
         else
             i++;
@@ -208,6 +208,25 @@ void quota_retained(struct quota *q, uint32_t uid, int64_t delta)
         e->t.retained += (uint64_t)delta;
     else
         e->t.retained = e->t.retained >= (uint64_t)-delta ? e->t.retained - (uint64_t)-delta : 0;
+}
+
+int quota_stock(struct quota *q, uint32_t uid, int64_t delta)
+{
+    struct entry *e = get(q, uid);
+    if (!e)
+        return -ENOMEM;
+    if (delta >= 0)
+        e->t.stock += (uint64_t)delta;
+    else
+        e->t.stock = e->t.stock >= (uint64_t)-delta ? e->t.stock - (uint64_t)-delta : 0;
+    prune(q, e);
+    return 0;
+}
+
+uint64_t quota_stock_held(const struct quota *q, uint32_t uid)
+{
+    const struct entry *e = find(q, uid);
+    return e ? e->t.stock : 0;
 }
 
 int quota_check_pinned(const struct quota *q, uint32_t uid, char *why, size_t why_len)

@@ -16,6 +16,7 @@ struct quota_tenant {
     uint64_t pinned;   /* bytes of retired buffers this uid's mappings keep alive: they count
                         * against its quota, but are no charge of a live buffer */
     uint64_t retained; /* of bytes, those of buffers the daemon retains (keep_ms), for messages */
+    uint64_t stock;    /* of bytes, those of its clients' stock leases (in the pool's stock reserve) */
     /* requests of this uid refused, by cause (as the server's refused_* counters) */
     uint64_t refused_quota, refused_space, refused_limit, refused_access, refused_other;
 };
@@ -62,6 +63,11 @@ int quota_pin(struct quota *q, uint32_t uid, int64_t delta);
 /* quota_retained: bytes of uid's charge held by retentions (publish with keep_ms) go up
  * (delta > 0) or down; an EDQUOT message names them. Charges nothing. */
 void quota_retained(struct quota *q, uint32_t uid, int64_t delta);
+
+/* quota_stock: uid's stock bytes go up or down (the pool's stock callback). Returns 0 or
+ * -ENOMEM. quota_stock_held: uid's stock bytes now. */
+int quota_stock(struct quota *q, uint32_t uid, int64_t delta);
+uint64_t quota_stock_held(const struct quota *q, uint32_t uid);
 
 /* quota_check_pinned: -EDQUOT (the numbers in why) when uid's charges and pins are
  * already past its quota, else 0: an acquire of another tenant's buffer, which would pin

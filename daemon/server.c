@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -55,6 +56,12 @@ static void server_fd_caps(struct session_env *env)
     transport_set_fd_budget((unsigned)soft, (unsigned)hard);
 }
 
+/* stock_changed: the pool's count of uid's stock bytes, kept in its quota entry (status). */
+static void stock_changed(void *arg, uint32_t uid, int64_t delta)
+{
+    quota_stock(arg, uid, delta);
+}
+
 int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
 {
     const char *why = NULL;
@@ -74,6 +81,12 @@ int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
         (r = registry_new(loop, s->pool, s->quota, &s->reg)) < 0 || (r = server_apply_limits(s)) < 0) {
         log_error("cannot start: %s", strerror(-r));
         return r;
+    }
+    uint64_t reserve = pool_set_stock(s->pool, opt->stock_reserve, stock_changed, s->quota);
+    if (reserve < opt->stock_reserve) {
+        char a[UNITS_TEXT_MAX], b[UNITS_TEXT_MAX];
+        log_notice("stock reserve %s instead of %s: that is what %s has beyond the pool size",
+                   units_format(reserve, a), units_format(opt->stock_reserve, b), opt->pool_dir);
     }
     s->broker = (struct broker){ .opt = opt, .pool = s->pool, .quota = s->quota, .reg = s->reg,
                                  .counters = &s->counters };
@@ -131,6 +144,25 @@ static void refuse(int fd, const struct ucred *cred, int code, const char *fmt, 
     close(fd);
 }
 
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+/* peer_pidfd: a pidfd of the process that connected (SO_PEERPIDFD, Linux 6.5; else
+ * pidfd_open of its pid, which a pid reused since the connect could fool), or -1. It lets
+ * the daemon charge a client's mappings of sealed buffers until its process exits. */
+static int peer_pidfd(int fd, pid_t pid)
+{
+    int pidfd = -1;
+    socklen_t len = sizeof(pidfd);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) == 0 && pidfd >= 0) {
+        fcntl(pidfd, F_SETFD, FD_CLOEXEC);
+        return pidfd;
+    }
+    pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    return pidfd;
+}
+
 static void accept_one(struct server *s, int fd)
 {
     struct ucred cred;
@@ -183,6 +215,7 @@ static void accept_one(struct server *s, int fd)
         close(fd);
         return;
     }
+    c->pidfd = peer_pidfd(fd, cred.pid);
     s->counters.connections++;
     log_debug("client %llu pid=%d uid=%u gid=%u connected", (unsigned long long)c->peer.id, (int)cred.pid,
               (unsigned)cred.uid, (unsigned)cred.gid);
@@ -357,6 +390,8 @@ void server_stop(struct server *s)
     uv_close((uv_handle_t *)&s->accept_retry, noop_close);
     uv_close((uv_handle_t *)&s->housekeeping, noop_close);
     s->broker.stopping = true;
+    if (s->pool)
+        pool_stop(s->pool); /* before sessions release: clients keep the bytes they hold */
     broker_stop(&s->broker); /* its waiters' sessions are closing */
     session_close_all(&s->sessions); /* each releases what it held from the loop */
     if (s->reg)

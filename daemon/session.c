@@ -52,6 +52,8 @@ static void session_unref(struct session *s)
         return;
     owed_free(s);
     idset_free(&s->known);
+    if (s->pidfd >= 0)
+        close(s->pidfd);
     free(s);
 }
 
@@ -62,11 +64,15 @@ static void session_unref(struct session *s)
  * buffer, whose seals the client checks on its fd); the mapping is counted all the same. */
 static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, bool always, int fd)
 {
-    if (!s->fd_once || fd < 0)
+    /* Without fd-once a client says nothing of what it unmaps: its mappings are not
+     * counted, since retirement empties a buffer's file (pool.c). A sealed buffer's cannot
+     * be emptied: its mappings are counted all the same, until the connection closes and,
+     * after that, until its process exits (session_disconnected). */
+    if ((!s->fd_once && !always) || fd < 0)
         return fd;
     uint64_t rw = buf_id << 1 | 1, ro = buf_id << 1;
     if (idset_has(&s->known, rw) || (!writable && idset_has(&s->known, ro)))
-        return always ? fd : -1;
+        return always || !s->fd_once ? fd : -1;
     /* Bounded by what a client that forgets properly can hold mapped (its handles plus its
      * idle cache); if full, the fd is simply sent again next time. */
     uint32_t max_leases = s->env->opt->max_leases;
@@ -213,6 +219,7 @@ int session_new(struct session_env *env, int fd, const struct ucred *cred, struc
     s->gid = cred->gid;
     s->env = env;
     s->refs = 1; /* the transport's, dropped in session_disconnected */
+    s->pidfd = -1;
     s->accepted_ms = s->last_ms = uv_now(env->loop);
     if (!(s->tenant = tenant_get(env, cred->uid))) {
         free(s);
@@ -265,10 +272,25 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
         log_notice("client %llu pid=%d uid=%u: suppressed %u refusal line%s before it left",
                    (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid,
                    s->peer.log_rate.suppressed, s->peer.log_rate.suppressed == 1 ? "" : "s");
-    /* Its process's mappings went with it (or it closed: libshmref unmaps first). */
-    for (uint32_t i = 0; i < s->known.cap; i++)
-        if (s->known.slots[i])
-            broker_unmapped(env->broker, &s->peer, s->known.slots[i] >> 1);
+    /* Its process's mappings went with it, or it closed (libshmref unmaps first), or its
+     * process lives on with them: those of buffers whose pages the pool cannot free stay
+     * charged to it until its process exits (its pidfd). */
+    uint64_t *keep = s->pidfd >= 0 && s->known.cap ? malloc(s->known.cap * sizeof(*keep)) : NULL;
+    unsigned nkeep = 0;
+    for (uint32_t i = 0; i < s->known.cap; i++) {
+        uint64_t id = s->known.slots[i] >> 1;
+        if (!s->known.slots[i])
+            continue;
+        if (keep && broker_pins_after_close(env->broker, id))
+            keep[nkeep++] = id;
+        else
+            broker_unmapped(env->broker, &s->peer, id);
+    }
+    if (nkeep) {
+        broker_hold_until_exit(env->broker, &s->peer, s->pidfd, keep, nkeep);
+        s->pidfd = -1;
+    }
+    free(keep);
     uint32_t n = broker_disconnect(env->broker, &s->peer);
     broker_check(env->broker);
     /* The peer went away (why == NULL): with nothing held it closed cleanly (libshmref

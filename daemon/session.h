@@ -67,6 +67,7 @@ struct session {
     uint64_t accepted_ms;        /* uv_now at accept, for the hello deadline */
     uint64_t last_ms;            /* uv_now at its last request, for --idle-timeout */
     struct session_tenant *tenant;
+    int pidfd;                   /* the peer process's (server.c sets it at accept), or -1 */
     unsigned refs;
     struct session_env *env;
     struct transport *transport; /* NULL once disconnected */

@@ -55,7 +55,7 @@ static void pack_pool(msgpack_packer *pk, const struct status_src *s)
     unsigned n = pool_classes(s->pool, cls, POOL_MAX_CLASSES);
 
     key(pk, "pool");
-    msgpack_pack_map(pk, 10);
+    msgpack_pack_map(pk, 13);
     kv_str(pk, "dir", pool_dir(s->pool));
     kv_str(pk, "kind", pool_kind(s->pool));
     kv_u64(pk, "bytes_total", cap);
@@ -65,6 +65,9 @@ static void pack_pool(msgpack_packer *pk, const struct status_src *s)
     kv_u64(pk, "bytes_warm", pool_bytes_warm(s->pool));
     kv_u64(pk, "fs_available", pool_fs_available(s->pool));
     kv_u64(pk, "bytes_pinned", pool_bytes_pinned(s->pool));
+    kv_u64(pk, "mappers", pool_mappers(s->pool));
+    kv_u64(pk, "stock_reserve", pool_stock_reserve(s->pool));
+    kv_u64(pk, "bytes_stock", pool_bytes_stock(s->pool));
     key(pk, "classes");
     msgpack_pack_array(pk, n);
     for (unsigned i = 0; i < n; i++) {
@@ -167,7 +170,7 @@ static void pack_tenants(msgpack_packer *pk, const struct status_src *s, unsigne
     key(pk, "tenants");
     msgpack_pack_array(pk, n);
     for (unsigned i = 0; i < n; i++) {
-        msgpack_pack_map(pk, 10);
+        msgpack_pack_map(pk, 11);
         kv_u64(pk, "uid", t[i].uid);
         kv_u64(pk, "bytes", t[i].bytes);
         kv_u64(pk, "quota", t[i].quota);
@@ -178,6 +181,7 @@ static void pack_tenants(msgpack_packer *pk, const struct status_src *s, unsigne
         kv_u64(pk, "refused_access", t[i].refused_access);
         kv_u64(pk, "refused_other", t[i].refused_other);
         kv_u64(pk, "pinned", t[i].pinned);
+        kv_u64(pk, "stock", t[i].stock);
     }
 }
 
@@ -226,7 +230,7 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     const struct counters *k = s->counters;
     struct pool_counters pc = pool_counters(s->pool);
     key(pk, "counters");
-    msgpack_pack_map(pk, 28);
+    msgpack_pack_map(pk, 32);
     kv_u64(pk, "connections", k->connections);
     kv_u64(pk, "leases", k->leases);
     kv_u64(pk, "publishes", k->publishes);
@@ -247,6 +251,10 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     kv_u64(pk, "buffers_evicted", pc.evicted);
     kv_u64(pk, "buffers_create_failed", pc.create_failed);
     kv_u64(pk, "buffers_tampered", pc.tampered);
+    kv_u64(pk, "buffers_emptied_mapped", pc.emptied_mapped);
+    kv_u64(pk, "buffers_empty_failed", pc.empty_failed);
+    kv_u64(pk, "stock_leases", k->stock_leases);
+    kv_u64(pk, "stock_refused", k->stock_refused);
     kv_u64(pk, "retentions_expired", registry_stats(s->reg).expired);
     kv_u64(pk, "clients_closed", k->clients_closed);
     kv_u64(pk, "clients_died", k->clients_died);

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/falloc.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,6 +99,28 @@ int store_seal_write(const struct store *st, int fd)
     if (!st->memfd)
         return -EOPNOTSUPP;
     return fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0 ? -errno : 0;
+}
+
+bool store_emptiable(const struct store *st, int fd)
+{
+    if (!st->memfd)
+        return true;
+    int seals = fcntl(fd, F_GET_SEALS);
+    return seals >= 0 && !(seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE));
+}
+
+int store_empty(const struct store *st, int fd, uint64_t size)
+{
+    int r;
+    do
+        r = fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)size);
+    while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return -errno;
+    /* A memfd is size-sealed (BIRTH_SEALS) and keeps its size: its holes read as zeros. */
+    if (!st->memfd && ftruncate(fd, 0) < 0)
+        return -errno;
+    return 0;
 }
 
 int store_reopen_ro(const struct store *st, int fd)
@@ -214,7 +237,7 @@ int store_setup_hugepages(const struct options *o)
      * file (fallocate through its O_RDWR fd) takes at most what the pool may hold. (The
      * pool counts a batch of retired buffers until it is closed off the loop, and a
      * create that finds their pages not freed yet waits for them: see pool.c.) */
-    uint64_t bytes = o->pool_size;
+    uint64_t bytes = o->pool_size + o->stock_reserve; /* the stock reserve is beyond the cap */
     int r = mount_huge(o->pool_dir, bytes, uid, gid, why, sizeof(why));
     if (r == 0) {
         log_info("mounted a private huge-page tmpfs (huge=within_size, at most %s) over %s",

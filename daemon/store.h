@@ -51,6 +51,21 @@ bool store_intact(const struct store *st, int fd, uint64_t size);
  * of it exists anywhere (the kernel's rule). */
 int store_seal_write(const struct store *st, int fd);
 
+/* store_emptiable: whether store_empty can free fd's pages: not for a memfd sealed against
+ * writing (F_SEAL_WRITE or F_SEAL_FUTURE_WRITE: the kernel refuses to punch it). Cheap
+ * (one fcntl, none for a tmpfile store): call it on the loop. */
+bool store_emptiable(const struct store *st, int fd);
+
+/* store_empty: frees every page of a file the pool lets go of, whoever still maps it:
+ * punches a hole over its size bytes (FALLOC_FL_PUNCH_HOLE | KEEP_SIZE), and on a
+ * tmpfile store also truncates it to 0. Stale mappings of a memfd then read zeros (a page
+ * they touch again is a new page, charged by the kernel to the memory cgroup of the
+ * process that touches it); stale mappings of a tmpfile fault SIGBUS, so they can never
+ * bring pages back into the pool's tmpfs (reading a hole of a shared mapping would
+ * allocate one). Takes as long as freeing the pages does: the pool calls it off the loop
+ * for large batches. Returns 0 or -errno. */
+int store_empty(const struct store *st, int fd, uint64_t size);
+
 /* store_reopen_ro: a new O_RDONLY, CLOEXEC fd of the same file. Returns it or -errno. */
 int store_reopen_ro(const struct store *st, int fd);
 

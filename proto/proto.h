@@ -9,7 +9,12 @@
  * the client and echoed in the reply, so requests can be pipelined. Fields are
  * positional per op; trailing extra fields are ignored (room for later versions).
  *
- * Version 2 (this one): a lease reply carries the token its buffer will be published
+ * Version 3 (this one): an acquire reply may say PROTO_BUF_RETIRE (the buffer is retired
+ * when its last handle goes: the client does not cache its mapping); a lease or lease_many
+ * may say PROTO_LEASE_STOCK (a lease kept ready in a client's stock, served only from the
+ * daemon's stock reserve). The layout of every message is version 2's.
+ *
+ * Version 2: a lease reply carries the token its buffer will be published
  * under, so a plain publish needs no reply (PROTO_PUBLISH_NOREPLY); an acquire may wait
  * (wait_ms) for a buffer that is leased but not published yet; a lease may wait (wait_ms)
  * for quota or pool space; lease_many and release_many carry up to PROTO_MAX_BATCH
@@ -22,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PROTO_VERSION 2
+#define PROTO_VERSION 3
 
 /* Limits that hold for every peer, whatever it negotiates. */
 #define PROTO_MAX_REQUEST  (64 * 1024)   /* bytes of one client->daemon message */
@@ -57,6 +62,17 @@
 
 /* Flags of a lease or acquire reply. */
 #define PROTO_BUF_SEALED (1u << 0) /* a sealed buffer: verify F_GET_SEALS before mapping */
+/* The buffer is retired (never recycled) once no handle holds it: another tenant mapped
+ * it, or it is sealed. A client unmaps it when its last local user goes instead of
+ * caching the mapping (which would never serve again). Version 3. */
+#define PROTO_BUF_RETIRE (1u << 1)
+
+/* Flags of a lease or lease_many request. */
+/* A lease for the client's stock (kept ready, not asked for by a caller yet): served
+ * only from the daemon's stock reserve, within the uid's stock cap, of a size up to the
+ * reserve's largest class; refused EAGAIN otherwise (the client then leases plainly when
+ * a caller asks). Counted as stock until the client publishes it. Version 3. */
+#define PROTO_LEASE_STOCK (1u << 0)
 
 /* Flags of a release or release_many request. */
 #define PROTO_RELEASE_NOREPLY (1u << 0) /* no reply on success; an error still replies */
@@ -97,7 +113,8 @@ struct proto_msg {
             uint64_t pid;
         } hello_reply;
         /* wait_ms > 0: wait up to that long (at most PROTO_MAX_LEASE_WAIT_MS) for quota
-         * or pool space instead of EDQUOT/ENOSPC at once; -ETIMEDOUT after it. flags: 0. */
+         * or pool space instead of EDQUOT/ENOSPC at once; -ETIMEDOUT after it. flags:
+         * PROTO_LEASE_STOCK (which never waits). */
         struct { uint64_t size; uint32_t flags; uint32_t wait_ms; } lease;
         /* The reply to lease and acquire carries one fd: the buffer (O_RDWR for a lease,
          * O_RDONLY for an acquire), unless PROTO_FEAT_FD_ONCE is on and this connection

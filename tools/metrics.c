@@ -49,6 +49,13 @@ static void pool(const shmref_status *st, FILE *f)
     }
     one(f, "shmref_pool_fs_available_bytes", "gauge", "Bytes the pool directory's filesystem has left.",
         get(st, "pool.fs_available"));
+    one(f, "shmref_pool_pinned_bytes", "gauge", "Bytes of buffers no lease holds that clients still map.",
+        get(st, "pool.bytes_pinned"));
+    one(f, "shmref_pool_mappers", "gauge", "Processes whose connection closed, charged for sealed buffers they map.",
+        get(st, "pool.mappers"));
+    one(f, "shmref_stock_reserve_bytes", "gauge", "The stock reserve: bytes beyond the cap for clients' stock leases.",
+        get(st, "pool.stock_reserve"));
+    one(f, "shmref_stock_bytes", "gauge", "Bytes of stock leases (in the stock reserve).", get(st, "pool.bytes_stock"));
     head(f, "shmref_pool_class_buffers", "gauge", "Buffers per size class, by state.");
     int n = shmref_status_count(st, "pool.classes");
     for (int i = 0; i < n; i++) {
@@ -72,6 +79,10 @@ static void tenants_and_clients(const shmref_status *st, FILE *f)
     each(st, f, "tenants", "uid", "uid", "shmref_tenant_quota_bytes", "quota");
     head(f, "shmref_tenant_buffers", "gauge", "Live buffers charged per tenant uid.");
     each(st, f, "tenants", "uid", "uid", "shmref_tenant_buffers", "buffers");
+    head(f, "shmref_tenant_pinned_bytes", "gauge", "Bytes per tenant uid that its mappings pin (no lease holds them).");
+    each(st, f, "tenants", "uid", "uid", "shmref_tenant_pinned_bytes", "pinned");
+    head(f, "shmref_tenant_stock_bytes", "gauge", "Bytes of stock leases per tenant uid.");
+    each(st, f, "tenants", "uid", "uid", "shmref_tenant_stock_bytes", "stock");
     one(f, "shmref_clients", "gauge", "Connected clients.", get(st, "clients_total"));
     one(f, "shmref_fds_in_flight", "gauge", "Buffer fds sent to clients and not yet received by them.",
         get(st, "daemon.fds_in_flight"));
@@ -112,6 +123,10 @@ static void counters(const shmref_status *st, FILE *f)
         { "acquire_waits", "shmref_acquire_waits_total", "Acquires that waited for a publish." },
         { "acquire_wait_timeouts", "shmref_acquire_wait_timeouts_total", "Waiting acquires whose deadline passed (ENOENT)." },
         { "fd_waits", "shmref_fd_waits_total", "Replies whose fd waited because the daemon uid's fds in flight passed RLIMIT_NOFILE (ETOOMANYREFS)." },
+        { "buffers_emptied_mapped", "shmref_buffers_emptied_mapped_total", "Retired buffers whose pages were freed under clients' mappings." },
+        { "buffers_empty_failed", "shmref_buffers_empty_failed_total", "Retired buffers whose pages could not be freed." },
+        { "stock_leases", "shmref_stock_leases_total", "Stock leases granted from the stock reserve." },
+        { "stock_refused", "shmref_stock_refused_total", "Stock leases refused (EAGAIN): reserve, size or per-uid cap." },
     };
     for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
         char k[64];

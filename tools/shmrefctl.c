@@ -116,6 +116,9 @@ static void print_table(const shmref_status *st)
     printf("  allocated %s (warm %s), filesystem has %s available\n",
            size_at(st, "pool.bytes_allocated", a), size_at(st, "pool.bytes_warm", b),
            size_at(st, "pool.fs_available", d));
+    printf("  pinned %s (%llu exited-connection process(es) watched), stock %s of a %s reserve\n",
+           size_at(st, "pool.bytes_pinned", a), (unsigned long long)u64(st, "pool.mappers"),
+           size_at(st, "pool.bytes_stock", b), size_at(st, "pool.stock_reserve", c));
     int n = shmref_status_count(st, "pool.classes");
     printf("\n  %12s %8s %8s\n", "CLASS", "BUFFERS", "FREE");
     for (int i = 0; i < n; i++) {
@@ -131,14 +134,16 @@ static void print_table(const shmref_status *st)
            (unsigned long long)u64(st, "buffers.retained"), size_at(st, "buffers.retained_bytes", a),
            (unsigned long long)u64(st, "buffers.reclaimed"));
     n = shmref_status_count(st, "tenants");
-    printf("\n%-10s %12s %12s %8s\n", "TENANT", "BYTES", "QUOTA", "BUFFERS");
+    printf("\n%-10s %12s %12s %8s %12s %12s\n", "TENANT", "BYTES", "QUOTA", "BUFFERS", "PINNED", "STOCK");
     for (int i = 0; i < n; i++) {
         snprintf(p, sizeof(p), "tenants.%d.", i);
         char k[160];
         printf("uid %-6llu", (unsigned long long)u64(st, (snprintf(k, sizeof(k), "%suid", p), k)));
         printf(" %12s", size_at(st, (snprintf(k, sizeof(k), "%sbytes", p), k), a));
         printf(" %12s", size_at(st, (snprintf(k, sizeof(k), "%squota", p), k), b));
-        printf(" %8llu\n", (unsigned long long)u64(st, (snprintf(k, sizeof(k), "%sbuffers", p), k)));
+        printf(" %8llu", (unsigned long long)u64(st, (snprintf(k, sizeof(k), "%sbuffers", p), k)));
+        printf(" %12s", size_at(st, (snprintf(k, sizeof(k), "%spinned", p), k), a));
+        printf(" %12s\n", size_at(st, (snprintf(k, sizeof(k), "%sstock", p), k), b));
     }
     n = shmref_status_count(st, "clients");
     printf("\n%-6s %8s %6s %-16s %7s %12s\n", "CLIENT", "PID", "UID", "NAME", "LEASES", "BYTES");
@@ -158,7 +163,7 @@ static void print_table(const shmref_status *st)
         "protocol_errors", "slow_clients", "buffers_created", "buffers_recycled", "buffers_retired",
         "buffers_evicted", "buffers_create_failed", "buffers_tampered", "retentions_expired",
         "clients_closed", "clients_died", "lease_waits", "lease_wait_timeouts", "acquire_waits",
-        "acquire_wait_timeouts", "fd_waits",
+        "acquire_wait_timeouts", "fd_waits", "buffers_emptied_mapped", "buffers_empty_failed", "stock_leases", "stock_refused",
     };
     printf("\ncounters\n");
     for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {

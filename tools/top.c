@@ -218,23 +218,25 @@ static int top_tenants(const shmref_status *st, FILE *f, int max, int width, boo
     shmref_status_u64(st, "tenants_total", &total);
     if (n < 0)
         n = 0;
-    top_line(f, width, tty, "%s%-8s %-12s %11s %11s %7s  REFUSED: %5s %5s %5s %6s %5s%s", tty ? "\033[7m" : "",
-             "TENANT", "USER", "BYTES", "QUOTA", "BUFFERS", "QUOTA", "SPACE", "LIMIT", "ACCESS", "OTHER",
-             tty ? "\033[0m" : "");
+    top_line(f, width, tty, "%s%-8s %-12s %11s %11s %7s  REFUSED: %5s %5s %5s %6s %5s %10s %10s%s",
+             tty ? "\033[7m" : "", "TENANT", "USER", "BYTES", "QUOTA", "BUFFERS", "QUOTA", "SPACE", "LIMIT", "ACCESS",
+             "OTHER", "PINNED", "STOCK", tty ? "\033[0m" : "");
     lines++;
     const char *p = "tenants.%d.%s";
     bool more;
     int shown = top_fit(n, total, max, &more);
     for (int i = 0; i < shown; i++, lines++) {
         uint64_t uid = top_u64(st, p, i, "uid");
-        top_line(f, width, tty, "%-8llu %-12.12s %11s %11s %7llu           %5llu %5llu %5llu %6llu %5llu",
+        char pn[UNITS_TEXT_MAX], sk[UNITS_TEXT_MAX];
+        top_line(f, width, tty, "%-8llu %-12.12s %11s %11s %7llu           %5llu %5llu %5llu %6llu %5llu %10s %10s",
                  (unsigned long long)uid, top_user(uid, u), units_format(top_u64(st, p, i, "bytes"), a),
                  units_format(top_u64(st, p, i, "quota"), b), (unsigned long long)top_u64(st, p, i, "buffers"),
                  (unsigned long long)top_u64(st, p, i, "refused_quota"),
                  (unsigned long long)top_u64(st, p, i, "refused_space"),
                  (unsigned long long)top_u64(st, p, i, "refused_limit"),
                  (unsigned long long)top_u64(st, p, i, "refused_access"),
-                 (unsigned long long)top_u64(st, p, i, "refused_other"));
+                 (unsigned long long)top_u64(st, p, i, "refused_other"),
+                 units_format(top_u64(st, p, i, "pinned"), pn), units_format(top_u64(st, p, i, "stock"), sk));
     }
     if (more) {
         top_line(f, width, tty, "  ... %llu more", (unsigned long long)((total > (uint64_t)n ? total : (uint64_t)n) - (uint64_t)shown));

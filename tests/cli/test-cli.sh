@@ -32,7 +32,7 @@ check "status shows the retained 80 MB" test "$(json 's["buffers"]["retained"]')
 check "get gives identical bytes" cmp -s "$dir/in.bin" "$dir/out.bin"
 check "leased bytes back at zero" test "$(json 's["pool"]["bytes_leased"]')" = 0
 check "status json has the documented keys" test "$(json '",".join(sorted(s["pool"]))')" = \
-    "bytes_allocated,bytes_free,bytes_leased,bytes_pinned,bytes_total,bytes_warm,classes,dir,fs_available,kind"
+    "bytes_allocated,bytes_free,bytes_leased,bytes_pinned,bytes_stock,bytes_total,bytes_warm,classes,dir,fs_available,kind,mappers,stock_reserve"
 
 desc2=$(printf 'hello through stdin' | "$SHMREFCTL" --socket "$sock" put --keep-ms 5000 -)
 check "put from stdin and get to stdout" test "$("$SHMREFCTL" --socket "$sock" get "$desc2")" = "hello through stdin"

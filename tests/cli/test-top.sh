@@ -66,7 +66,8 @@ check "on the alternate screen, with the cursor hidden" \
     test "$(tm display-message -p -t top '#{alternate_on} #{cursor_flag}')" = "1 0"
 check "clients: the holder with its user name, process name and 1 lease" \
     wait_for "^[0-9]+ +$hpid +$(id -un) +holder +1 +1\.0 MiB [0-9:]+ [0-9]+s"
-check "tenants: $(id -un) with one quota refusal" wait_for "^$(id -u) +$(id -un) .* 1 +0 +0 +0 +0 *$"
+check "tenants: $(id -un) with one quota refusal (then its pinned and stock bytes)" \
+    wait_for "^$(id -u) +$(id -un) .* 1 +0 +0 +0 +0 +[0-9.]+ [KMGT]?i?B +[0-9.]+ [KMGT]?i?B *$"
 check "buffers: retained, with the publisher's pid and retention left" \
     wait_for "^[0-9]+ +retained +10 B +4\.0 KiB +[0-9]+ +$(id -un) +0 +[0-9]+s +[0-9]m[0-9]+s"
 check "buffers: the one being written by the holder" wait_for "^[0-9]+ +writing +1\.0 MiB"

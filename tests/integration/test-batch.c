@@ -10,11 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "harness.h"
 #include "rawv2.h"
+#include "rawclient.h"
 
 TestSuite(batch, .fini = reap_children);
 
@@ -188,7 +191,7 @@ Test(batch, version_1_hello_is_refused_and_closed, .timeout = 60)
     rv_send(fd, &m);
     char text[PROTO_MAX_ERRMSG + 1];
     rv_expect_error(fd, 5000, 3, EPROTONOSUPPORT, text, sizeof(text), "a version 1 hello");
-    cr_assert_str_eq(text, "protocol version 1 is not supported: this shmrefd speaks version 2; use a libshmref "
+    cr_assert_str_eq(text, "protocol version 1 is not supported: this shmrefd speaks version 3; use a libshmref "
                            "of the same protocol version");
     cr_assert(raw_closed(fd, 5000), "the connection stayed open after a version mismatch");
     close(fd);
@@ -198,4 +201,73 @@ Test(batch, version_1_hello_is_refused_and_closed, .timeout = 60)
     rv_release_send(fd, 5, h);
     close(fd);
     daemon_stop(&d);
+}
+
+/* Version 3 (issue 17: the retire and stock flags): a version 2 libshmref is refused with
+ * both numbers, like version 1. */
+Test(batch, version_2_hello_is_refused_and_closed, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    int fd = raw_connect(&d);
+    struct proto_msg m = { .op = PROTO_OP_HELLO, .id = 4 };
+    m.u.hello.version = 2;
+    m.u.hello.name = "v2";
+    m.u.hello.name_len = 2;
+    rv_send(fd, &m);
+    char text[PROTO_MAX_ERRMSG + 1];
+    rv_expect_error(fd, 5000, 4, EPROTONOSUPPORT, text, sizeof(text), "a version 2 hello");
+    cr_assert_str_eq(text, "protocol version 2 is not supported: this shmrefd speaks version 3; use a libshmref "
+                           "of the same protocol version");
+    cr_assert(raw_closed(fd, 5000), "the connection stayed open after a version mismatch");
+    close(fd);
+    daemon_stop(&d);
+}
+
+/* fake_v2_daemon: accepts one connection on lfd and answers its hello as a version 2
+ * shmrefd that accepted it would (a hello reply saying version 2). */
+static int fake_v2_daemon(void *arg)
+{
+    int lfd = *(int *)arg, c = accept(lfd, NULL, NULL);
+    uint8_t buf[4096];
+    struct proto_msg m, r = { .op = PROTO_OP_HELLO + PROTO_OP_REPLY };
+    const char *why;
+    ssize_t n = c < 0 ? -1 : rawclient_recv_wait(c, buf, sizeof(buf), 5000);
+    if (n <= 0 || proto_decode(buf, (size_t)n, sizeof(buf), &m, &why) < 0 || m.op != PROTO_OP_HELLO)
+        return 1;
+    r.id = m.id;
+    r.u.hello_reply.version = 2;
+    r.u.hello_reply.max_request = PROTO_MAX_REQUEST;
+    r.u.hello_reply.max_lease = 1 << 20;
+    r.u.hello_reply.max_leases = 16;
+    r.u.hello_reply.max_meta = PROTO_MAX_META;
+    int len = proto_encode(&r, buf, sizeof(buf));
+    if (len <= 0 || rawclient_send(c, buf, (size_t)len) < 0)
+        return 2;
+    rawclient_closed(c, 5000);
+    return 0;
+}
+
+/* libshmref of version 3 refuses a daemon that answers version 2, naming both. */
+Test(batch, a_version_2_daemon_is_refused_by_libshmref, .timeout = 60)
+{
+    char dir[] = "/tmp/shmref-v2-XXXXXX", path[64];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/sock", dir);
+    int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    strcpy(sa.sun_path, path);
+    cr_assert_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    cr_assert_eq(listen(lfd, 4), 0);
+    pid_t pid = child_run(fake_v2_daemon, &lfd);
+    shmref_conn *c = NULL;
+    int r = shmref_connect(path, &c);
+    cr_assert_eq(r, -EPROTONOSUPPORT, "connect: %d", r);
+    cr_assert_null(c);
+    cr_assert(strstr(shmref_errmsg(NULL), "protocol 2") && strstr(shmref_errmsg(NULL), "library 3"), "%s",
+              shmref_errmsg(NULL));
+    cr_assert_eq(child_wait(pid), 0);
+    close(lfd);
+    unlink(path);
+    rmdir(dir);
 }

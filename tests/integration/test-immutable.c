@@ -30,6 +30,21 @@
 
 static struct daemon d;
 
+/* tenant_pinned: tenants[].pinned of uid (0 if not listed). */
+static uint64_t tenant_pinned(uint32_t uid)
+{
+    uint64_t n = status_u64(&d, "tenants_total");
+    char path[64];
+    for (uint64_t i = 0; i < n; i++) {
+        snprintf(path, sizeof(path), "tenants.%llu.uid", (unsigned long long)i);
+        if (status_u64(&d, path) != uid)
+            continue;
+        snprintf(path, sizeof(path), "tenants.%llu.pinned", (unsigned long long)i);
+        return status_u64(&d, path);
+    }
+    return 0;
+}
+
 /* raw_request: send m on sock, wait for its reply into *rep (decoded from buf); the fd
  * the reply carried in *ret_fd (or -1). */
 static void raw_request(int sock, const struct proto_msg *m, uint8_t *buf, size_t cap, struct proto_msg *rep,
@@ -363,9 +378,11 @@ Test(immutable, sealed_publish_with_a_writable_mapping_is_ebusy)
     daemon_stop(&d);
 }
 
-/* A sealed buffer always carries its fd (for the seal check), and its mapping is still
- * counted: retired after its last release, it stays pinned while a consumer maps it. */
-Test(immutable, sealed_buffer_mapped_after_retirement_is_pinned)
+/* A sealed buffer always carries its fd (for the seal check), and its acquire reply says
+ * it will be retired (PROTO_BUF_RETIRE): libshmref unmaps it at its last local release
+ * instead of caching it, and says so, so nothing stays pinned once it is retired (issue
+ * 17: a cached mapping of a sealed buffer pinned its pages). */
+Test(immutable, a_sealed_buffer_is_not_cached_by_libshmref)
 {
     daemon_start(&d, "--memfd", NULL);
     shmref_conn *c = connect_ok(&d), *c2 = connect_ok(&d);
@@ -375,17 +392,82 @@ Test(immutable, sealed_buffer_mapped_after_retirement_is_pinned)
     cr_assert_eq(shmref_publish_ex(b, SIZE, 0, 0, SHMREF_PUBLISH_SEALED, NULL, 0, &desc), 0, "%s",
                  shmref_errmsg(c));
     cr_assert_eq(shmref_acquire_ex(c2, &desc, SHMREF_ACQUIRE_SEALED, &r), 0, "%s", shmref_errmsg(c2));
-    cr_assert_eq(shmref_release(r), 0); /* c2 keeps the mapping cached */
-    cr_assert_eq(shmref_acquire_ex(c2, &desc, SHMREF_ACQUIRE_SEALED, &r), 0,
-                 "again, with a cached mapping: the fd still comes for the check: %s", shmref_errmsg(c2));
+    cr_assert_eq(shmref_release(r), 0);
+    cr_assert_eq(shmref_acquire_ex(c2, &desc, SHMREF_ACQUIRE_SEALED, &r), 0, "again: %s", shmref_errmsg(c2));
     cr_assert_eq(shmref_release(r), 0);
     cr_assert_eq(shmref_release(b), 0);
     cr_assert_eq(shmref_ping(c), 0);
     cr_assert_eq(shmref_ping(c2), 0);
     cr_assert_eq(status_u64(&d, "counters.buffers_retired"), 1);
-    cr_assert_eq(status_u64(&d, "pool.bytes_pinned"), SIZE, "retired, and c2 still maps it");
+    cr_assert_eq(status_u64(&d, "pool.bytes_pinned"), 0, "c2 dropped its mapping at its release");
     shmref_close(c2);
-    cr_assert_eq(wait_status(&d, "pool.bytes_pinned", 0, WAIT_MS), 0);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+static int keeper_up[2], keeper_down[2];
+static shmref_desc keeper_desc;
+
+/* keeper: a raw client of OTHER_UID that acquires the sealed buffer, maps it, closes its
+ * connection and keeps the mapping until told to go (or its parent goes). */
+static int keeper(void *arg)
+{
+    (void)arg;
+    close(keeper_up[0]);
+    close(keeper_down[1]);
+    if (setgid(OTHER_UID) < 0 || setuid(OTHER_UID) < 0)
+        return 100;
+    int sock = raw_open();
+    uint64_t cap;
+    int fd = raw_acquire(sock, &keeper_desc, &cap);
+    if (fd < 0)
+        return 101;
+    volatile uint8_t *p = mmap(NULL, cap, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED || p[0] != 7)
+        return 102;
+    close(fd);
+    close(sock); /* its release and its mapping's end are the daemon's guess now */
+    char c = 'k';
+    if (write(keeper_up[1], &c, 1) != 1 || read(keeper_down[0], &c, 1) < 0)
+        return 103;
+    return p[0] == 7 ? 0 : 104;
+}
+
+/* A sealed memfd cannot be emptied: a client of another uid that keeps its mapping after
+ * closing its connection stays charged for it (pinned, in the cap and its quota) until its
+ * process exits, which the daemon learns from the process's pidfd. Before issue 17 the
+ * charge ended with the connection while the pages lived on. */
+Test(immutable, a_sealed_mapping_is_charged_until_its_process_exits)
+{
+    cr_assert_eq(geteuid(), 0, "another uid needs root, as in CI");
+    daemon_start(&d, "--memfd", "--socket-mode", "0666", NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b;
+    cr_assert_eq(shmref_lease(c, SIZE, &b), 0);
+    memset(shmref_buf_data(b), 7, SIZE);
+    cr_assert_eq(shmref_publish_ex(b, SIZE, 0, 0, SHMREF_PUBLISH_SEALED, NULL, 0, &keeper_desc), 0, "%s",
+                 shmref_errmsg(c));
+    cr_assert_eq(pipe(keeper_up), 0);
+    cr_assert_eq(pipe(keeper_down), 0);
+    pid_t pid = child_run(keeper, NULL);
+    close(keeper_up[1]);
+    close(keeper_down[0]);
+    char x;
+    cr_assert_eq(read(keeper_up[0], &x, 1), 1, "the keeper failed: exit %d", child_wait(pid));
+    cr_assert_eq(shmref_release(b), 0); /* the last handle: retired, but mapped by the keeper */
+    cr_assert_eq(shmref_ping(c), 0);
+    cr_assert_eq(wait_status(&d, "counters.buffers_retired", 1, WAIT_MS), 1);
+    usleep(200 * 1000);
+    cr_assert_eq(status_u64(&d, "pool.bytes_pinned"), SIZE, "the keeper's connection closed, its mapping lives");
+    cr_assert_eq(tenant_pinned(OTHER_UID), SIZE);
+    cr_assert_eq(status_u64(&d, "pool.mappers"), 1, "one process watched");
+    cr_assert_eq(write(keeper_down[1], "x", 1), 1);
+    cr_assert_eq(child_wait(pid), 0, "the keeper's mapping read its bytes to the end");
+    cr_assert_eq(wait_status(&d, "pool.bytes_pinned", 0, WAIT_MS), 0, "the keeper exited: nothing is pinned");
+    cr_assert_eq(tenant_pinned(OTHER_UID), 0);
+    cr_assert_eq(status_u64(&d, "pool.mappers"), 0);
+    close(keeper_up[0]);
+    close(keeper_down[1]);
     shmref_close(c);
     daemon_stop(&d);
 }

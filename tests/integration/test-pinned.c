@@ -181,3 +181,169 @@ Test(pinned, a_warm_buffer_still_mapped_is_pinned_until_the_last_mapping_goes)
     cr_expect_eq(tenant_pinned(0), 0);
     daemon_stop(&d);
 }
+
+/* ---- issue 17 item 1: stale mappings of retired buffers pin nothing ---------------- */
+
+#define ROUNDS 8
+#define ROUND_SIZE (32 * MiB)
+
+static int st_up[2], st_down[2];
+
+/* shmem_kib: Shmem of /proc/meminfo (every tmpfs and memfd page on the machine). */
+static uint64_t shmem_kib(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long v = 0;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "Shmem: %llu kB", &v) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* stale_keeper: a client of HOG_UID that, each round, connects, acquires the descriptor
+ * its parent sends, maps the buffer, reads every page, closes its connection and keeps
+ * the mapping (as a hostile or careless process would). After the last round it reports
+ * how many of its mapped pages are still resident (mincore), then waits to be told to go
+ * (holding every mapping). */
+static int stale_keeper(void *arg)
+{
+    (void)arg;
+    static uint8_t buf[4096];
+    static volatile uint8_t *maps[ROUNDS];
+    close(st_up[0]);
+    close(st_down[1]);
+    if (setgid(OTHER_UID) < 0 || setuid(HOG_UID) < 0)
+        return 100;
+    for (int i = 0; i < ROUNDS; i++) {
+        shmref_desc desc;
+        if (read(st_down[0], &desc, sizeof(desc)) != sizeof(desc))
+            return 101;
+        int sock = rawclient_connect(d.socket), fd = -1;
+        struct proto_msg m = { .op = PROTO_OP_HELLO, .id = 1 }, rep;
+        m.u.hello.version = PROTO_VERSION;
+        m.u.hello.name = "keeper";
+        m.u.hello.name_len = 6;
+        if (sock < 0 || raw_request(sock, &m, &rep, buf, sizeof(buf), NULL) < 0)
+            return 102;
+        m = (struct proto_msg){ .op = PROTO_OP_ACQUIRE, .id = 2 };
+        memcpy(m.u.acquire.token, desc.token, PROTO_TOKEN_LEN);
+        if (raw_request(sock, &m, &rep, buf, sizeof(buf), &fd) < 0 || rep.op != PROTO_OP_ACQUIRE + PROTO_OP_REPLY ||
+            fd < 0)
+            return 103;
+        maps[i] = mmap(NULL, ROUND_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+        if (maps[i] == MAP_FAILED)
+            return 104;
+        unsigned sum = 0;
+        for (uint64_t off = 0; off < ROUND_SIZE; off += 4096)
+            sum += maps[i][off];
+        if (sum != (ROUND_SIZE / 4096) * 5u)
+            return 105;
+        close(fd);
+        close(sock); /* its handle is released; its mapping stays */
+        if (write(st_up[1], "r", 1) != 1)
+            return 106;
+    }
+    /* (mincore cannot tell: for a file the caller may not write, it says every page is
+     * resident.) The machine's Shmem tells. */
+    uint64_t resident = 0;
+    if (write(st_up[1], &resident, sizeof(resident)) != sizeof(resident))
+        return 108;
+    char c;
+    if (read(st_down[0], &c, 1) < 0)
+        return 109;
+    return 0;
+}
+
+static int other_leases_48m(void *arg)
+{
+    (void)arg;
+    shmref_conn *c;
+    shmref_buf *b;
+    if (setgid(OTHER_UID) < 0 || setuid(OTHER_UID) < 0)
+        return 100;
+    if (shmref_connect(d.socket, &c) < 0)
+        return 101;
+    int r = shmref_lease(c, 48 * MiB, &b);
+    if (r < 0) {
+        fprintf(stderr, "other uid's 48 MiB lease: %s\n", shmref_errmsg(c));
+        return r == -ENOSPC ? 28 : 102;
+    }
+    memset(shmref_buf_data(b), 2, 48 * MiB);
+    shmref_close(c);
+    return 0;
+}
+
+/* rounds_of_stale_mappings: ROUNDS buffers of 32 MiB published by this process (root),
+ * each acquired by the keeper (another uid), which keeps its mapping after closing its
+ * connection; then released here: retired (another tenant mapped it). The machine's
+ * Shmem must not grow by what the keeper keeps mapped (it grew 352 MiB over 8 rounds
+ * before issue 17), the keeper's mappings hold no page, nothing is pinned, and another
+ * uid's 48 MiB lease into the 64 MiB pool succeeds. */
+static void rounds_of_stale_mappings(const char *mode, const char *a1, const char *a2)
+{
+    daemon_start(&d, "--pool-size", "64M", "--tenant-quota", "56M", "--socket-mode", "0666", a1, a2, NULL);
+    cr_assert_eq(pipe(st_up), 0);
+    cr_assert_eq(pipe(st_down), 0);
+    pid_t pid = child_run(stale_keeper, NULL);
+    close(st_up[1]);
+    close(st_down[0]);
+    shmref_conn *c = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(c, 0), 0);
+    uint64_t before = shmem_kib();
+    for (int i = 0; i < ROUNDS; i++) {
+        shmref_buf *b;
+        shmref_desc desc;
+        cr_assert_eq(shmref_lease(c, ROUND_SIZE, &b), 0, "%s round %d: %s", mode, i, shmref_errmsg(c));
+        memset(shmref_buf_data(b), 5, ROUND_SIZE);
+        cr_assert_eq(shmref_publish(b, ROUND_SIZE, 0, NULL, 0, &desc), 0, "%s", shmref_errmsg(c));
+        cr_assert_eq(write(st_down[1], &desc, sizeof(desc)), (ssize_t)sizeof(desc));
+        char x;
+        cr_assert_eq(read(st_up[0], &x, 1), 1, "%s round %d: the keeper failed: exit %d", mode, i, child_wait(pid));
+        cr_assert_eq(shmref_release(b), 0);
+        cr_assert_eq(shmref_ping(c), 0);
+    }
+    uint64_t resident = UINT64_MAX;
+    cr_assert_eq(read(st_up[0], &resident, sizeof(resident)), (ssize_t)sizeof(resident), "exit %d",
+                 child_wait(pid));
+    uint64_t after = shmem_kib();
+    int64_t grew = (int64_t)after - (int64_t)before;
+    fprintf(stderr, "%s: %d rounds of %u MiB kept mapped by another uid: Shmem %+lld KiB, %llu pages resident in "
+            "its mappings (unknown), pool.bytes_pinned %llu\n", mode, ROUNDS, (unsigned)(ROUND_SIZE / MiB), (long long)grew,
+            (unsigned long long)resident, (unsigned long long)status_u64(&d, "pool.bytes_pinned"));
+    cr_expect_eq(status_u64(&d, "counters.buffers_emptied_mapped"), ROUNDS, "%s", mode);
+    cr_expect_eq(status_u64(&d, "counters.buffers_empty_failed"), 0, "%s", mode);
+    cr_expect_eq(status_u64(&d, "pool.bytes_pinned"), 0, "%s", mode);
+    cr_expect_eq(tenant_pinned(HOG_UID), 0, "%s", mode);
+    /* 8 x 32 MiB kept would be +256 MiB; the pool itself may hold 64 MiB more (warm). The
+     * machine is shared, so a margin for others' pages. */
+    cr_expect_lt(grew, 128 * 1024, "%s: Shmem grew %lld KiB over %d rounds", mode, (long long)grew, ROUNDS);
+    cr_expect_eq(child_wait(child_run(other_leases_48m, NULL)), 0,
+                 "%s: another uid's 48 MiB lease into a pool that holds nothing was refused", mode);
+    cr_assert_eq(write(st_down[1], "x", 1), 1);
+    cr_assert_eq(child_wait(pid), 0);
+    close(st_up[0]);
+    close(st_down[1]);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+Test(pinned, stale_mappings_of_retired_buffers_pin_nothing_tmpfile, .timeout = 120)
+{
+    cr_assert_eq(geteuid(), 0, "another uid needs root, as in CI");
+    rounds_of_stale_mappings("tmpfile", "--pool-hugepages", "no");
+}
+
+Test(pinned, stale_mappings_of_retired_buffers_pin_nothing_memfd, .timeout = 120)
+{
+    cr_assert_eq(geteuid(), 0, "another uid needs root, as in CI");
+    rounds_of_stale_mappings("memfd", "--memfd", NULL);
+}
+
+Test(pinned, stale_mappings_of_retired_buffers_pin_nothing_hugepages, .timeout = 120)
+{
+    cr_assert_eq(geteuid(), 0, "the private tmpfs needs root, as in CI");
+    rounds_of_stale_mappings("tmpfile-hugepages", "--pool-hugepages", "yes");
+}

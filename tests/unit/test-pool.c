@@ -766,52 +766,104 @@ static void pin_cb(void *arg, uint32_t uid, int64_t delta)
     l->by_uid[uid == 2000] += delta;
 }
 
-Test(pool, mapped_buffers_are_pinned_when_no_lease_holds_them)
+/* blocks_of: bytes the file behind fd holds now (st_blocks). */
+static uint64_t blocks_of(int fd)
+{
+    struct stat sb;
+    cr_assert_eq(fstat(fd, &sb), 0);
+    return (uint64_t)sb.st_blocks * 512;
+}
+
+/* A warm buffer still mapped is pinned (charged to the mapping uids) until its tenant
+ * takes it again; evicted or retired, its file is emptied (issue 17 item 1): its pages go
+ * whoever maps it, so nothing stays pinned and the cap has the room at once. */
+Test(pool, mapped_buffers_are_pinned_when_warm_and_emptied_when_retired)
+{
+    for (int memfd = 0; memfd <= 1; memfd++) {
+        struct fx f;
+        struct pin_log log = { { 0, 0 } };
+        fx_open(&f, 8 * MiB, memfd);
+        pool_set_pin_cb(f.pool, pin_cb, &log);
+        struct pool_buf *b = get_new(&f, 4 * MiB, 1000);
+        uint64_t id = b->id;
+        int watch = dup(b->fd); /* the file, as a client's mapping would keep it */
+        cr_assert_eq(pool_mapped(f.pool, id, 1000), 0);
+        cr_assert_eq(pool_mapped(f.pool, id, 2000), 0);
+        cr_assert_eq(pool_mapped(f.pool, id, 2000), 0, "two mappings of one uid: one pin");
+        cr_assert_eq(pool_bytes_pinned(f.pool), 0, "held by a lease: no pin");
+
+        /* Back warm while mapped: pinned. */
+        pool_put(f.pool, b);
+        cr_assert_eq(pool_bytes_pinned(f.pool), 4 * MiB);
+        cr_assert_eq(log.by_uid[0], (int64_t)(4 * MiB));
+        cr_assert_eq(log.by_uid[1], (int64_t)(4 * MiB));
+
+        /* Taken by its tenant again: the pin ends. */
+        struct pool_cls cls;
+        cr_assert_eq(pool_class(f.pool, 4 * MiB, &cls), 0);
+        b = pool_take_warm(f.pool, &cls, 1000);
+        cr_assert_not_null(b);
+        cr_assert_eq(pool_bytes_pinned(f.pool), 0);
+        cr_assert_eq(log.by_uid[0], 0);
+
+        /* Retired while mapped (another tenant mapped it): emptied, not pinned. */
+        b->foreign = true;
+        pool_put(f.pool, b);
+        uv_run(&f.loop, UV_RUN_DEFAULT); /* the batch is closed off the loop */
+        cr_assert_eq(pool_bytes_alloc(f.pool), 0);
+        cr_assert_eq(pool_bytes_pinned(f.pool), 0, "memfd=%d: its pages are gone, nothing is pinned", memfd);
+        cr_assert_eq(log.by_uid[0], 0);
+        cr_assert_eq(log.by_uid[1], 0);
+        cr_assert_eq(blocks_of(watch), 0, "memfd=%d: the file still holds pages", memfd);
+        cr_assert_eq(pool_counters(f.pool).emptied_mapped, 1);
+        cr_assert_eq(pool_mapped(f.pool, id, 1000), -ENOENT);
+        pool_unmapped(f.pool, id, 2000); /* gone: ignored */
+        close(watch);
+
+        /* A warm buffer still mapped is evicted for room: emptied too. */
+        b = get_new(&f, 4 * MiB, 1000);
+        watch = dup(b->fd);
+        cr_assert_eq(pool_mapped(f.pool, b->id, 2000), 0);
+        pool_put(f.pool, b);
+        struct pool_buf *x = get_new(&f, 6 * MiB, 1000);
+        cr_assert_eq(blocks_of(watch), 0, "memfd=%d: evicted while mapped, its pages stayed", memfd);
+        cr_assert_eq(log.by_uid[1], 0);
+        close(watch);
+        pool_put(f.pool, x);
+        fx_close(&f);
+    }
+}
+
+/* A memfd sealed against writing cannot be emptied (the kernel refuses the punch):
+ * retired while mapped, it stays pinned, in the cap and charged, until the last mapping
+ * goes. */
+Test(pool, a_sealed_buffer_retired_while_mapped_stays_pinned)
 {
     struct fx f;
     struct pin_log log = { { 0, 0 } };
-    fx_open(&f, 8 * MiB, false);
+    fx_open(&f, 8 * MiB, true);
     pool_set_pin_cb(f.pool, pin_cb, &log);
     struct pool_buf *b = get_new(&f, 4 * MiB, 1000);
     uint64_t id = b->id;
-    cr_assert_eq(pool_mapped(f.pool, id, 1000), 0);
+    int watch = dup(b->fd);
+    cr_assert_eq(pool_seal(f.pool, b), 0);
     cr_assert_eq(pool_mapped(f.pool, id, 2000), 0);
-    cr_assert_eq(pool_mapped(f.pool, id, 2000), 0, "two mappings of one uid: one pin");
-    cr_assert_eq(pool_bytes_pinned(f.pool), 0, "held by a lease: no pin");
-
-    /* Back warm while mapped: pinned, and not evicted for bytes (it would free nothing). */
+    cr_assert_eq(pool_mapped(f.pool, id, 2000), 0);
+    cr_assert(pool_pins_after_close(f.pool, id), "a sealed buffer outlives its fds");
     pool_put(f.pool, b);
+    uv_run(&f.loop, UV_RUN_DEFAULT);
+    cr_assert_eq(blocks_of(watch), 4 * MiB, "sealed: the pages stay");
     cr_assert_eq(pool_bytes_pinned(f.pool), 4 * MiB);
-    cr_assert_eq(log.by_uid[0], (int64_t)(4 * MiB));
     cr_assert_eq(log.by_uid[1], (int64_t)(4 * MiB));
     struct pool_buf *x = NULL;
-    cr_assert_eq(pool_get(f.pool, 6 * MiB, 1000, &x, got_cb, NULL), -ENOSPC,
-                 "4 MiB pinned + 6 MiB asked passes the 8 MiB cap");
-
-    /* Taken by its tenant again: the pin ends. */
-    struct pool_cls cls;
-    cr_assert_eq(pool_class(f.pool, 4 * MiB, &cls), 0);
-    b = pool_take_warm(f.pool, &cls, 1000);
-    cr_assert_not_null(b);
-    cr_assert_eq(pool_bytes_pinned(f.pool), 0);
-    cr_assert_eq(log.by_uid[0], 0);
-
-    /* Retired while mapped (another tenant mapped it): its fds close, its pages live on. */
-    b->foreign = true;
-    pool_put(f.pool, b);
-    cr_assert_eq(pool_bytes_alloc(f.pool), 0);
-    cr_assert_eq(pool_bytes_pinned(f.pool), 4 * MiB);
     cr_assert_eq(pool_get(f.pool, 6 * MiB, 1000, &x, got_cb, NULL), -ENOSPC, "retired, still in the cap");
-    pool_unmapped(f.pool, id, 1000);
-    cr_assert_eq(log.by_uid[0], 0);
     pool_unmapped(f.pool, id, 2000);
     cr_assert_eq(pool_bytes_pinned(f.pool), 4 * MiB, "uid 2000 maps it twice");
-    cr_assert_eq(log.by_uid[1], (int64_t)(4 * MiB));
     pool_unmapped(f.pool, id, 2000);
     cr_assert_eq(pool_bytes_pinned(f.pool), 0);
     cr_assert_eq(log.by_uid[1], 0);
-    pool_unmapped(f.pool, id, 2000); /* gone: ignored */
     cr_assert_eq(pool_mapped(f.pool, id, 1000), -ENOENT);
+    close(watch);
     x = get_new(&f, 6 * MiB, 1000);
     pool_put(f.pool, x);
     fx_close(&f);

@@ -1834,3 +1834,33 @@ Test(proto, op_names)
     for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         cr_assert_str_eq(proto_op_name(names[i].op), names[i].name, "op %u", names[i].op);
 }
+
+/* Version 3's flags (issue 17): a stock lease and lease_many, an acquire reply that says
+ * the buffer will be retired; distinct bits, carried as they are. */
+Test(proto, version_3_flags_round_trip)
+{
+    cr_assert_eq(PROTO_VERSION, 3);
+    cr_assert_eq(PROTO_BUF_SEALED & PROTO_BUF_RETIRE, 0);
+    struct proto_msg m = { .op = PROTO_OP_LEASE, .id = 1 }, d;
+    uint8_t buf[512];
+    m.u.lease.size = 4096;
+    m.u.lease.flags = PROTO_LEASE_STOCK;
+    decode_ok(buf, encode_ok(&m, buf, sizeof(buf)), &d);
+    cr_assert_eq(d.u.lease.flags, PROTO_LEASE_STOCK);
+
+    m = (struct proto_msg){ .op = PROTO_OP_LEASE_MANY, .id = 2 };
+    m.u.lease_many.n = 2;
+    m.u.lease_many.sizes[0] = m.u.lease_many.sizes[1] = 65536;
+    m.u.lease_many.flags = PROTO_LEASE_STOCK;
+    decode_ok(buf, encode_ok(&m, buf, sizeof(buf)), &d);
+    cr_assert_eq(d.u.lease_many.flags, PROTO_LEASE_STOCK);
+    cr_assert_eq(d.u.lease_many.n, 2);
+
+    m = (struct proto_msg){ .op = REPLY(PROTO_OP_ACQUIRE), .id = 3 };
+    m.u.acquire_reply.handle = 9;
+    m.u.acquire_reply.buf_id = 10;
+    m.u.acquire_reply.size = m.u.acquire_reply.capacity = 4096;
+    m.u.acquire_reply.flags = PROTO_BUF_SEALED | PROTO_BUF_RETIRE;
+    decode_ok(buf, encode_ok(&m, buf, sizeof(buf)), &d);
+    cr_assert_eq(d.u.acquire_reply.flags, PROTO_BUF_SEALED | PROTO_BUF_RETIRE);
+}
