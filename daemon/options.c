@@ -49,6 +49,8 @@ static const struct key keys[] = {
       "connections of one uid, root and the daemon's own uid exempt (half of max-clients)" },
     { "idle-timeout", 0, T_COUNT0, OFF(idle_timeout),
       "seconds a connection holding nothing may stay silent; 0: forever (600)" },
+    { "exit-idle", 0, T_COUNT0, OFF(exit_idle),
+      "exit after this many seconds with no connection and no buffer in use; 0: never (0)" },
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 #define FIELD(o, k, T) ((T *)((char *)(o) + (k)->off))

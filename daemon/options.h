@@ -49,6 +49,7 @@ struct options {
     struct options_list allow_uids, allow_gids; /* both empty: anyone who can open the socket */
     uint32_t max_clients_per_uid; /* default: half of max_clients; root, the daemon's uid exempt */
     uint32_t idle_timeout;    /* seconds; 0: never (default OPTIONS_DEFAULT_IDLE_TIMEOUT) */
+    uint32_t exit_idle;       /* seconds with no connection and nothing held, then exit; 0: never */
     struct options_quota *quotas;      /* [quota] uid = bytes */
     unsigned n_quotas;
     /* Command line only. */
