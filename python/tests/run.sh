@@ -19,7 +19,7 @@ pipq=("$venv/bin/pip" install -q --disable-pip-version-check)
 "${pipq[@]}" -r "$src/python/tests/requirements.txt"
 # Rebuilt every run from this checkout (the in-tree build directory is the package's own).
 "${pipq[@]}" --force-reinstall --no-deps "$src/python"
-"$venv/bin/python" -c 'import shmref, torch, numpy; print("shmref", shmref.__version__, "numpy", numpy.__version__, "torch", torch.__version__)'
+"$venv/bin/python" -c 'import shmref, numpy; print("shmref", shmref.__version__, "numpy", numpy.__version__)'
 echo "pytest against $shmrefd (the extension itself is always built without sanitizers)"
 export SHMREFD_BIN=$shmrefd SHMREFCTL_BIN=$shmrefctl
 cd "$src/python/tests"
