@@ -141,7 +141,7 @@ static int find_daemon(char *exe, size_t cap, char *msg, size_t msgcap)
         p += len + (p[len] == ':');
     }
     return fail(msg, msgcap, -ENOENT,
-                "no shmrefd answers at the default socket and none was found to start a private one "
+                "private shmrefd: no shmrefd answers at the default socket and none was found to start one "
                 "(looked at SHMREF_DAEMON, beside libshmref, on PATH): install shmrefd or set SHMREF_DAEMON");
 }
 
@@ -231,9 +231,12 @@ static int start(const char *dir, const char *sock, int lockfd, int64_t deadline
     if (r < 0)
         return r;
     snprintf(log, sizeof(log), "%s/shmrefd.log", dir);
-    int logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (logfd < 0)
         return fail(msg, msgcap, -errno, "private shmrefd: cannot open its log %s: %s", log, strerror(errno));
+    struct stat st; /* one log across restarts, begun anew past 1 MiB (no daemon writes it now: the lock) */
+    if (fstat(logfd, &st) == 0 && st.st_size > (1 << 20) && ftruncate(logfd, 0) < 0)
+        (void)0;
     int alive[2];
     if (pipe2(alive, O_CLOEXEC) < 0) {
         close(logfd);

@@ -78,7 +78,9 @@ py=$(echo $pythons | awk '{print $1}')
 PKG_CONFIG_LIBDIR=$tmp/empty PKG_CONFIG_PATH= "$tmp/venv-msg/bin/pip" install --disable-pip-version-check \
     "$sdist" >"$tmp/nodev.log" 2>&1
 check "no -dev packages: one message names libuv1-dev, libmsgpack-dev, libcap-dev and libinih-dev" bash -c \
-    "grep 'needs C libraries that are missing' '$tmp/nodev.log' | grep libuv1-dev | grep libmsgpack-dev | grep libcap-dev | grep -q libinih-dev"
+    "grep -A4 'needs C libraries that are missing' '$tmp/nodev.log' | tr -s ' \n' ' ' >'$tmp/nodev.msg' &&
+     for d in libuv1-dev libmsgpack-dev libcap-dev libinih-dev; do grep -q \"\$d (pkg-config\" '$tmp/nodev.msg' || exit 1; done"
+sed -n '/CMake Error/,/Configuring incomplete/p' "$tmp/nodev.log" | head -n 12
 SHMREF_LIBRARY=system PKG_CONFIG_LIBDIR=$tmp/empty PKG_CONFIG_PATH= "$tmp/venv-msg/bin/pip" install \
     --disable-pip-version-check "$src/python" >"$tmp/nolib.log" 2>&1
 check "SHMREF_LIBRARY=system without libshmref: the message names shmref.pc" grep -q 'finds no shmref.pc' "$tmp/nolib.log"

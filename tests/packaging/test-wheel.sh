@@ -133,6 +133,7 @@ check "it said why in its log" grep -q "exiting (exit-idle)" "$run/shmref/shmref
 check "and removed its socket" test ! -e "$sock"
 
 # Four processes at once: one daemon.
+starts=$(grep -c 'starting a private shmrefd' "$run/shmref/shmrefd.log")
 for i in 1 2 3 4; do
     as_owner "$tmp/venv/bin/python" "$tmp/pid.py" >"$tmp/race.$i" 2>&1 &
 done
@@ -142,7 +143,7 @@ cat "$tmp/race.pids" >>"$pids"
 sed -e 's/^/    race: /' "$tmp/race.pids"
 check "four processes connecting at once got one daemon" test "$(grep -c -E '^[0-9]+$' "$tmp/race.pids")" = 1 -a \
     "$(wc -l <"$tmp/race.pids")" = 1
-check "its log shows one start" test "$(grep -c 'starting a private shmrefd' "$run/shmref/shmrefd.log")" = 1
+check "its log shows one more start" test "$(grep -c 'starting a private shmrefd' "$run/shmref/shmrefd.log")" = $((starts + 1))
 check "SHMREF_AUTOSTART=0 turns it off (no daemon -> FileNotFoundError)" bash -c \
     "rm -rf '$tmp/run-off' && mkdir -m 0700 '$tmp/run-off' && chown $owner '$tmp/run-off' &&
      setpriv --reuid=$owner --regid=nogroup --clear-groups env -i PATH=/usr/bin:/bin XDG_RUNTIME_DIR='$tmp/run-off' \
