@@ -69,7 +69,15 @@ awk '{print $2}' "$tmp/race.pids" >"$tmp/pids.2"
 sed -e 's/^/    race: /' "$tmp/race.pids"
 check "six processes at once: one daemon served all six" grep -Eq '^ *6 [0-9]+$' "$tmp/race.pids"
 check "one start in its log" test "$(grep -c 'starting a private shmrefd' "$run/shmref/shmrefd.log")" = $((starts + 1))
-for _ in $(seq 1 100); do kill -0 "$(awk '{print $2}' "$tmp/race.pids" | head -n 1)" 2>/dev/null || break; sleep 0.1; done
+# Something held (a 5 s retention of a put from a process that is gone): no idle exit.
+rp=$(awk '{print $2}' "$tmp/race.pids" | head -n 1)
+head -c 100000 /dev/urandom >"$tmp/blob" && chmod 0644 "$tmp/blob"
+as "$owner" XDG_RUNTIME_DIR="$run" -- "$SHMREFCTL" put --keep-ms 5000 "$tmp/blob" >"$tmp/put.out" 2>&1
+sleep 3.5
+check "a retained buffer keeps it alive past the idle time (3.5 s > 2 s)" kill -0 "${rp:-0}"
+check "(the put went to that daemon)" grep -q '^shmref1:' "$tmp/put.out"
+for _ in $(seq 1 150); do kill -0 "${rp:-0}" 2>/dev/null || break; sleep 0.1; done
+check "it exits once the retention ended and 2 s passed" bash -c "! kill -0 ${rp:-0} 2>/dev/null"
 
 # Named sockets and SHMREF_AUTOSTART=0 never start one.
 rm -rf "$run/shmref"
