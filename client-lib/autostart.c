@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -188,7 +189,7 @@ static int spawn(const char *exe, const char *sock, int logfd, int lockfd, int a
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        if (dup2(nullfd, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
+        if (chdir("/") < 0 || dup2(nullfd, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
             _exit(127);
         fcntl(lockfd, F_SETFD, 0);
         fcntl(alive_w, F_SETFD, 0);
@@ -274,7 +275,9 @@ static int start(const char *dir, const char *sock, int lockfd, int64_t deadline
 
 int autostart_socket(int err, char *path, size_t cap, int64_t deadline, char *msg, size_t msgcap)
 {
-    if ((err != -ENOENT && err != -ECONNREFUSED) || !enabled())
+    /* Never from a setuid/setgid program: its environment (SHMREF_DAEMON, PATH) is the
+     * caller's to choose. */
+    if ((err != -ENOENT && err != -ECONNREFUSED) || !enabled() || getauxval(AT_SECURE))
         return err;
     const char *explicit = getenv("SHMREFD_SOCKET");
     if (explicit && *explicit)
