@@ -15,7 +15,13 @@ set -uo pipefail
 SHMREFD=$1 SHMREFCTL=$2
 . "$(dirname "$0")/../lib.sh"
 [ "$(id -u)" = 0 ] || { echo "SKIP: needs root to run clients as other uids"; exit 77; }
-[ -S /run/shmrefd/shmrefd.sock ] && { echo "SKIP: a system shmrefd runs (preferred to a private one)"; exit 77; }
+# Our own mount namespace with an empty tmpfs on /run: a system daemon of this machine
+# (always preferred) stays out of it, and the test can play one at /run/shmrefd without
+# touching the host's /run.
+if [ -z "${SHMREF_TEST_MNTNS:-}" ]; then
+    SHMREF_TEST_MNTNS=1 exec unshare --mount --propagation private -- "$0" "$@"
+fi
+mount -t tmpfs -o mode=0755,size=1m tmpfs /run || { echo "SKIP: cannot mount a tmpfs on /run"; exit 77; }
 test_begin autostart
 chmod 0755 "$tmp"
 owner=64998 attacker=64997 fallback=64996
@@ -78,6 +84,18 @@ check "a retained buffer keeps it alive past the idle time (3.5 s > 2 s)" kill -
 check "(the put went to that daemon)" grep -q '^shmref1:' "$tmp/put.out"
 for _ in $(seq 1 150); do kill -0 "${rp:-0}" 2>/dev/null || break; sleep 0.1; done
 check "it exits once the retention ended and 2 s passed" bash -c "! kill -0 ${rp:-0} 2>/dev/null"
+
+# A system daemon, when one answers, is preferred to the private one.
+mkdir -m 0755 /run/shmrefd
+"$SHMREFD" --socket /run/shmrefd/shmrefd.sock --socket-mode 0666 --config= >"$tmp/system.log" 2>&1 &
+dpid=$!
+for _ in $(seq 1 100); do [ -S /run/shmrefd/shmrefd.sock ] && break; sleep 0.05; done
+rm -rf "$run/shmref"
+as "$owner" XDG_RUNTIME_DIR="$run" -- "$SHMREFCTL" status >"$tmp/sys.out" 2>&1
+check "a system daemon answering at /run/shmrefd: it serves, no private one starts" bash -c \
+    "grep -q 'pid $dpid,.*socket /run/shmrefd/shmrefd.sock' '$tmp/sys.out' && test ! -e '$run/shmref'"
+kill "$dpid"; wait "$dpid" 2>/dev/null; dpid=
+rm -rf /run/shmrefd
 
 # Named sockets and SHMREF_AUTOSTART=0 never start one.
 rm -rf "$run/shmref"
