@@ -3,6 +3,7 @@
  * libshmref. Library code: it never logs and never aborts; failures are -errno with a
  * message in conn->errmsg. */
 #include "client.h"
+#include "autostart.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -388,6 +389,9 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
     conn->acquire_wait_ms = client_acquire_wait_default(conn->timeout_ms);
     int64_t deadline = conn->timeout_ms > 0 ? client_mono_ms() + conn->timeout_ms : -1;
     int r = connect_path(conn, path, deadline);
+    /* No daemon at the default socket: the system's, or the uid's private one (autostart.c). */
+    if (r < 0 && path == def && (r = autostart_socket(r, def, sizeof(def), deadline, conn->errmsg, sizeof(conn->errmsg))) == 0)
+        r = connect_path(conn, path, deadline);
     if (r == 0 && (r = hello(conn, deadline)) < 0) {
         char msg[sizeof(conn->errmsg)];
         snprintf(msg, sizeof(msg), "%s", conn->errmsg);

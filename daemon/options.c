@@ -55,6 +55,8 @@ static const struct key keys[] = {
       "bytes beyond pool-size for clients' lease stocks; 0: no stock (pool-size/16, at most 64M)" },
     { "stock-max-lease", 0, T_SIZE, OFF(stock_max_lease), "largest stock lease (a quarter of stock-reserve, at most 4M)" },
     { "stock-per-uid", 0, T_SIZE, OFF(stock_per_uid), "stock bytes one uid may hold (a quarter of stock-reserve)" },
+    { "exit-idle", 0, T_COUNT0, OFF(exit_idle),
+      "exit after this many seconds with no connection and no buffer in use; 0: never (0)" },
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 #define FIELD(o, k, T) ((T *)((char *)(o) + (k)->off))

@@ -55,6 +55,7 @@ struct options {
     uint32_t max_clients_per_uid; /* default: half of max_clients; root, the daemon's uid exempt */
     uint32_t max_parked_per_uid; /* waiting requests of one uid; default 4 x max_leases */
     uint32_t idle_timeout;    /* seconds; 0: never (default OPTIONS_DEFAULT_IDLE_TIMEOUT) */
+    uint32_t exit_idle;       /* seconds with no connection and nothing held, then exit; 0: never */
     struct options_quota *quotas;      /* [quota] uid = bytes */
     unsigned n_quotas;
     /* Command line only. */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -263,11 +264,29 @@ static void on_accept(uv_poll_t *p, int status, int events)
     }
 }
 
+/* exit_when_idle: --exit-idle. With no connection and no buffer in use (warm ones aside)
+ * for that many seconds, the daemon stops as on SIGTERM (main.c's clean stop). */
+static void exit_when_idle(struct server *s)
+{
+    uint64_t now = uv_now(s->loop);
+    uint64_t busy = pool_bytes_alloc(s->pool) - pool_bytes_warm(s->pool) - pool_bytes_creating(s->pool);
+    if (s->sessions.n > 0 || busy > 0 || !s->opt->exit_idle) {
+        s->idle_since_ms = now;
+        return;
+    }
+    if (s->stopping || now - s->idle_since_ms < (uint64_t)s->opt->exit_idle * 1000)
+        return;
+    log_notice("idle for %u s (no connection, no buffer in use): exiting (exit-idle)", s->opt->exit_idle);
+    s->idle_since_ms = now; /* once: SIGTERM takes it from here */
+    uv_kill(getpid(), SIGTERM);
+}
+
 /* housekeeping: a connection holds a --max-clients slot from accept on; one that never
  * says hello must not keep it forever. */
 static void housekeeping(uv_timer_t *t)
 {
     struct server *s = t->data;
+    exit_when_idle(s);
     session_expire_hello(&s->sessions, uv_now(s->loop));
     session_expire_idle(&s->sessions, uv_now(s->loop), (uint64_t)s->opt->idle_timeout * 1000);
     log_flush(); /* lines that waited for a full stderr */
@@ -289,6 +308,7 @@ int server_listen_fd(struct server *s, int fd)
     s->listening = true;
     uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
     s->housekeeping.data = s;
+    s->idle_since_ms = uv_now(s->loop);
     uv_timer_start(&s->housekeeping, housekeeping, 1000, 1000);
     return 0;
 }

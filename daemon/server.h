@@ -36,6 +36,7 @@ struct server {
     struct broker broker;      /* the lease lifecycle over pool, quota and registry */
     struct session_env sessions; /* all connections (sessions.n of them) */
     uint64_t started_ms;
+    uint64_t idle_since_ms;    /* housekeeping: when the daemon last had a connection or a buffer in use */
     struct counters counters;
 };
 

@@ -1,21 +1,14 @@
 # SPDX-License-Identifier: MIT
-"""Builds shmref._shmref, the C extension over libshmref.
+"""Debian's build of shmref._shmref (pybuild, debian/rules): the extension linked to the
+libshmref installed by the cmake build (SHMREF_LIBRARY=system, found by `pkg-config
+shmref`), with Debian's python3-numpy. pip does not use this file: pyproject.toml's
+backend (scikit-build-core, CMakeLists.txt) builds wheels and sdists for everyone else.
 
-Where libshmref comes from (SHMREF_LIBRARY):
-  bundled (default): libshmref's own sources in this repository (../client-lib, ../proto)
-      are compiled into the extension, with their symbols hidden; the only system
-      dependency is msgpack-c (Debian: libmsgpack-dev), found with pkg-config. Nothing to
-      install first: `pip install ./python` from a checkout.
-  system: link the installed libshmref.so found by `pkg-config shmref` (after
-      `cmake --install`); the extension then uses the system library at run time, found
-      through an RPATH to pkg-config's library directory, or by the dynamic loader's
-      search path alone with SHMREF_RPATH=0 (debian/rules: it links the library staged
-      in debian/tmp, which the package installs into the multiarch libdir).
+SHMREF_RPATH=0: no RPATH (the library is in the loader's search path).
 
 The numpy the extension is compiled against decides its numpy requirement: numpy 2.x
-headers (pyproject.toml's pin, for pip) give an extension that runs with numpy >= 1.25;
-numpy 1.x headers (Debian 12's python3-numpy 1.24) one that runs with that 1.x and later
-1.x, not with numpy 2 (numpy's ABI changed at 2.0).
+headers give an extension that runs with numpy >= 1.25; numpy 1.x headers (Debian 12's
+python3-numpy 1.24) one that runs with that 1.x and later 1.x, not with numpy 2.
 """
 import os
 import shlex
@@ -43,8 +36,12 @@ def pkg_config(*args):
     try:
         out = subprocess.run(["pkg-config", *args], check=True, capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise SystemExit(f"shmref: pkg-config {' '.join(args)} failed ({e}); on Debian: "
-                         "apt-get install pkg-config libmsgpack-dev") from e
+        if isinstance(e, OSError):
+            raise SystemExit(f"shmref: pkg-config cannot run ({e}); on Debian: apt-get install pkg-config") from e
+        what = ("no shmref.pc (libshmref's pkg-config file): install libshmref (Debian: libshmref-dev; "
+                "from a checkout: cmake --install) and set PKG_CONFIG_PATH for its prefix" if args[-1] == "shmref"
+                else "on Debian: apt-get install pkg-config libmsgpack-dev")
+        raise SystemExit(f"shmref: pkg-config {' '.join(args)} failed: {what}") from e
     return shlex.split(out)
 
 
@@ -56,12 +53,11 @@ def flags(pkg):
 
 
 NUMPY_MAJOR, NUMPY_MINOR = (int(x) for x in numpy.__version__.split(".")[:2])
-if NUMPY_MAJOR >= 2:
-    requires, api = ["numpy>=1.25"], "NPY_1_25_API_VERSION"
-else:
-    requires, api = [f"numpy>={NUMPY_MAJOR}.{NUMPY_MINOR},<2"], "NPY_1_7_API_VERSION"
+# (pyproject.toml's dependencies say numpy>=1.25: the wheels' requirement; Debian's
+# package depends on its own python3-numpy.)
+api = "NPY_1_25_API_VERSION" if NUMPY_MAJOR >= 2 else "NPY_1_7_API_VERSION"
 
-mode = os.environ.get("SHMREF_LIBRARY", "bundled")
+mode = os.environ.get("SHMREF_LIBRARY", "system")
 sources = sorted(str(p.relative_to(HERE)) for p in (HERE / "src").glob("*.c"))
 include_dirs = ["src", numpy.get_include()]
 library_dirs, libraries, link_args = [], [], []
@@ -88,7 +84,7 @@ elif mode == "system":
 else:
     raise SystemExit(f"shmref: SHMREF_LIBRARY must be 'bundled' or 'system', not {mode!r}")
 
-setup(cmdclass={"build_ext": BuildAlways}, install_requires=requires, ext_modules=[Extension(
+setup(cmdclass={"build_ext": BuildAlways}, ext_modules=[Extension(
     "shmref._shmref",
     sources=sources,
     include_dirs=include_dirs,

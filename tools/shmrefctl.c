@@ -70,9 +70,10 @@ static int connect_or_fail(shmref_conn **conn)
     char def[4096];
     int r = shmref_connect(socket_path, conn);
     if (r < 0) {
-        /* When the daemon answered, its refusal says why (allow-users, max-clients). */
+        /* When the daemon answered, its refusal says why (allow-users, max-clients); so
+         * does a private daemon that could not be started (its log file). */
         const char *why = shmref_errmsg(NULL);
-        if (strncmp(why, "shmrefd at ", 11) == 0)
+        if (strncmp(why, "shmrefd at ", 11) == 0 || strncmp(why, "private shmrefd", 15) == 0)
             fprintf(stderr, "shmrefctl: %s (%s)\n", why, strerror(-r));
         else
             fprintf(stderr, "shmrefctl: cannot reach shmrefd at %s: %s%s\n", the_socket(def), strerror(-r),

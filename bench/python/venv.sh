@@ -26,9 +26,10 @@ pip_install() {
 want=$(sha256sum "$req" | cut -d' ' -f1)
 if [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$want" ]; then
     echo "bench venv: installing $req into $venv" >&2
-    # --no-deps: the file pins every package, so pip resolves nothing on its own (and
-    # cannot pick another torch build than the pinned CPU wheel).
-    pip_install --no-deps -r "$req"
+    # The file pins every package; pip still resolves, so that torch==2.13.0 from plain
+    # PyPI brings the libraries its build needs (where a local CPU wheel of the same
+    # version is on disk, pip prefers it, and needs nothing more).
+    pip_install -r "$req"
     echo "$want" >"$venv/.requirements"
 fi
 

@@ -233,7 +233,8 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw)
     shmref_conn *c = NULL;
     int r;
     Py_BEGIN_ALLOW_THREADS
-    r = shmref_connect_timeout(p, timeout_ms, msg, sizeof(msg), &c);
+    /* No socket named: libshmref's default, which may start a private daemon. */
+    r = shmref_connect_timeout(sock == Py_None ? NULL : p, timeout_ms, msg, sizeof(msg), &c);
     Py_END_ALLOW_THREADS
     if (r < 0) {
         Py_DECREF(path);

@@ -8,6 +8,18 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+/* Python 3.9 has no PyModule_AddObjectRef (3.10): the same, from PyModule_AddObject. */
+#if PY_VERSION_HEX < 0x030A0000
+static inline int PyModule_AddObjectRef(PyObject *m, const char *name, PyObject *v)
+{
+    Py_XINCREF(v);
+    int r = PyModule_AddObject(m, name, v);
+    if (r < 0)
+        Py_XDECREF(v);
+    return r;
+}
+#endif
 #include <pthread.h>
 #include <stdbool.h>
 #include <sys/types.h>

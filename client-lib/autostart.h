@@ -1,0 +1,20 @@
+/* SPDX-License-Identifier: MIT */
+/* autostart.h: a private shmrefd on demand (DESIGN.md section 12). Private to libshmref.
+ * Knows nothing of connections: it finds or starts a daemon and says where it listens. */
+#ifndef SHMREF_AUTOSTART_H
+#define SHMREF_AUTOSTART_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* autostart_socket: connecting to the default socket `path` failed with err (-errno).
+ * When err says no daemon listens there (-ENOENT, -ECONNREFUSED), $SHMREFD_SOCKET is
+ * unset and $SHMREF_AUTOSTART is not 0: the system socket (when path was another), then
+ * the calling uid's private daemon, started here if it does not answer (one per uid: a
+ * flock on a lock file beside its socket). On success writes the socket that answers
+ * into path and returns 0. Returns err untouched, writing nothing, when it does not
+ * apply; another -errno with why (the daemon's log file named) in msg when it fails.
+ * deadline: client_mono_ms() time to give up at, or -1 (then a 30 s bound). */
+int autostart_socket(int err, char *path, size_t cap, int64_t deadline, char *msg, size_t msgcap);
+
+#endif
