@@ -96,9 +96,11 @@ def workload_a(c, scale):
 
 def workload_b(c, scale):
     import dask
+    import distributed
     import dask.array as da
     n = int(20000 * scale ** 0.5)
-    x = da.random.default_rng(2).random((n, n), chunks=(max(1, n // 20), n))
+    x = da.random.default_rng(2).random((n, n), chunks=(max(1, n // 20), n)).persist()
+    distributed.wait(x)  # the input in the workers' memory first: the timing is the rechunk's
     with dask.config.set({"array.rechunk.method": "p2p"}):
         y = x.rechunk((n, max(1, n // 20)))
     t0 = time.perf_counter()
@@ -109,10 +111,12 @@ def workload_b(c, scale):
 
 def workload_c(c, scale):
     import dask
+    import distributed
     import dask.dataframe as dd
     nparts = 40
     rows = int(2e9 * scale / 40 / 45)  # ~45 bytes a row: int64, 2 doubles, a short string
-    df = dd.from_map(make_part, range(nparts), rows=rows)
+    df = dd.from_map(make_part, range(nparts), rows=rows).persist()
+    distributed.wait(df)  # the input in the workers' memory first: the timing is the shuffle's
     t0 = time.perf_counter()
     with dask.config.set({"dataframe.shuffle.method": "p2p"}):
         out = df.shuffle("key", npartitions=nparts)
@@ -201,6 +205,7 @@ def main():
                 errors_total += r["errors"]
                 rows.append(r)
                 print(f"  {key} {proto:10s} wall {r['wall_s']:.2f} s  PSS peak sum {r['pss_peak_sum_mib']:.0f} MiB"
+                      f" (at start {r['pss_start_sum_mib']:.0f})"
                       f"  pool peak {r['pool_peak_mib']:.0f} MiB  errors {r['errors']}  leaked {leaked}", flush=True)
     finally:
         proc.terminate()
