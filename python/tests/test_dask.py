@@ -464,3 +464,79 @@ def test_worker_in_another_network_namespace(dask_env, netns):
                 p.wait()
         other.stop(check=False)
     assert nothing_held(dask_env)["bytes_leased"] == 0
+
+
+# ---- a hostile peer ----
+
+def test_bad_descriptors_close_only_that_comm(dask_env):
+    """A peer that forges the handshake (claims this daemon) and sends descriptors that
+    are not published, lie outside their buffer, or a marker that is not one: the
+    receiver closes that comm (CommClosedError) and keeps serving the others."""
+    import asyncio
+
+    from distributed.comm import connect, listen
+    from distributed.protocol import to_serialize
+
+    bogus = "shmref1:" + "0" * 32 + ":4096"
+    x = np.arange(MiB // 8, dtype=np.float64)
+
+    async def main():
+        got = []
+
+        async def handle(comm):
+            try:
+                while True:
+                    got.append(await comm.read())
+            except Exception as e:  # what the receiver saw
+                got.append(type(e).__name__)
+
+        async with listen("shmref://127.0.0.1:0", handle) as lst:
+            addr = lst.contact_address
+
+            async def send_forged(entries_for):
+                comm = await connect(addr)
+                assert comm.by_ref
+                comm._to_refs = lambda frames: entries_for(list(frames))
+                await comm.write({"x": to_serialize(x)})
+                await asyncio.sleep(0.5)
+                await comm.close()
+
+            def unpublished(frames):
+                i = max(range(len(frames)), key=lambda k: len(memoryview(frames[k]).cast("B")))
+                frames[i] = b""
+                return [(i, bogus, 0, x.nbytes)], frames, []
+
+            def outside(frames):
+                i = max(range(len(frames)), key=lambda k: len(memoryview(frames[k]).cast("B")))
+                c = shmref.connect(dask_env.socket)
+                ref = c.share(np.zeros(4096, np.uint8), keep_ms=0)  # a real one, 4 KiB
+                frames[i] = b""
+                send_forged.keep = (c, ref)
+                return [(i, str(ref), 1024, x.nbytes)], frames, []
+
+            await send_forged(unpublished)
+            await send_forged(outside)
+            c, ref = send_forged.keep
+            # A marker that is not one: a tcp:// comm's message to a shmref:// listener (taken
+            # as the handshake, refused there: the handler never sees that comm).
+            from distributed.comm.tcp import TCPConnector
+            raw = await TCPConnector().connect(addr.replace("shmref://", ""))
+            await raw.write({"hello": 1})
+            await asyncio.sleep(0.5)
+            raw.abort()
+            # The listener still serves a well-behaved peer.
+            good = await connect(addr)
+            await good.write({"x": to_serialize(x)})
+            for _ in range(100):
+                if got and isinstance(got[-1], dict):
+                    break
+                await asyncio.sleep(0.05)
+            await good.close()
+            c.release(ref)
+            c.close()
+        return got
+
+    got = asyncio.run(main())
+    errors = [g for g in got if isinstance(g, str)]
+    assert errors == ["CommClosedError", "CommClosedError"], got
+    assert isinstance(got[-1], dict) and np.array_equal(got[-1]["x"], x), got
