@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: MIT
+"""shmref.dask: the ``shmref://`` comm backend of dask.distributed.
+
+Dask finds it by its URI scheme through the ``distributed.comm.backends`` entry point of
+the ``shmref`` distribution, so the one change a user makes is the protocol::
+
+    LocalCluster(protocol="shmref://")          # or: dask scheduler --protocol shmref
+    Client("shmref://10.0.0.5:8786")            #     dask worker shmref://10.0.0.5:8786
+
+Addresses are TCP addresses and every message travels over TCP. The handshake of each
+connection tells whether both ends reach the same shmrefd (boot id, the daemon's pid and
+start time, its socket's inode); when they do, every frame of at least
+``distributed.comm.shmref.threshold`` bytes (default 64 KiB) travels as a descriptor: the
+sender copies it once into a lease and publishes it for one consumer (or forwards the
+descriptor of a buffer it received through shmref, without a copy), the receiver maps it
+read-only and hands Dask a memoryview over the mapping. Objects received that way are
+read-only (as Arrow data is): a task that writes into its input must copy it first.
+
+Config keys (``distributed.comm.shmref.*``, also ``DASK_DISTRIBUTED__COMM__SHMREF__*``):
+``threshold`` (bytes, "64 KiB"), ``socket`` (the daemon's socket; null: libshmref's
+default rule), ``retention`` (how long a published frame waits for its receiver, "60s"),
+``enabled`` (false: plain TCP frames).
+"""
+from __future__ import annotations
+
+import dask
+
+_DEFAULTS = {
+    "distributed": {
+        "comm": {
+            "shmref": {
+                "threshold": "64 KiB",
+                "socket": None,
+                "retention": "60s",
+                "enabled": True,
+            }
+        }
+    }
+}
+dask.config.update_defaults(_DEFAULTS)
+
+from .comm import SHMREF, ShmrefBackend, ShmrefComm, stats  # noqa: E402
+
+__all__ = ["ShmrefBackend", "ShmrefComm", "SHMREF", "stats"]

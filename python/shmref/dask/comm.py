@@ -1,0 +1,464 @@
+# SPDX-License-Identifier: MIT
+"""The comm of ``shmref://``: Dask's TCP comm whose large frames to a peer that reaches the
+same shmrefd travel as descriptors (see the package's docstring)."""
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import struct
+import threading
+import weakref
+from collections import deque
+
+import msgpack
+import numpy as np
+from tornado.iostream import StreamClosedError
+
+import dask
+from dask.utils import parse_bytes, parse_timedelta
+from distributed.comm.core import Comm, CommClosedError
+from distributed.comm.tcp import (
+    TCP,
+    C_INT_MAX,
+    TCPBackend,
+    TCPConnector,
+    TCPListener,
+    _add_frames_header,
+    convert_stream_closed_error,
+    read_bytes_rw,
+)
+from distributed.comm.utils import from_frames, to_frames
+from distributed.protocol.utils import unpack_frames
+from distributed.utils import ensure_memoryview, nbytes, offload
+from tlz import sliding_window
+
+import shmref
+from shmref import _shmref
+
+logger = logging.getLogger("distributed.comm.shmref")
+
+SHMREF = "shmref://"
+#: Marker frame version; the first frame of every message on a shmref comm is
+#: msgpack [MARK_VERSION, ack, [[index, descriptor, offset, nbytes], ...]].
+MARK_VERSION = 1
+#: Frames above this many bytes in one message make the copy run on Dask's offload thread.
+_OFFLOAD_BYTES = 8 << 20
+#: Frames of at least this many bytes get a lease of their own; smaller ones (above the
+#: threshold) of one message share one.
+_OWN_LEASE = 4 << 20
+#: Sharding (distributed.comm.shard) exists for TCP's sake; a frame that goes by reference
+#: stays whole, so the receiver gets one mapping (merge_memoryviews needs no copy).
+_NO_SPLIT = 1 << 62
+
+
+def _config():
+    c = dask.config.get("distributed.comm.shmref")
+    threshold = c.get("threshold", "64 KiB")
+    threshold = parse_bytes(threshold) if isinstance(threshold, str) else int(threshold)
+    keep = parse_timedelta(c.get("retention", "60s"), default="seconds")
+    return bool(c.get("enabled", True)), max(1, threshold), c.get("socket") or None, max(1, int(keep * 1000))
+
+
+class _Stats:
+    """This process's counters (tests and the benchmark read them with client.run)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self):
+        self.sent_by_ref = self.sent_forwarded = self.sent_bytes_by_ref = 0
+        self.sent_copied_bytes = self.sent_large_tcp = self.received_by_ref = 0
+        self.received_bytes_by_ref = self.fallbacks = self.comms_by_ref = self.comms_tcp = 0
+
+    def add(self, **kw):
+        with self.lock:
+            for k, v in kw.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def as_dict(self):
+        with self.lock:
+            return {k: v for k, v in vars(self).items() if k != "lock"}
+
+
+_stats = _Stats()
+
+
+def stats(reset: bool = False) -> dict:
+    """This process's shmref.dask counters and its connection: {"mode": "shmref"|"tcp",
+    "socket", "identity", counters...}. reset: zero the counters after reading them."""
+    st = _state()
+    out = {"mode": "shmref" if st.client is not None else "tcp", "socket": st.socket,
+           "identity": st.identity, "pid": os.getpid(), **_stats.as_dict()}
+    if reset:
+        with _stats.lock:
+            _stats.reset()
+    return out
+
+
+class _State:
+    """This process's connection to shmrefd (made once; again after fork), its identity,
+    and the mappings it acquired (address -> descriptor), for forwarding."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        enabled, self.threshold, sock, self.keep_ms = _config()
+        self.socket = sock or shmref.default_socket()
+        self.client = None
+        self.identity = None
+        self.starts: list = []   # sorted start addresses of live mappings
+        self.maps: dict = {}     # start -> (end, descriptor text)
+        if not enabled:
+            logger.info("shmref: distributed.comm.shmref.enabled is false: frames travel over TCP")
+            return
+        try:
+            self.client = shmref.connect(self.socket, timeout=10)
+            self.identity = _identity(self.client)
+        except OSError as e:
+            self.client = None
+            logger.warning("shmref: no shmrefd reachable at %s (%s): frames travel over TCP", self.socket, e)
+            return
+        logger.info("shmref: frames of at least %d bytes to peers of shmrefd %s (pid %d) go by reference",
+                    self.threshold, self.socket, self.client.daemon_pid)
+
+    def add_mapping(self, arr, text):
+        start = arr.__array_interface__["data"][0]
+        with self.lock:
+            if start not in self.maps:
+                bisect.insort(self.starts, start)
+            self.maps[start] = (start + arr.nbytes, text)
+        weakref.finalize(arr, self._drop_mapping, start, text)
+
+    def _drop_mapping(self, start, text):
+        with self.lock:
+            got = self.maps.get(start)
+            if got is not None and got[1] == text:
+                del self.maps[start]
+                i = bisect.bisect_left(self.starts, start)
+                if i < len(self.starts) and self.starts[i] == start:
+                    del self.starts[i]
+
+    def lookup(self, addr, n):
+        """(descriptor, offset) when [addr, addr+n) lies in a mapping this process holds."""
+        with self.lock:
+            i = bisect.bisect_right(self.starts, addr) - 1
+            if i < 0:
+                return None
+            start = self.starts[i]
+            end, text = self.maps[start]
+            if addr + n <= end:
+                return text, addr - start
+        return None
+
+
+_the_state = None
+_state_lock = threading.Lock()
+
+
+def _state() -> _State:
+    global _the_state
+    st = _the_state
+    if st is None or st.pid != os.getpid():
+        with _state_lock:
+            st = _the_state
+            if st is None or st.pid != os.getpid():
+                st = _the_state = _State()
+    return st
+
+
+def _after_fork_in_child():
+    global _state_lock, _the_state
+    _state_lock = threading.Lock()
+    _the_state = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _identity(client) -> str:
+    """Who the daemon is, as both ends of a comm can check: the host's boot id, the
+    daemon's pid and start time (/proc/PID/stat) and its socket's device and inode."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    pid = client.daemon_pid
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        start = "?"  # another pid namespace: the socket's inode still tells the daemon
+    st = os.stat(client.socket)
+    return f"{boot}:{pid}:{start}:{st.st_dev}:{st.st_ino}"
+
+
+def _address(mv: memoryview) -> int:
+    return np.frombuffer(mv, dtype=np.uint8).__array_interface__["data"][0]
+
+
+def _clear_writeable(obj) -> bool:
+    """Sets every "writeable" flag in a (decoded) sub-header to False; True if any was."""
+    changed = False
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == "writeable" and isinstance(v, (list, tuple)):
+                if any(v):
+                    obj[k] = tuple(False if w else w for w in v)
+                    changed = True
+            elif isinstance(v, (dict, list, tuple)):
+                changed |= _clear_writeable(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            if isinstance(v, (dict, list, tuple)):
+                changed |= _clear_writeable(v)
+    return changed
+
+
+def _mark_read_only(frames: list, by_ref: set) -> None:
+    """Objects that arrive in mapped (read-only) frames are deserialized read-only: Dask
+    would otherwise copy a frame its sender had writable (numpy, the pickle serializer)."""
+    subs = []
+
+    def hook(obj):
+        off = obj.get("__Serialized__", 0)
+        if off:
+            subs.append(off)
+        return obj
+
+    msgpack.loads(frames[0], object_hook=hook, use_list=False, strict_map_key=False, raw=False)
+    for off in subs:
+        sub = msgpack.loads(frames[off], use_list=False, strict_map_key=False, raw=False)
+        n = sub.get("num-sub-frames", 0) if isinstance(sub, dict) else 0
+        if any(off < i <= off + n for i in by_ref) and _clear_writeable(sub):
+            frames[off] = msgpack.dumps(sub, use_bin_type=True)
+
+
+class ShmrefComm(TCP):
+    """A TCP comm whose first frame of each message says which frames travel as
+    descriptors (and acknowledges the peer's messages read, so a forwarded buffer is held
+    until the peer has taken it)."""
+
+    def __init__(self, *args, **kwargs):
+        self._by_ref = False
+        self._nread = 0          # the peer's messages read
+        self._nwritten = 0       # messages written
+        self._pins: deque = deque()  # (message number, [frames forwarded]) until acknowledged
+        super().__init__(*args, **kwargs)
+
+    # The handshake: both ends say which daemon they reach; frames go by reference only
+    # when it is the same one.
+    def handshake_info(self):
+        info = super().handshake_info()
+        st = _state()
+        info["shmref"] = st.identity
+        return info
+
+    def handshake_configuration(self, local, remote):  # an instance method here, on purpose
+        out = Comm.handshake_configuration(local, remote)
+        mine, theirs = local.get("shmref"), remote.get("shmref")
+        self._by_ref = mine is not None and mine == theirs
+        _stats.add(**{"comms_by_ref" if self._by_ref else "comms_tcp": 1})
+        out["shmref"] = self._by_ref
+        return out
+
+    @property
+    def by_ref(self) -> bool:
+        """Whether large frames go by reference on this comm (decided by the handshake)."""
+        return self._by_ref
+
+    def _unpin(self, ack: int) -> None:
+        while self._pins and self._pins[0][0] <= ack:
+            self._pins.popleft()
+
+    def _to_refs(self, frames: list):
+        """(marker entries, frames with the by-reference ones emptied, forwarded frames to
+        hold). Frames of at least _OWN_LEASE bytes get a lease each (so each is released
+        on its own, as Dask wants for large buffers); smaller ones of one message share one
+        lease (one publish and one acquire for all of them). A frame that cannot get a lease
+        (pool full, daemon gone) stays in the TCP frames."""
+        st = _state()
+        client = st.client
+        entries, pins, out = [], [], list(frames)
+        forwarded = 0
+        own, shared = [], []
+        for i, f in enumerate(frames):
+            n = nbytes(f)
+            if n < st.threshold or client is None:
+                continue
+            mv = ensure_memoryview(f)
+            hit = st.lookup(_address(mv), n)
+            if hit is not None:
+                entries.append((i, hit[0], hit[1], n))
+                pins.append(mv)
+                out[i] = b""
+                forwarded += 1
+            else:
+                (own if n >= _OWN_LEASE else shared).append((i, mv, n))
+        groups = [[x] for x in own] + ([shared] if shared else [])
+        copied = 0
+        for group in groups:
+            offsets, total = [], 0
+            for _, _, n in group:
+                offsets.append(total)
+                total += (n + 63) & ~63  # each frame 64-byte aligned in the lease
+            try:
+                arr = client.empty(total, np.uint8)
+                for (i, mv, n), off in zip(group, offsets):
+                    np.copyto(arr[off:off + n], np.frombuffer(mv, dtype=np.uint8))
+                ref = _shmref._publish_buffer(_shmref._buffer_info(arr)["buffer"], st.keep_ms)
+                client.release(arr)  # the retention holds it until the receiver's acquire
+                del arr
+            except OSError as e:
+                _stats.add(fallbacks=1, sent_large_tcp=len(group))
+                logger.warning("shmref: %d frame(s) of %d bytes go over TCP: %s", len(group), total, e)
+                continue
+            text = str(ref)
+            for (i, _, n), off in zip(group, offsets):
+                entries.append((i, text, off, n))
+                out[i] = b""
+                copied += n
+        if entries:
+            _stats.add(sent_by_ref=len(entries), sent_forwarded=forwarded, sent_copied_bytes=copied,
+                       sent_bytes_by_ref=sum(e[3] for e in entries))
+        return entries, out, pins
+
+    def _from_refs(self, frames: list, entries) -> list:
+        st = _state()
+        if st.client is None:
+            raise CommClosedError(f"in {self}: the peer sent frames by reference and this process has no shmrefd")
+        mapped = {}
+        for i, text, off, n in entries:
+            arr = mapped.get(text)
+            if arr is None:
+                arr = mapped[text] = st.client.acquire(text)
+                st.add_mapping(arr, text)
+            if off + n > arr.nbytes:
+                raise CommClosedError(f"in {self}: frame {i} ({off}+{n} bytes) lies outside {text}")
+            frames[i] = memoryview(arr).cast("B")[off:off + n]
+        _stats.add(received_by_ref=len(entries), received_bytes_by_ref=sum(e[3] for e in entries))
+        _mark_read_only(frames, {e[0] for e in entries})
+        return frames
+
+    async def read(self, deserializers=None):
+        stream = self.stream
+        if stream is None:
+            raise CommClosedError()
+        fmt = "Q"
+        fmt_size = struct.calcsize(fmt)
+        try:
+            frames_nosplit_nbytes_bin = await stream.read_bytes(fmt_size)
+            (frames_nosplit_nbytes,) = struct.unpack(fmt, frames_nosplit_nbytes_bin)
+            frames_nosplit = await read_bytes_rw(stream, frames_nosplit_nbytes)
+            frames, buffers_nbytes = unpack_frames(frames_nosplit, partial=True)
+            for buffer_nbytes in buffers_nbytes:
+                buffer = await read_bytes_rw(stream, buffer_nbytes)
+                frames.append(buffer)
+        except StreamClosedError as e:
+            self.stream = None
+            self._closed = True
+            convert_stream_closed_error(self, e)
+        except BaseException:
+            self.abort()
+            raise
+        try:
+            version, ack, entries = msgpack.loads(frames[0], use_list=False)
+            if version != MARK_VERSION:
+                raise ValueError(f"marker version {version}, expected {MARK_VERSION}")
+            frames = list(frames[1:])
+            self._nread += 1
+            self._unpin(ack)
+            if entries:
+                big = sum(e[3] for e in entries) >= _OFFLOAD_BYTES
+                frames = await offload(self._from_refs, frames, entries) if big else self._from_refs(frames, entries)
+        except CommClosedError:
+            self.abort()
+            raise
+        except (OSError, ValueError, TypeError, IndexError) as e:
+            self.abort()
+            raise CommClosedError(f"in {self}: shmref frames: {e}") from e
+        try:
+            return await from_frames(frames, deserialize=self.deserialize, deserializers=deserializers,
+                                     allow_offload=self.allow_offload)
+        except EOFError:
+            self.abort()
+            raise CommClosedError("aborted stream on truncated data")
+
+    async def write(self, msg, serializers=None, on_error="message"):
+        stream = self.stream
+        if stream is None:
+            raise CommClosedError()
+        by_ref = self._by_ref
+        frames = await to_frames(
+            msg,
+            allow_offload=self.allow_offload,
+            serializers=serializers,
+            on_error=on_error,
+            context={"sender": self.local_info, "recipient": self.remote_info, **self.handshake_options},
+            frame_split_size=_NO_SPLIT if by_ref else self.max_shard_size,
+        )
+        logical = sum(map(nbytes, frames))
+        entries, pins = [], []
+        if by_ref:
+            st = _state()
+            if any(nbytes(f) >= st.threshold for f in frames):
+                big = logical >= _OFFLOAD_BYTES
+                entries, frames, pins = await offload(self._to_refs, frames) if big else self._to_refs(frames)
+        self._nwritten += 1
+        if pins:
+            self._pins.append((self._nwritten, pins))
+        mark = msgpack.dumps([MARK_VERSION, self._nread, entries])
+        frames, frames_nbytes, frames_nbytes_total = _add_frames_header([mark, *frames])
+        try:
+            for each_frame_nbytes, each_frame in zip(frames_nbytes, frames):
+                if each_frame_nbytes:
+                    each_frame = ensure_memoryview(each_frame)
+                    for i, j in sliding_window(2, range(0, each_frame_nbytes + C_INT_MAX, C_INT_MAX)):
+                        chunk = each_frame[i:j]
+                        if stream._write_buffer is None:
+                            raise StreamClosedError()
+                        stream._write_buffer.append(chunk)
+                        stream._total_write_index += chunk.nbytes
+            stream.write(b"")
+        except StreamClosedError as e:
+            self.stream = None
+            self._closed = True
+            convert_stream_closed_error(self, e)
+        except BaseException:
+            self.abort()
+            raise
+        return logical
+
+    def abort(self) -> None:
+        self._pins.clear()
+        super().abort()
+
+    async def close(self):
+        try:
+            await super().close()
+        finally:
+            self._pins.clear()
+
+
+class ShmrefConnector(TCPConnector):
+    prefix = SHMREF
+    comm_class = ShmrefComm
+
+
+class ShmrefListener(TCPListener):
+    prefix = SHMREF
+    comm_class = ShmrefComm
+
+
+class ShmrefBackend(TCPBackend):
+    """The ``shmref://`` backend (entry point ``distributed.comm.backends``: shmref)."""
+
+    _connector_class = ShmrefConnector
+    _listener_class = ShmrefListener
+
+    def get_connector(self):
+        _state()  # connect to shmrefd now, so the log says which transport at start-up
+        return super().get_connector()
+
+    def get_listener(self, loc, handle_comm, deserialize, **connection_args):
+        _state()
+        return super().get_listener(loc, handle_comm, deserialize, **connection_args)
