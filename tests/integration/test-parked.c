@@ -196,7 +196,10 @@ Test(parked, one_uid_parking_all_it_can_is_capped_and_its_teardown_never_stalls_
     long rss1 = rss_kib(d.pid);
     fprintf(stderr, "daemon RSS %ld KiB -> %ld KiB with 16384 acquires parked (of %d sent)\n", rss0, rss1,
             PARK_CONNS * 4096);
+#if !defined(__SANITIZE_ADDRESS__)
+    /* (not under AddressSanitizer: its quarantine keeps what 32,768 refusals freed) */
     cr_assert_lt(rss1 - rss0, 32 * 1024, "the daemon grew %ld KiB with one uid's parked acquires", rss1 - rss0);
+#endif
 
     /* another client pings while uid 65534's connections (4 of them with 4096 parked each)
      * close: the loop never stalls on their teardown */
