@@ -120,7 +120,7 @@ Test(retention, never_fills_its_own_tenants_quota_nor_takes_anothers, .timeout =
     rv_acquire_send(fd, 22, first, 0);
     rv_expect_error(fd, 5000, 22, ENOENT, NULL, 0, "the oldest retained buffer of uid 65534");
     /* a lease that cannot fit even then reclaims nothing: refused, root's retention kept */
-    rv_lease_send(fd, 40, 1024 * KiB, 0);
+    rv_lease_send(fd, 40, 2048 * KiB, 0); /* root holds 512 KiB retained of its 1 MiB */
     rv_expect_error(fd, 5000, 40, EDQUOT, NULL, 0, "a lease beyond what reclaiming could free");
     /* root's retained buffers were never reclaimed for uid 65534 (nor for that lease) */
     for (uint32_t i = 0; i < 2; i++) {
