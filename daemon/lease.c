@@ -107,7 +107,8 @@ int lease_attempt(struct lease_attempt *a, char *msg, size_t cap)
      * (a lease refused anyway takes nothing); a lease that waits for quota is slowed by
      * its consumers instead (they take what is retained). */
     if (r == -EDQUOT && !a->waits &&
-        quota_held(bk->quota, p->uid) + cls.size <= quota_limit(bk->quota, p->uid) + registry_reclaimable(bk->reg, p->uid))
+        quota_held(bk->quota, p->uid) + cls.size <=
+            quota_limit(bk->quota, p->uid) + registry_reclaimable(bk->reg, p->uid))
         while (r == -EDQUOT && registry_reclaim_retained(bk->reg, p->uid))
             r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
     if (r < 0) {

@@ -324,8 +324,9 @@ static void arm_recheck(struct transport *t, bool reset)
         return;
     /* Waiting on other peers' reads (the group's cap, the daemon's budget) has no edge of
      * its own: the timer looks again. */
-    bool budget = (t->paused || t->room_wait || t->room_wanted) && (shared_full(t) || (budget_soft && fds_in_flight >= budget_soft) ||
-                                                  (budget_hard && fds_in_flight >= budget_hard));
+    bool waiting = t->paused || t->room_wait || t->room_wanted;
+    bool budget = waiting && (shared_full(t) || (budget_soft && fds_in_flight >= budget_soft) ||
+                              (budget_hard && fds_in_flight >= budget_hard));
     if (!t->fd_wait && !budget && (t->watch || (!t->fd_unread && !t->paused && !fd_blocked(t)))) {
         uv_timer_stop(&t->recheck);
         t->recheck_ms = 0;
