@@ -139,10 +139,14 @@ int lease_attempt(struct lease_attempt *a, char *msg, size_t cap)
     struct pool_buf *warm = pool_take_warm(bk->pool, &cls, p->uid);
     int r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
     /* What the tenant retained and nobody holds goes first, oldest first: retention
-     * alone never makes its own tenant's lease fail for quota. A lease that waits for
-     * quota is slowed by its consumers instead (they take what is retained). */
-    while (r == -EDQUOT && !a->waits && registry_reclaim_retained(bk->reg, p->uid))
-        r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
+     * alone never makes its own tenant's lease fail for quota. Only if that makes room
+     * (a lease refused anyway takes nothing); a lease that waits for quota is slowed by
+     * its consumers instead (they take what is retained). */
+    if (r == -EDQUOT && !a->waits &&
+        quota_held(bk->quota, p->uid) + cls.size <=
+            quota_limit(bk->quota, p->uid) + registry_reclaimable(bk->reg, p->uid))
+        while (r == -EDQUOT && registry_reclaim_retained(bk->reg, p->uid))
+            r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
     if (r < 0) {
         if (warm)
             pool_untake(bk->pool, warm);

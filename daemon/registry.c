@@ -386,6 +386,16 @@ struct registry_buf *registry_find(struct registry *r, const uint8_t *token)
     return b;
 }
 
+uint64_t registry_reclaimable(const struct registry *r, uint32_t tenant)
+{
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < r->nbuckets; i++)
+        for (const struct registry_buf *b = r->buckets[i]; b; b = b->hnext)
+            if (b->tenant == tenant && b->retained && b->refs == 1)
+                bytes += b->pb->size;
+    return bytes;
+}
+
 uint64_t registry_reclaim_retained(struct registry *r, uint32_t tenant)
 {
     struct registry_buf *oldest = NULL;

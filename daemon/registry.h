@@ -115,6 +115,8 @@ void registry_end_retention(struct registry *reg, struct registry_buf *b);
  * returns its bytes, 0 when there is none. Its tenant's lease that would fail for quota
  * calls it first: retention alone never fills a quota. */
 uint64_t registry_reclaim_retained(struct registry *reg, uint32_t tenant);
+/* registry_reclaimable: the bytes registry_reclaim_retained could give back for tenant. */
+uint64_t registry_reclaimable(const struct registry *reg, uint32_t tenant);
 /* registry_acquired: counts an acquire of b. The retention serves every consumer that
  * comes within its time (fan-out); it ends early once max_acquires (if set) is reached. */
 void registry_acquired(struct registry *reg, struct registry_buf *b);

@@ -53,7 +53,8 @@ static void server_fd_caps(struct session_env *env)
     /* All uids together: past half of it only a connection whose peer has read all it
      * was sent gets fds, and nothing passes three quarters (the kernel's limit counts
      * every process of the daemon's user). */
-    uint64_t soft = lim / 2 > UINT32_MAX ? UINT32_MAX : lim / 2, hard = lim / 4 * 3 > UINT32_MAX ? UINT32_MAX : lim / 4 * 3;
+    uint64_t soft = lim / 2 > UINT32_MAX ? UINT32_MAX : lim / 2;
+    uint64_t hard = lim / 4 * 3 > UINT32_MAX ? UINT32_MAX : lim / 4 * 3;
     transport_set_fd_budget((unsigned)soft, (unsigned)hard);
 }
 

@@ -158,7 +158,8 @@ static void as_peer_unref(struct broker_peer *p)
     session_unref((struct session *)p);
 }
 
-static const struct broker_peer_ops as_peer_ops = { as_peer_reply, as_peer_refuse, as_peer_ref, as_peer_unref, as_peer_reply_many };
+static const struct broker_peer_ops as_peer_ops = { as_peer_reply, as_peer_refuse, as_peer_ref, as_peer_unref,
+                                                   as_peer_reply_many };
 
 /* ---- tenants: what one uid's sessions share ----------------------------------------- */
 

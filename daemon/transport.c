@@ -61,8 +61,7 @@ struct transport {
     unsigned *shared;
     bool fd_wait;            /* a send met ETOOMANYREFS: the queue waits for the timer */
     bool room_wait;          /* the queue's head carries fds past a cap: waits for the peer to read */
-    bool watched;            /* in the watch (edge-triggered: the peer read, or hung up) */
-    bool watch_user;         /* counted in watch.users */
+    struct watch *watch;     /* in it (edge-triggered: the peer read, or hung up), or NULL */
     bool room_wanted;        /* the owner was told no room with nothing of ours unread (the
                               * daemon's budget): the timer looks again */
     bool paused;             /* not polled at all: a cap or fd_wait; the timer resumes it */
@@ -84,59 +83,68 @@ static unsigned fds_in_flight, budget_soft, budget_hard;
  * gone) and EPOLLHUP (the peer is gone). Edge-triggered, it says each time the peer
  * reads, not that the socket is writable (it almost always is), so a transport paused at
  * an fd cap resumes as soon as its peer has read, and sees its death at once, with no
- * timer. */
-static struct {
+ * timer. It lives while transports do: the last one closes it, and the next transport
+ * makes a new one (the old one may still be closing on the loop). */
+struct watch {
     int epfd;
     uv_poll_t poll;
-    unsigned users;              /* transports alive; the last one closes the watch */
-    bool open;
-} watch = { .epfd = -1 };
+    unsigned users;              /* transports in it */
+};
+static struct watch *watch;      /* the current one, or NULL */
 
 static void on_watch(uv_poll_t *p, int status, int events);
 
 static void watch_closed(uv_handle_t *h)
 {
-    (void)h;
-    close(watch.epfd);
-    watch.epfd = -1;
+    struct watch *w = h->data;
+    close(w->epfd);
+    free(w);
 }
 
-/* watch_add: t's socket in the watch (opened with the first transport). Without it
- * (no memory, no epoll) the transport still works: it then reads its caps when the
- * peer next sends. */
+/* watch_add: t's socket in the watch. Without it (no memory, no epoll) the transport
+ * still works: a timer then looks at its unread fds (arm_recheck). */
 static void watch_add(struct transport *t, uv_loop_t *loop)
 {
-    if (!watch.open && watch.epfd < 0) {
-        if ((watch.epfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+    if (!watch) {
+        struct watch *w = calloc(1, sizeof(*w));
+        if (!w)
             return;
-        if (uv_poll_init(loop, &watch.poll, watch.epfd) < 0) {
-            close(watch.epfd);
-            watch.epfd = -1;
+        if ((w->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) {
+            free(w);
             return;
         }
-        uv_poll_start(&watch.poll, UV_READABLE, on_watch);
-        watch.open = true;
+        if (uv_poll_init(loop, &w->poll, w->epfd) < 0) {
+            close(w->epfd);
+            free(w);
+            return;
+        }
+        w->poll.data = w;
+        uv_poll_start(&w->poll, UV_READABLE, on_watch);
+        watch = w;
     }
-    if (!watch.open)
-        return; /* closing: its close callback has not run yet */
     struct epoll_event ev = { .events = EPOLLOUT | EPOLLHUP | EPOLLET, .data.ptr = t };
-    if (epoll_ctl(watch.epfd, EPOLL_CTL_ADD, t->fd, &ev) == 0)
-        t->watched = true;
-    t->watch_user = true;
-    watch.users++;
+    if (epoll_ctl(watch->epfd, EPOLL_CTL_ADD, t->fd, &ev) < 0) {
+        if (!watch->users) {
+            uv_close((uv_handle_t *)&watch->poll, watch_closed);
+            watch = NULL;
+        }
+        return;
+    }
+    t->watch = watch;
+    watch->users++;
 }
 
 static void watch_del(struct transport *t)
 {
-    if (t->watched)
-        epoll_ctl(watch.epfd, EPOLL_CTL_DEL, t->fd, NULL);
-    t->watched = false;
-    if (!t->watch_user)
+    struct watch *w = t->watch;
+    if (!w)
         return;
-    t->watch_user = false;
-    if (--watch.users == 0 && watch.open) {
-        watch.open = false;
-        uv_close((uv_handle_t *)&watch.poll, watch_closed);
+    epoll_ctl(w->epfd, EPOLL_CTL_DEL, t->fd, NULL);
+    t->watch = NULL;
+    if (--w->users == 0) {
+        uv_close((uv_handle_t *)&w->poll, watch_closed);
+        if (watch == w)
+            watch = NULL;
     }
 }
 
@@ -334,9 +342,10 @@ static void arm_recheck(struct transport *t, bool reset)
         return;
     /* Waiting on other peers' reads (the group's cap, the daemon's budget) has no edge of
      * its own: the timer looks again. */
-    bool budget = (t->paused || t->room_wait || t->room_wanted) && (shared_full(t) || (budget_soft && fds_in_flight >= budget_soft) ||
-                                                  (budget_hard && fds_in_flight >= budget_hard));
-    if (!t->fd_wait && !budget && (t->watched || (!t->fd_unread && !t->paused && !fd_blocked(t)))) {
+    bool waiting = t->paused || t->room_wait || t->room_wanted;
+    bool budget = waiting && (shared_full(t) || (budget_soft && fds_in_flight >= budget_soft) ||
+                              (budget_hard && fds_in_flight >= budget_hard));
+    if (!t->fd_wait && !budget && (t->watch || (!t->fd_unread && !t->paused && !fd_blocked(t)))) {
         uv_timer_stop(&t->recheck);
         t->recheck_ms = 0;
         return;
@@ -500,7 +509,7 @@ static void flush(struct transport *t)
         if (!fd_room(t, o->nfds)) { /* past a cap: the watch resumes it when the peer reads */
             t->room_wait = true;
             set_events(t);
-            if (!t->watched)
+            if (!t->watch)
                 arm_recheck(t, false);
             return;
         }
@@ -568,13 +577,13 @@ static void on_recheck(uv_timer_t *h)
  * transport is not polled by the loop, so its peer's death is seen here, at once. */
 static void on_watch(uv_poll_t *p, int status, int events)
 {
-    (void)p;
     (void)status;
     (void)events;
+    struct watch *w = p->data;
     struct epoll_event ev[64];
     int n;
     do {
-        n = epoll_wait(watch.epfd, ev, 64, 0);
+        n = epoll_wait(w->epfd, ev, 64, 0);
         for (int i = 0; i < n; i++) {
             struct transport *t = ev[i].data.ptr;
             if (t->closing)

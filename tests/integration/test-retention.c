@@ -3,7 +3,7 @@
  * on a temporary socket and real processes of two uids: a tenant that publishes with
  * retention in a loop while nobody acquires keeps leasing (its oldest retained buffers
  * that nobody holds are reclaimed first), and another tenant's retained buffers are never
- * reclaimed for it. */
+ * reclaimed for it; a lease that would not fit even then reclaims nothing. */
 #include <criterion/criterion.h>
 
 #include <errno.h>
@@ -119,7 +119,10 @@ Test(retention, never_fills_its_own_tenants_quota_nor_takes_anothers, .timeout =
     rv_release_send(fd, 21, r.u.acquire_reply.handle);
     rv_acquire_send(fd, 22, first, 0);
     rv_expect_error(fd, 5000, 22, ENOENT, NULL, 0, "the oldest retained buffer of uid 65534");
-    /* root's retained buffers were never reclaimed for uid 65534 */
+    /* a lease that cannot fit even then reclaims nothing: refused, root's retention kept */
+    rv_lease_send(fd, 40, 2048 * KiB, 0); /* root holds 512 KiB retained of its 1 MiB */
+    rv_expect_error(fd, 5000, 40, EDQUOT, NULL, 0, "a lease beyond what reclaiming could free");
+    /* root's retained buffers were never reclaimed for uid 65534 (nor for that lease) */
     for (uint32_t i = 0; i < 2; i++) {
         rv_acquire_send(fd, 30 + 2 * i, mine[i], 0);
         rv_expect(fd, 5000, PROTO_OP_ACQUIRE + PROTO_OP_REPLY, 30 + 2 * i, &r, "root's retained buffer");
