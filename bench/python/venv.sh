@@ -46,9 +46,11 @@ if [ -f "$treq" ]; then
 fi
 
 if [ -f python/pyproject.toml ]; then
-    # The package's sources, and this tree's C library it builds over.
-    want=$({ git ls-files -co --exclude-standard python client-lib proto 2>/dev/null ||
-        find python client-lib proto -type f -not -path '*/build/*'; } | sort | xargs cat | sha256sum | cut -d' ' -f1)
+    # The package's sources, and this tree's C sources it builds (python/csrc links to
+    # them: the links themselves are skipped).
+    want=$({ git ls-files -co --exclude-standard python client-lib proto daemon tools 2>/dev/null ||
+        find python client-lib proto daemon tools -type f -not -path '*/build/*'; } | sort |
+        while IFS= read -r f; do [ -L "$f" ] || [ ! -f "$f" ] || cat "$f"; done | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$venv/.shmref" 2>/dev/null)" != "$want" ]; then
         echo "bench venv: installing ./python (shmref) into $venv" >&2
         pip_install --no-deps --force-reinstall ./python
