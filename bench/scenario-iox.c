@@ -143,7 +143,8 @@ static int spawn(char *const argv[], int *ret_fd, pid_t *ret_pid)
     return 0;
 }
 
-/* reap: closes fd (a server sees EOF) and waits for pid, 10 s at most: then SIGKILL
+/* reap: closes fd (a server sees EOF) and waits for pid, 30 s at most (RouDi unregisters
+ * a runtime slowly on a loaded machine: 10 s was seen to pass at load 20): then SIGKILL
  * and -ETIMEDOUT. */
 static int reap(int fd, pid_t pid)
 {
@@ -152,7 +153,7 @@ static int reap(int fd, pid_t pid)
         close(fd);
     if (pid <= 0)
         return 0;
-    for (int i = 0; i < 1000; i++) {
+    for (int i = 0; i < 3000; i++) {
         pid_t r = waitpid(pid, &st, WNOHANG);
         if (r == pid)
             return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -ECHILD;
@@ -246,7 +247,7 @@ void iox_row(const struct bench_opts *o, size_t size, unsigned warmup, unsigned 
         snprintf(res->error, sizeof(res->error), "%s", err);
     else if (rc < 0 || rs < 0)
         snprintf(res->error, sizeof(res->error), "shmref-bench-iox %s %s", rc < 0 ? "client" : "server",
-                 (rc < 0 ? rc : rs) == -ETIMEDOUT ? "did not exit in 10 s (killed)" : "exited with an error");
+                 (rc < 0 ? rc : rs) == -ETIMEDOUT ? "did not exit in 30 s (killed)" : "exited with an error");
     else if (bad)
         snprintf(res->error, sizeof(res->error), "%zu wrong words in the output", bad);
     else
