@@ -83,6 +83,13 @@ def main():
         env = dict(os.environ, SHMREFD_SOCKET=sock,
                    PATH=os.path.dirname(python) + ":" + os.path.join(build, "bin") + ":" + os.environ.get("PATH", "/usr/bin:/bin"))
         env.pop("XDG_RUNTIME_DIR", None)
+        # A sanitized build (./scripts/test --sanitize): programs the blocks build with plain
+        # cc link an ASan libshmref, so the ASan runtime is preloaded for them (leak checks
+        # off: they would report the shell's).
+        ldd = subprocess.run(["ldd", os.path.join(build, "lib", "libshmref.so")], capture_output=True, text=True)
+        asan = re.search(r"^\s*libasan\.so\S* => (\S+)", ldd.stdout, re.M)
+        if asan:
+            env.update(LD_PRELOAD=asan.group(1), ASAN_OPTIONS="detect_leaks=0")
         try:
             for doc in docs:
                 name = os.path.relpath(doc, src)
