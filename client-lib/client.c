@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pwd.h>
+#include <search.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -19,6 +21,9 @@
 #include <unistd.h>
 
 #include "paths.h"
+#include "units.h"
+
+static int reconnect(shmref_conn *conn);
 
 int client_fail(shmref_conn *conn, int err, const char *fmt, ...)
 {
@@ -36,12 +41,56 @@ int64_t client_mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int client_usable(shmref_conn *conn)
+static void no_free(void *p)
+{
+    (void)p;
+}
+
+/* adopt: the first call in a forked child. Everything of the parent's connection is
+ * forgotten without a word on its socket and nothing is unmapped: inherited handles stay
+ * readable (their release only frees their memory here), undelivered completions and
+ * requests in flight are the parent's. The child's own connection is made when it first
+ * needs the daemon. Returns whether conn was adopted now. */
+static bool adopt(shmref_conn *conn)
 {
     pid_t me = getpid();
-    if (me != conn->pid)
-        return client_fail(conn, -ECHILD, "connection was opened by pid %d; this is pid %d: "
-                           "connect again in the child", (int)conn->pid, (int)me);
+    if (me == conn->pid)
+        return false;
+    for (shmref_buf *b = conn->bufs; b; b = b->next) {
+        b->inherited = true;
+        b->shareable = false;
+    }
+    tdestroy(conn->by_token, no_free);
+    conn->by_token = NULL;
+    mapcache_abandon(&conn->cache); /* first: nothing below may unmap */
+    stock_abandon(conn);
+    pending_discard(conn);
+    while (conn->q) {
+        struct client_out *m = conn->q;
+        conn->q = m->next;
+        free(m);
+    }
+    conn->q_tail = NULL;
+    conn->q_bytes = 0;
+    if (conn->fd >= 0)
+        close(conn->fd); /* this process's copy: the parent's connection is untouched */
+    conn->fd = -1;
+    conn->failed = 0;
+    conn->abandoned = NULL;
+    conn->fail_msg[0] = conn->late[0] = '\0';
+    conn->features = 0;
+    conn->pid = me;
+    return true;
+}
+
+int client_usable(shmref_conn *conn)
+{
+    adopt(conn);
+    if (conn->fd < 0 && !conn->failed && !conn->abandoned && !conn->closing) {
+        int r = reconnect(conn);
+        if (r < 0)
+            return r;
+    }
     if (conn->abandoned)
         return client_fail(conn, -ENOTCONN, "connection abandoned after %s timed out (%d ms): connect again",
                            conn->abandoned, conn->timeout_ms);
@@ -113,25 +162,10 @@ int client_flush(shmref_conn *conn)
         conn->q = m->next;
         if (!conn->q)
             conn->q_tail = NULL;
+        conn->q_bytes -= sizeof(*m) + m->len;
         free(m);
     }
     return 0;
-}
-
-int client_flush_wait(shmref_conn *conn, int ms)
-{
-    int64_t deadline = ms > 0 ? client_mono_ms() + ms : -1;
-    for (;;) {
-        int r = client_flush(conn);
-        if (r <= 0)
-            return r;
-        int left = -1;
-        if (deadline >= 0 && (left = (int)(deadline - client_mono_ms())) <= 0)
-            return -ETIMEDOUT;
-        struct pollfd p = { .fd = conn->fd, .events = POLLOUT };
-        if (poll(&p, 1, left) < 0 && errno != EINTR)
-            return -errno;
-    }
 }
 
 int client_send(shmref_conn *conn, struct proto_msg *req)
@@ -139,9 +173,18 @@ int client_send(shmref_conn *conn, struct proto_msg *req)
     int r = client_usable(conn);
     if (r < 0)
         return r;
-    req->id = ++conn->next_id;
-    if (req->id == 0) /* id 0 is the daemon's word about the whole connection */
+    /* One-way releases always pass (they end what the daemon holds for us, and there are
+     * no more of them than handles); everything else is refused past the bound. */
+    bool gives_back = req->op == PROTO_OP_RELEASE || req->op == PROTO_OP_RELEASE_MANY || req->op == PROTO_OP_FORGET;
+    if (conn->q && !gives_back && conn->q_bytes >= conn->max_queue_bytes)
+        return client_fail(conn, -ENOBUFS, "%s refused: the send queue holds %zu bytes, the limit is %zu "
+                           "(shmref_set_limits, $SHMREF_MAX_QUEUE): shmrefd is not reading",
+                           proto_op_name(req->op), conn->q_bytes, conn->max_queue_bytes);
+    /* Ids wrap at 2^32 on the wire: one still outstanding is never reused, 0 never used
+     * (it is the daemon's word about the whole connection). */
+    do
         req->id = ++conn->next_id;
+    while (req->id == 0 || pending_id_taken(conn, req->id));
     int len = proto_encode(req, conn->wbuf, sizeof(conn->wbuf));
     if (len < 0)
         return client_fail(conn, -EMSGSIZE, "request too large for one message");
@@ -151,6 +194,7 @@ int client_send(shmref_conn *conn, struct proto_msg *req)
     struct client_out *m = malloc(sizeof(*m) + (size_t)len);
     if (!m)
         return client_fail(conn, -ENOMEM, "out of memory");
+    conn->q_bytes += sizeof(*m) + (size_t)len;
     m->next = NULL;
     m->len = (size_t)len;
     memcpy(m->data, conn->wbuf, (size_t)len);
@@ -261,6 +305,69 @@ static void on_unmap(void *ctx, uint64_t buf_id, bool writable)
     client_forget(ctx, buf_id, writable);
 }
 
+/* The daemon user set by shmref_set_daemon_uid (-1: none): process-wide, read at connect. */
+static _Atomic long daemon_uid_set = -1;
+
+int shmref_set_daemon_uid(long uid)
+{
+    if (uid < -1 || uid > (long)UINT32_MAX - 1)
+        return -EINVAL;
+    atomic_store(&daemon_uid_set, uid);
+    return 0;
+}
+
+/* user_uid: the uid of user name, or -1. */
+static long user_uid(const char *name)
+{
+    struct passwd pw, *res = NULL;
+    char buf[1024];
+    if (getpwnam_r(name, &pw, buf, sizeof(buf), &res) != 0 || !res)
+        return -1;
+    return (long)res->pw_uid;
+}
+
+/* configured_uid: the daemon user this process was told of: shmref_set_daemon_uid, else
+ * $SHMREF_DAEMON_UID (a number), else $SHMREF_DAEMON_USER (a name), else the packaged
+ * daemon's user "shmrefd" if it exists; -1 if none. */
+static long configured_uid(void)
+{
+    long set = atomic_load(&daemon_uid_set);
+    if (set >= 0)
+        return set;
+    const char *e = getenv("SHMREF_DAEMON_UID");
+    if (e && *e) {
+        char *end;
+        errno = 0;
+        long v = strtol(e, &end, 10);
+        if (!errno && !*end && v >= 0 && v < (long)UINT32_MAX)
+            return v;
+    }
+    e = getenv("SHMREF_DAEMON_USER");
+    return user_uid(e && *e ? e : "shmrefd");
+}
+
+/* check_peer: the daemon at the other end is one this client trusts: its peer
+ * credentials (SO_PEERCRED, the uid that made the listening socket) are root, the
+ * configured daemon user, or this process's own uid (a private daemon). */
+static int check_peer(shmref_conn *conn, int fd, const char *path)
+{
+    struct ucred cr;
+    socklen_t len = sizeof(cr);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
+        int e = errno;
+        return client_fail(conn, -e, "cannot read the credentials of shmrefd at %s: %s", path, strerror(e));
+    }
+    long want = configured_uid();
+    if (cr.uid == 0 || cr.uid == getuid() || cr.uid == geteuid() || (want >= 0 && (long)cr.uid == want))
+        return 0;
+    char who[48] = "none";
+    if (want >= 0)
+        snprintf(who, sizeof(who), "%ld", want);
+    return client_fail(conn, -EPERM, "refusing the daemon at %s: it runs as uid %u (pid %d); trusted are uid 0, "
+                       "this process's uid %u and the daemon user (uid %s: $SHMREF_DAEMON_UID, $SHMREF_DAEMON_USER "
+                       "or shmref_set_daemon_uid)", path, (unsigned)cr.uid, (int)cr.pid, (unsigned)getuid(), who);
+}
+
 /* connect_path: a non-blocking SOCK_SEQPACKET connection to path. A listener whose
  * backlog is full answers EAGAIN: retried until the deadline. */
 static int connect_path(shmref_conn *conn, const char *path, int64_t deadline)
@@ -291,6 +398,11 @@ static int connect_path(shmref_conn *conn, const char *path, int64_t deadline)
         return client_fail(conn, -e, "cannot connect to shmrefd at %s: %s%s", path, strerror(e),
                            e == ENOENT || e == ECONNREFUSED ? " (is shmrefd running?)" : "");
     }
+    int r = check_peer(conn, fd, path);
+    if (r < 0) {
+        close(fd);
+        return r;
+    }
     conn->fd = fd;
     return 0;
 }
@@ -307,6 +419,31 @@ static int default_timeout(void)
     if (errno || *end || v < 0 || v > INT32_MAX)
         return SHMREF_TIMEOUT_DEFAULT_MS;
     return (int)v;
+}
+
+#define CLIENT_MAX_REQUESTS 65536
+#define CLIENT_MAX_QUEUE (8u << 20)
+
+/* env_limit: $name as a number (units allowed: "4M") from 1 to max, else def. */
+static uint64_t env_limit(const char *name, uint64_t def, uint64_t max)
+{
+    const char *e = getenv(name);
+    uint64_t v;
+    if (e && *e && units_parse(e, &v) == 0 && v >= 1 && v <= max)
+        return v;
+    return def;
+}
+
+int shmref_set_limits(shmref_conn *conn, long max_requests, long max_queue_bytes)
+{
+    if (!conn || max_requests < -1 || max_requests == 0 || max_queue_bytes < -1 || max_queue_bytes == 0 ||
+        (max_requests > 0 && (unsigned long)max_requests > UINT32_MAX))
+        return -EINVAL;
+    conn->max_requests = max_requests > 0 ? (unsigned)max_requests
+                                          : (unsigned)env_limit("SHMREF_MAX_REQUESTS", CLIENT_MAX_REQUESTS, UINT32_MAX);
+    conn->max_queue_bytes = max_queue_bytes > 0 ? (size_t)max_queue_bytes
+                                                : (size_t)env_limit("SHMREF_MAX_QUEUE", CLIENT_MAX_QUEUE, SIZE_MAX);
+    return 0;
 }
 
 static int hello(shmref_conn *conn, int64_t deadline)
@@ -381,6 +518,12 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
     conn->fd = -1;
     conn->pid = getpid();
     conn->timeout_ms = timeout_ms < 0 ? default_timeout() : timeout_ms;
+    shmref_set_limits(conn, -1, -1);
+    if (!(conn->path = strdup(path))) {
+        free(conn);
+        copy_msg(errbuf, errcap, "out of memory");
+        return -ENOMEM;
+    }
     mapcache_init(&conn->cache);
     conn->cache.on_unmap = on_unmap;
     conn->cache.ctx = conn;
@@ -402,6 +545,24 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
     conn->errmsg[0] = '\0';
     *ret_conn = conn;
     return 0;
+}
+
+/* reconnect: a forked child's own connection to the parent's socket path, made when it
+ * first needs the daemon. */
+static int reconnect(shmref_conn *conn)
+{
+    int64_t deadline = conn->timeout_ms > 0 ? client_mono_ms() + conn->timeout_ms : -1;
+    conn->next_id = 0;
+    conn->daemon_pid = 0;
+    int r = connect_path(conn, conn->path, deadline);
+    if (r == 0 && (r = hello(conn, deadline)) < 0 && conn->fd >= 0) {
+        close(conn->fd);
+        conn->fd = -1;
+        conn->failed = 0; /* tried again at the next call */
+        conn->abandoned = NULL;
+        pending_discard(conn);
+    }
+    return r;
 }
 
 int shmref_connect(const char *path, shmref_conn **ret_conn)
@@ -442,6 +603,8 @@ void client_teardown(shmref_conn *conn)
      * closing the child's copy of the socket leaves the parent's connection as it was. */
     if (getpid() == conn->pid)
         mapcache_clear(&conn->cache);
+    else
+        mapcache_abandon(&conn->cache);
     if (conn->fd >= 0)
         close(conn->fd);
     pending_discard(conn);
@@ -450,38 +613,41 @@ void client_teardown(shmref_conn *conn)
         conn->q = m->next;
         free(m);
     }
-    free(conn->cache.v);
+    tdestroy(conn->by_token, no_free);
+    free(conn->path);
     free(conn);
 }
-
-/* CLOSE_DRAIN_MS: how long shmref_close waits for leases still on their way. */
-#define CLOSE_DRAIN_MS 2000
 
 void shmref_close(shmref_conn *conn)
 {
     if (!conn)
         return;
+    /* Never blocks: what has arrived is taken in, releases are one-way messages sent if
+     * the socket takes them now, and nothing is waited for. Whatever the daemon still
+     * holds for this connection (a release the socket did not take, a lease on its way,
+     * a parked acquire) ends with the connection on its side. In a forked child nothing
+     * of the parent's connection is touched (adopt). */
+    adopt(conn);
+    conn->closing = true;
     bool pinned = atomic_load(&conn->pins) > 0;
     bool live = client_usable(conn) == 0;
-    int ms = conn->timeout_ms > 0 && conn->timeout_ms < CLOSE_DRAIN_MS ? conn->timeout_ms : CLOSE_DRAIN_MS;
     if (live) {
-        /* Requests still out (stock refills, submits nobody collected) become nobody's:
-         * a lease or handle they bring is released. A ping behind them brings every
-         * answer the daemon has made so far (waits the daemon still holds, a backpressured
-         * lease or an acquire of an unpublished buffer, end with the connection), so the
-         * daemon sees a clean close, not a process that died holding leases. */
         pending_intake(conn);
         conn->stock.depth = 0; /* nothing is refilled from now on */
         stock_return(conn);
-        pending_orphan_all(conn);
-        if (conn->n_out > 0)
-            pending_drain(conn, ms);
     }
+    /* Requests still out become nobody's (a handle they hold is the closer's now); a
+     * completion not collected is released. */
+    pending_orphan_all(conn);
     /* Release every handle (one-way, no round trips). A pinned buffer (its unit's Arrow
      * exports are alive) stays: the last export releases it. */
     conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     for (shmref_buf *b = conn->bufs, *next; b; b = next) {
         next = b->next;
+        if (b->busy) { /* cannot be after pending_orphan_all; never leaked if it were */
+            b->busy = 0;
+            b->doomed = false;
+        }
         if (!b->pinned)
             shmref_release(b); /* unlinks and frees b */
     }
@@ -491,7 +657,7 @@ void shmref_close(shmref_conn *conn)
         b->prev = b->next = NULL;
     }
     if (client_usable(conn) == 0)
-        client_flush_wait(conn, ms);
+        client_flush(conn);
     if (!pinned) {
         client_teardown(conn);
         return;

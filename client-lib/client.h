@@ -21,17 +21,20 @@ struct mapcache_entry {
     void *addr;
     size_t len;
     bool writable;
+    bool nocache;           /* unmapped when its last user goes (the daemon retires it) */
     unsigned users;         /* live handles using this mapping */
-    uint64_t last_use;
+    struct mapcache_entry *lru_prev, *lru_next; /* idle entries, least recently used first */
 };
 
+/* Lookups are balanced trees (tsearch(3)): by (buf_id, writable) and by address; the idle
+ * entries are a list in order of last use. No operation scans the cache. */
 struct mapcache {
     /* called for every mapping the cache unmaps while the connection lives */
     void (*on_unmap)(void *ctx, uint64_t buf_id, bool writable);
     void *ctx;
-    struct mapcache_entry *v;
-    unsigned n, cap;
-    uint64_t tick;
+    void *by_id, *by_addr;  /* tsearch roots */
+    unsigned n, n_idle;
+    struct mapcache_entry *lru_head, *lru_tail;
     uint64_t idle_bytes, max_idle_bytes;
     unsigned max_idle;
     bool fixed;             /* set by $SHMREF_MAP_CACHE: not adjusted */
@@ -55,6 +58,10 @@ struct shmref_buf {
     bool pinned;            /* held by a unit's exports: outlives shmref_close */
     bool sealed;                /* an acquired sealed buffer, its seals checked */
     struct client_share *share; /* an acquired handle shared locally, else NULL */
+    unsigned busy;          /* outstanding requests that refer to this handle */
+    bool doomed;            /* released while busy: freed when the last such request ends */
+    bool shareable;         /* listed in conn->by_token */
+    bool inherited;         /* a forked child's copy of its parent's handle: never released */
     void *meta;
     size_t meta_len;
     shmref_buf *prev, *next;
@@ -70,7 +77,7 @@ enum pending_owner {
 };
 
 struct pending {
-    struct pending *next;
+    struct pending *next, *prev;
     uint32_t id;            /* 0 while parked (waiting to be sent again) */
     uint32_t op;            /* PROTO_OP_* of the request */
     uint8_t owner;          /* enum pending_owner */
@@ -79,6 +86,7 @@ struct pending {
     bool parked;            /* waits for the stock's refills before it is sent again */
     bool require_sealed;    /* acquire: SHMREF_ACQUIRE_SEALED */
     bool refill;            /* sent by the stock (counted in stock.out until answered) */
+    bool holds;             /* buf is held busy by this request (lease_hold) */
     int result;             /* 0 or -errno, once done */
     char *errmsg;           /* the message of a failure (malloc'd), once done */
     void *user;
@@ -145,10 +153,17 @@ struct shmref_conn {
     uint64_t features, max_lease;
     struct mapcache cache;
     shmref_buf *bufs;
+    void *by_token;         /* tsearch root: acquired handles a re-acquire may share */
+    char *path;             /* the socket path: a forked child connects to it again */
+    bool closing;           /* shmref_close runs: a forked child does not connect again */
     atomic_uint pins;       /* pinned buffers (client_pin) */
     atomic_bool closed;     /* shmref_close was called while pins were held */
     struct pending *out, *out_tail; /* outstanding requests, in the order sent */
+    void *by_id;            /* tsearch root: the outstanding requests by id */
     unsigned n_out;
+    size_t q_bytes;         /* bytes in q */
+    unsigned max_requests;  /* bound of the request table (shmref_set_limits) */
+    size_t max_queue_bytes; /* bound of the send queue for requests (one-way releases pass) */
     struct pending *done, *done_tail;   /* completions of submits, not yet delivered */
     struct pending *delivered;          /* delivered by the last shmref_complete */
     struct client_out *q, *q_tail;      /* messages not sent yet, in order */
@@ -170,8 +185,6 @@ int client_send(shmref_conn *conn, struct proto_msg *req);
 /* client_flush: send queued messages while the socket takes them: 0 all sent, 1 some
  * remain, -errno. */
 int client_flush(shmref_conn *conn);
-/* client_flush_wait: flush, waiting for the socket up to ms (0: no limit): at close. */
-int client_flush_wait(shmref_conn *conn, int ms);
 /* client_recv: the next message if one has arrived (never blocks): 1 with *rep and its
  * fds (*ret_nfds of them, at most PROTO_MAX_BATCH; each the caller's), 0 if none yet,
  * -errno if the connection broke. *ret_lost: the fds did not fit (MSG_CTRUNC). */
@@ -213,11 +226,6 @@ int pending_submit_msg(shmref_conn *conn, struct pending *p, struct proto_msg *r
 /* pending_orphan_all: every outstanding request becomes PENDING_DROP, every undelivered
  * completion is dropped (its handle released, its status freed): at shmref_close. */
 void pending_orphan_all(shmref_conn *conn);
-/* pending_drain: at close, after pending_orphan_all: wait (at most ms) for the answers
- * the daemon has made or will make without waiting, so the leases they bring are released
- * before the socket closes. Waits the daemon holds (a lease for quota, an acquire for a
- * publish) end with the connection. */
-void pending_drain(shmref_conn *conn, int ms);
 /* pending_discard: free every record without sending anything (teardown). */
 void pending_discard(shmref_conn *conn);
 /* pending_intake: take in every reply that has arrived, without blocking (no syscall when
@@ -232,6 +240,12 @@ int pending_wait(shmref_conn *conn, struct pending *p, int ms);
 int pending_budget(const shmref_conn *conn, uint32_t extra_ms);
 /* pending_fail_all: the connection broke: every outstanding request fails with err. */
 void pending_fail_all(shmref_conn *conn, int err, const char *msg);
+/* pending_unhold: p no longer refers to its handle (lease_unhold); p->buf is NULL if the
+ * handle was released meanwhile. */
+void pending_unhold(struct pending *p);
+/* pending_id_taken: whether a request with id is outstanding (ids wrap at 2^32 on the
+ * wire: the transport never reuses one that is). */
+bool pending_id_taken(shmref_conn *conn, uint32_t id);
 /* pending_complete: p is finished: a PENDING_USER goes to the completion queue, a
  * PENDING_WAIT is marked done, the others are handled (stock) or freed. */
 void pending_complete(shmref_conn *conn, struct pending *p);
@@ -248,6 +262,11 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
 /* lease_forget: a handle's local half (list, mapping use, memory). Returns the daemon
  * handle to release, or 0 when another local handle still shares it. */
 uint64_t lease_forget(shmref_buf *buf);
+/* lease_hold: a request in flight refers to buf: it stays valid (shmref_release only marks
+ * it) until lease_unhold. lease_unhold: that request ended; returns buf, or NULL when it
+ * was released meanwhile and is gone now. */
+void lease_hold(shmref_buf *buf);
+shmref_buf *lease_unhold(shmref_buf *buf);
 /* lease_drop: lease_forget, then a one-way release of the daemon handle if it was the
  * last local one (nothing is sent in a forked child or on a broken connection). */
 void lease_drop(shmref_buf *buf);
@@ -277,6 +296,9 @@ void stock_arrived(shmref_conn *conn, struct pending *p);
 /* stock_return: release every ready lease and drop refills in flight (they are released
  * when they arrive). Returns how many were released or dropped. */
 unsigned stock_return(shmref_conn *conn);
+/* stock_abandon: a forked child: the ready leases are the parent's (their local handles
+ * freed, nothing released), nothing is in flight. */
+void stock_abandon(shmref_conn *conn);
 /* stock_reset: the connection broke: nothing is in flight any more. */
 void stock_reset(shmref_conn *conn);
 /* stock_inflight: refills not answered yet (for any class, dropped ones too). */
@@ -324,5 +346,15 @@ unsigned mapcache_drop_idle(struct mapcache *mc);
 void mapcache_drop(struct mapcache *mc, void *addr);
 /* mapcache_clear: unmap everything (the connection closes). */
 void mapcache_clear(struct mapcache *mc);
+/* mapcache_abandon: forget every entry without unmapping anything (a forked child: what it
+ * inherited stays mapped, and readable, for as long as the child lives). */
+void mapcache_abandon(struct mapcache *mc);
+/* mapcache_nocache: the mapping at addr is unmapped when its last user goes, not kept
+ * idle (the daemon retires its buffer: for the acquire reply's flag, protocol 3). */
+void mapcache_nocache(struct mapcache *mc, void *addr);
+/* mapcache_ref: one more user of the mapping at addr; returns addr. */
+void *mapcache_ref(struct mapcache *mc, void *addr);
+/* mapcache_users: the handles using the mapping at addr (0 if not cached). */
+unsigned mapcache_users(struct mapcache *mc, void *addr);
 
 #endif

@@ -193,6 +193,7 @@ int shmref_complete(shmref_conn *conn, shmref_completion *ret, size_t max)
         struct pending *p = conn->done;
         if (!(conn->done = p->next))
             conn->done_tail = NULL;
+        pending_unhold(p); /* a handle released while the request was out goes now */
         shmref_completion *c = &ret[n++];
         *c = (shmref_completion){ .user = p->user, .op = op_of(p->op), .result = p->result,
                                   .errmsg = p->errmsg ? p->errmsg : "" };

@@ -6,8 +6,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <search.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 
@@ -21,10 +24,74 @@ static void link_buf(shmref_conn *conn, shmref_buf *b)
     conn->bufs = b;
 }
 
+/* The acquired handles a re-acquire of the same descriptor may share, by token and size
+ * (one per descriptor: the first; tsearch(3), no scan of the connection's handles). */
+static int cmp_token(const void *a, const void *b)
+{
+    const shmref_buf *x = a, *y = b;
+    int c = memcmp(x->token, y->token, PROTO_TOKEN_LEN);
+    if (c)
+        return c;
+    return x->size == y->size ? 0 : x->size < y->size ? -1 : 1;
+}
+
+static shmref_buf *shareable(shmref_conn *conn, const uint8_t *token, size_t size)
+{
+    shmref_buf key;
+    memcpy(key.token, token, PROTO_TOKEN_LEN);
+    key.size = size;
+    void *n = tfind(&key, &conn->by_token, cmp_token);
+    return n ? *(shmref_buf **)n : NULL;
+}
+
+static void list_shareable(shmref_conn *conn, shmref_buf *b)
+{
+    if (!b->writable && !shareable(conn, b->token, b->size) && tsearch(b, &conn->by_token, cmp_token))
+        b->shareable = true;
+}
+
 static void unlink_buf(shmref_buf *b)
 {
+    if (b->shareable) {
+        tdelete(b, &b->conn->by_token, cmp_token);
+        b->shareable = false;
+    }
     if (b->prev) b->prev->next = b->next; else b->conn->bufs = b->next;
     if (b->next) b->next->prev = b->prev;
+    b->prev = b->next = NULL;
+}
+
+/* check_fd: an fd the daemon sent is mapped only if it is a regular file (a memfd or a
+ * tmpfs/hugetlbfs file) that covers the buffer: a lying daemon gets an error, never a
+ * SIGBUS on a read past the end of a short file. */
+static int check_fd(shmref_conn *conn, int fd, uint64_t capacity)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        return client_fail(conn, -e, "fstat of the buffer's fd failed: %s", strerror(e));
+    }
+    if (!S_ISREG(st.st_mode))
+        return client_fail(conn, -EBADF, "shmrefd sent an fd that is not a regular file (mode %#o) for a buffer "
+                           "of %llu bytes: refused", (unsigned)(st.st_mode & S_IFMT), (unsigned long long)capacity);
+    if (st.st_size < 0 || (uint64_t)st.st_size < capacity)
+        return client_fail(conn, -EBADF, "shmrefd sent an fd of %lld bytes for a buffer of %llu bytes: refused "
+                           "(mapping it would fault past the end)", (long long)st.st_size,
+                           (unsigned long long)capacity);
+    return 0;
+}
+
+void lease_hold(shmref_buf *buf)
+{
+    buf->busy++;
+}
+
+shmref_buf *lease_unhold(shmref_buf *buf)
+{
+    if (!buf || --buf->busy > 0 || !buf->doomed)
+        return buf;
+    lease_drop(buf);
+    return NULL;
 }
 
 #define SEALS_NEEDED (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)
@@ -79,6 +146,8 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
             r = client_fail(conn, -EPROTO, "shmrefd sent no fd with the buffer");
             goto fail;
         }
+        if ((r = check_fd(conn, fd, b->capacity)) < 0)
+            goto fail;
         r = mapcache_get(&conn->cache, b->buf_id, fd, b->capacity, writable, &b->data);
         if (r < 0) {
             client_fail(conn, r, "mmap of %zu bytes failed: %s", b->capacity, strerror(-r));
@@ -88,6 +157,7 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
     if (fd >= 0)
         close(fd);
     link_buf(conn, b);
+    list_shareable(conn, b);
     *ret_buf = b;
     return 0;
 fail:
@@ -114,6 +184,8 @@ uint64_t lease_forget(shmref_buf *buf)
         else
             handle = 0; /* another local handle still holds the daemon's */
     }
+    if (buf->inherited)
+        handle = 0; /* the parent's (a forked child): not this process's to release */
     free(buf->meta);
     free(buf);
     return handle;
@@ -234,9 +306,15 @@ int lease_publish_send(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t m
         ret_desc->size = len;
         return 0;
     }
-    /* Sealed: the caller must know that the seal held. */
+    /* Sealed: the caller must know that the seal held. The request refers to the handle:
+     * it stays valid (a release meanwhile is deferred) until the reply is taken in. */
     p->buf = buf;
-    return pending_submit_msg(conn, p, &req);
+    int r = pending_submit_msg(conn, p, &req);
+    if (r == 0) {
+        lease_hold(buf);
+        p->holds = true;
+    }
+    return r;
 }
 
 int shmref_publish_ex(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t max_acquires, unsigned flags,
@@ -270,11 +348,10 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
 {
     /* While any local handle holds the daemon's handle the daemon keeps its reference, so
      * the buffer cannot be recycled under a mapping: a new handle may share it. */
-    for (shmref_buf *src = conn->bufs; src; src = src->next) {
-        if (src->writable || src->pinned || !src->data || src->size != desc->size ||
-            memcmp(src->token, desc->token, SHMREF_TOKEN_LEN) != 0 ||
-            ((flags & SHMREF_ACQUIRE_SEALED) && !src->sealed))
-            continue;
+    shmref_buf *src = shareable(conn, desc->token, desc->size);
+    if (src) {
+        if (src->pinned || src->doomed || !src->data || ((flags & SHMREF_ACQUIRE_SEALED) && !src->sealed))
+            return NULL;
         shmref_buf *b = calloc(1, sizeof(*b));
         if (!b)
             return NULL;
@@ -301,9 +378,7 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
         if (src->meta_len)
             memcpy(b->meta, src->meta, src->meta_len);
         b->meta_len = src->meta_len;
-        b->data = mapcache_find(&conn->cache, src->buf_id, src->capacity, false); /* one more user */
-        if (!b->data) /* cannot be: src uses it */
-            b->data = src->data;
+        b->data = mapcache_ref(&conn->cache, src->data); /* one more user */
         link_buf(conn, b);
         conn->counters.local_acquires++;
         return b;
@@ -353,8 +428,18 @@ int shmref_release(shmref_buf *buf)
 {
     if (!buf)
         return 0;
+    if (buf->doomed)
+        return 0;
     shmref_conn *conn = buf->conn;
     int r = client_enter(conn);
+    if (buf->busy) { /* a request in flight refers to it: released when that ends */
+        buf->doomed = true;
+        if (buf->shareable) {
+            tdelete(buf, &conn->by_token, cmp_token);
+            buf->shareable = false;
+        }
+        return r;
+    }
     uint64_t handle = lease_forget(buf);
     if (r < 0 || handle == 0)
         return r;
@@ -390,6 +475,12 @@ int shmref_release_many(shmref_buf **bufs, size_t n)
         if (!b)
             continue;
         bufs[i] = NULL;
+        if (b->doomed)
+            continue;
+        if (b->busy) { /* a request in flight refers to it: released when that ends */
+            shmref_release(b);
+            continue;
+        }
         if (b->conn != cur) { /* handles of another connection: its own messages */
             int r = cur && ok == 0 ? send_release_many(cur, handles, k) : 0;
             if (r < 0 && !first)

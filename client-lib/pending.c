@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <search.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,10 +29,21 @@ struct pending *pending_new(shmref_conn *conn, uint32_t op, uint8_t owner)
     return p;
 }
 
+/* unhold: the request no longer refers to its handle; a handle released meanwhile goes now
+ * (p->buf is then NULL). */
+void pending_unhold(struct pending *p)
+{
+    if (p->holds) {
+        p->holds = false;
+        p->buf = lease_unhold(p->buf);
+    }
+}
+
 void pending_free(shmref_conn *conn, struct pending *p)
 {
     if (!p)
         return;
+    pending_unhold(p);
     if (p->op != PROTO_OP_PUBLISH && p->buf)
         lease_drop(p->buf);
     for (unsigned i = 0; p->bufs && i < p->n; i++)
@@ -74,37 +86,66 @@ static void build(const struct pending *p, struct proto_msg *req)
     }
 }
 
-static void link_out(shmref_conn *conn, struct pending *p)
+static int cmp_id(const void *a, const void *b)
 {
+    uint32_t x = ((const struct pending *)a)->id, y = ((const struct pending *)b)->id;
+    return x == y ? 0 : x < y ? -1 : 1;
+}
+
+/* find: the outstanding request with id (never a parked one: they have none). */
+static struct pending *find(shmref_conn *conn, uint32_t id)
+{
+    struct pending key = { .id = id };
+    void *n = id ? tfind(&key, &conn->by_id, cmp_id) : NULL;
+    return n ? *(struct pending **)n : NULL;
+}
+
+bool pending_id_taken(shmref_conn *conn, uint32_t id)
+{
+    return find(conn, id) != NULL;
+}
+
+/* link_out: list p as outstanding, last; a request with an id is found by it. */
+static int link_out(shmref_conn *conn, struct pending *p)
+{
+    if (p->id && !tsearch(p, &conn->by_id, cmp_id))
+        return client_fail(conn, -ENOMEM, "out of memory");
     p->next = NULL;
+    p->prev = conn->out_tail;
     if (conn->out_tail)
         conn->out_tail->next = p;
     else
         conn->out = p;
     conn->out_tail = p;
     conn->n_out++;
+    return 0;
 }
 
-/* unlink_out: take p (whose predecessor is prev, or NULL) out of the table. */
-static void unlink_out(shmref_conn *conn, struct pending *prev, struct pending *p)
+/* unlink_out: take p out of the table. */
+static void unlink_out(shmref_conn *conn, struct pending *p)
 {
-    if (prev)
-        prev->next = p->next;
-    else
-        conn->out = p->next;
-    if (conn->out_tail == p)
-        conn->out_tail = prev;
-    p->next = NULL;
+    if (p->id && find(conn, p->id) == p)
+        tdelete(p, &conn->by_id, cmp_id);
+    if (p->prev) p->prev->next = p->next; else conn->out = p->next;
+    if (p->next) p->next->prev = p->prev; else conn->out_tail = p->prev;
+    p->next = p->prev = NULL;
     conn->n_out--;
 }
 
 int pending_submit_msg(shmref_conn *conn, struct pending *p, struct proto_msg *req)
 {
+    if (conn->n_out >= conn->max_requests)
+        return client_fail(conn, -ENOBUFS, "%s refused: %u requests outstanding, the limit is %u "
+                           "(shmref_set_limits, $SHMREF_MAX_REQUESTS); take completions in first",
+                           proto_op_name(p->op), conn->n_out, conn->max_requests);
     int r = client_send(conn, req);
     if (r < 0)
         return r;
     p->id = req->id;
-    link_out(conn, p);
+    if ((r = link_out(conn, p)) < 0) {
+        p->id = 0;
+        return r;
+    }
     return 0;
 }
 
@@ -125,6 +166,8 @@ int pending_budget(const shmref_conn *conn, uint32_t extra_ms)
 
 void pending_complete(shmref_conn *conn, struct pending *p)
 {
+    if (p->owner != PENDING_USER) /* a submit's completion holds it until it is delivered */
+        pending_unhold(p);
     switch (p->owner) {
     case PENDING_WAIT:
         p->done = true;
@@ -151,7 +194,7 @@ void pending_fail_all(shmref_conn *conn, int err, const char *msg)
 {
     while (conn->out) {
         struct pending *p = conn->out;
-        unlink_out(conn, NULL, p);
+        unlink_out(conn, p);
         set_error(p, err, msg);
         if (p->owner == PENDING_STOCK)
             p->owner = PENDING_DROP;
@@ -162,9 +205,11 @@ void pending_fail_all(shmref_conn *conn, int err, const char *msg)
 
 void pending_orphan_all(shmref_conn *conn)
 {
-    for (struct pending *p = conn->out; p; p = p->next)
+    for (struct pending *p = conn->out; p; p = p->next) {
+        pending_unhold(p); /* a handle a request refers to is the closer's to release now */
         if (p->owner != PENDING_WAIT)
             p->owner = PENDING_DROP;
+    }
     while (conn->done) {
         struct pending *p = conn->done;
         conn->done = p->next;
@@ -182,6 +227,8 @@ static void discard_list(struct pending *p)
 {
     while (p) {
         struct pending *next = p->next;
+        if (p->holds && p->buf)
+            p->buf->busy--;
         shmref_status_free(p->status);
         free(p->bufs);
         free(p->sizes);
@@ -191,9 +238,16 @@ static void discard_list(struct pending *p)
     }
 }
 
+static void no_free(void *p)
+{
+    (void)p; /* the records are freed from the list */
+}
+
 void pending_discard(shmref_conn *conn)
 {
     /* The handles records hold are in conn->bufs, freed by shmref_close already. */
+    tdestroy(conn->by_id, no_free);
+    conn->by_id = NULL;
     discard_list(conn->out);
     discard_list(conn->done);
     discard_list(conn->delivered);
@@ -274,8 +328,7 @@ static bool retry(shmref_conn *conn, struct pending *p, int code)
     if (stock_inflight(conn) > 0) {
         p->parked = true;
         p->id = 0; /* never an id: no reply matches it */
-        link_out(conn, p);
-        return true;
+        return link_out(conn, p) == 0;
     }
     return pending_submit(conn, p) == 0;
 }
@@ -284,14 +337,11 @@ void pending_resend_parked(shmref_conn *conn)
 {
     if (stock_inflight(conn) > 0)
         return;
-    struct pending *prev = NULL;
     for (struct pending *p = conn->out, *next; p; p = next) {
         next = p->next;
-        if (!p->parked) {
-            prev = p;
+        if (!p->parked)
             continue;
-        }
-        unlink_out(conn, prev, p);
+        unlink_out(conn, p);
         p->parked = false;
         if (pending_submit(conn, p) < 0) {
             set_error(p, -ECONNRESET, conn->errmsg);
@@ -378,7 +428,8 @@ static int take_reply(shmref_conn *conn, struct pending *p, const struct proto_m
             close(fd);
         memcpy(p->desc.token, rep->u.publish_reply.token, SHMREF_TOKEN_LEN);
         p->desc.size = rep->u.publish_reply.size;
-        p->buf->published = true;
+        if (p->buf)
+            p->buf->published = true;
         return 0;
     default:
         if (fd >= 0)
@@ -390,16 +441,12 @@ static int take_reply(shmref_conn *conn, struct pending *p, const struct proto_m
 /* dispatch: one message taken in. */
 static void dispatch(shmref_conn *conn, const struct proto_msg *rep, int *fds, unsigned nfds, bool lost)
 {
-    struct pending *p = conn->out, *prev = NULL;
-    while (p && (p->parked || p->id != rep->id)) {
-        prev = p;
-        p = p->next;
-    }
+    struct pending *p = find(conn, rep->id);
     if (!p) {
         stray(conn, rep, fds, nfds, lost);
         return;
     }
-    unlink_out(conn, prev, p);
+    unlink_out(conn, p);
     bool refill = p->refill;
     if (refill) { /* counted once: a refill taken over and sent again is a plain lease */
         conn->stock.out--;
@@ -505,32 +552,4 @@ int pending_wait(shmref_conn *conn, struct pending *p, int ms)
     if (p->result < 0)
         snprintf(conn->errmsg, sizeof(conn->errmsg), "%s", p->errmsg ? p->errmsg : "");
     return p->result;
-}
-
-/* leases_out: a lease that the daemon will answer without waiting is still out (one that
- * needs a new buffer is answered after later requests). */
-static bool leases_out(const shmref_conn *conn)
-{
-    for (const struct pending *p = conn->out; p; p = p->next)
-        if ((p->op == PROTO_OP_LEASE || p->op == PROTO_OP_LEASE_MANY) && p->wait_ms == 0)
-            return true;
-    return false;
-}
-
-void pending_drain(shmref_conn *conn, int ms)
-{
-    int64_t deadline = client_mono_ms() + ms;
-    struct pending *p = pending_new(conn, PROTO_OP_PING, PENDING_WAIT);
-    if (p && pending_submit(conn, p) == 0)
-        pending_wait(conn, p, ms);
-    pending_free(conn, p);
-    while (!conn->failed && !conn->abandoned && leases_out(conn)) {
-        int left = (int)(deadline - client_mono_ms());
-        if (left <= 0)
-            return;
-        struct pollfd pf = { .fd = conn->fd, .events = POLLIN };
-        if (poll(&pf, 1, left) < 0 && errno != EINTR)
-            return;
-        pending_intake(conn);
-    }
 }

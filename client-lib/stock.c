@@ -184,6 +184,16 @@ unsigned stock_inflight(const shmref_conn *conn)
     return conn->stock.out;
 }
 
+void stock_abandon(shmref_conn *conn)
+{
+    for (unsigned i = 0; i < STOCK_CLASSES; i++) {
+        struct stock_class *c = &conn->stock.cls[i];
+        while (c->n_ready > 0)
+            lease_forget(c->ready[--c->n_ready]); /* inherited: no release */
+    }
+    stock_reset(conn);
+}
+
 void stock_reset(shmref_conn *conn)
 {
     for (unsigned i = 0; i < STOCK_CLASSES; i++)
