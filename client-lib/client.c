@@ -144,9 +144,10 @@ static int send_now(shmref_conn *conn, const uint8_t *data, size_t len)
          * yet; the next receive reports it (or the end of the connection). */
         if (errno == EPIPE || errno == ECONNRESET)
             return 0;
+        int e = errno; /* saved: snprintf may change it */
         char msg[128];
-        snprintf(msg, sizeof(msg), "send to shmrefd failed: %s", strerror(errno));
-        return broken(conn, -errno, msg);
+        snprintf(msg, sizeof(msg), "send to shmrefd failed: %s", strerror(e));
+        return broken(conn, -e, msg);
     }
 }
 
@@ -232,9 +233,10 @@ int client_recv(shmref_conn *conn, struct proto_msg *rep, int *fds, unsigned *re
     if (n < 0 && errno == ECONNRESET)
         return broken(conn, -ECONNRESET, "shmrefd closed the connection");
     if (n < 0) {
+        int e = errno; /* saved: snprintf may change it */
         char msg[128];
-        snprintf(msg, sizeof(msg), "receive from shmrefd failed: %s", strerror(errno));
-        return broken(conn, -errno, msg);
+        snprintf(msg, sizeof(msg), "receive from shmrefd failed: %s", strerror(e));
+        return broken(conn, -e, msg);
     }
     unsigned k = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
@@ -379,7 +381,10 @@ static int connect_path(shmref_conn *conn, const char *path, int64_t deadline)
     strcpy(sa.sun_path, path);
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
-        return client_fail(conn, -errno, "socket: %s", strerror(errno));
+    {
+        int e = errno;
+        return client_fail(conn, -e, "socket: %s", strerror(e));
+    }
     for (;;) {
         if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
             break;

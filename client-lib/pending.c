@@ -541,9 +541,10 @@ int pending_wait(shmref_conn *conn, struct pending *p, int ms)
         }
         struct pollfd pf = { .fd = conn->fd, .events = POLLIN | (conn->q ? POLLOUT : 0) };
         if (poll(&pf, 1, left) < 0 && errno != EINTR) {
+            int e = errno; /* saved: snprintf may change it */
             char msg[128];
-            snprintf(msg, sizeof(msg), "poll failed: %s", strerror(errno));
-            conn->failed = -errno;
+            snprintf(msg, sizeof(msg), "poll failed: %s", strerror(e));
+            conn->failed = -e;
             snprintf(conn->fail_msg, sizeof(conn->fail_msg), "%s", msg);
             pending_fail_all(conn, conn->failed, msg);
             break;

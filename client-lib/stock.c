@@ -210,18 +210,17 @@ int shmref_set_stock(shmref_conn *conn, int depth)
         stock_init(&def);
         depth = (int)def.depth;
     }
+    /* Leases past the new depth are released (lease_drop: one-way on a live connection;
+     * on a broken one the daemon has ended them with it, and only their local handles go).
+     * Never dropped unreleased. */
     struct stock *st = &conn->stock;
     st->depth = (unsigned)depth;
-    bool live = client_usable(conn) == 0;
     for (unsigned i = 0; i < STOCK_CLASSES; i++) {
         struct stock_class *c = &st->cls[i];
-        while (c->n_ready > st->depth) {
-            shmref_buf *b = c->ready[--c->n_ready];
-            if (live)
-                lease_drop(b);
-        }
+        while (c->n_ready > st->depth)
+            lease_drop(c->ready[--c->n_ready]);
     }
-    if (depth == 0 && live)
+    if (depth == 0)
         stock_return(conn);
     return 0;
 }
