@@ -4,7 +4,8 @@
  * and a cache keyed by them hands out the wrong memory). Entries are found through two
  * balanced trees (tsearch(3): by buffer id and access, by address) and idle ones are
  * kept in a list in order of last use, so no operation scans the cache. */
-#include "client.h"
+#include "mapcache.h"
+#include "proto.h"
 
 #include <errno.h>
 #include <search.h>

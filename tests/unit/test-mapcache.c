@@ -12,7 +12,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "mapcache.h"
+#include "proto.h"
 
 #define PAGE 4096
 

@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* client.c: connecting, the hello, and the blocking request/reply transport of
- * libshmref. Library code: it never logs and never aborts; failures are -errno with a
- * message in conn->errmsg. */
-#include "client.h"
+/* session.c: see session.h. Library code: it never logs and never aborts; failures are
+ * -errno with a message in conn->errmsg. */
+#include "session.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,26 +19,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "handle.h"
+#include "mapcache.h"
 #include "paths.h"
+#include "requests.h"
+#include "stock.h"
+#include "transport.h"
 #include "units.h"
 
 static int reconnect(shmref_conn *conn);
-
-int client_fail(shmref_conn *conn, int err, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(conn->errmsg, sizeof(conn->errmsg), fmt, ap);
-    va_end(ap);
-    return err;
-}
-
-int64_t client_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void no_free(void *p)
 {
@@ -56,12 +44,7 @@ static bool adopt(shmref_conn *conn)
     pid_t me = getpid();
     if (me == conn->pid)
         return false;
-    for (shmref_buf *b = conn->bufs; b; b = b->next) {
-        b->inherited = true;
-        b->shareable = false;
-    }
-    tdestroy(conn->by_token, no_free);
-    conn->by_token = NULL;
+    lease_inherit(conn);
     mapcache_abandon(&conn->cache); /* first: nothing below may unmap */
     stock_abandon(conn);
     pending_discard(conn);
@@ -106,6 +89,8 @@ int client_enter(shmref_conn *conn)
         return r;
     conn->errmsg[0] = '\0';
     r = pending_intake(conn);
+    if (r == 0)
+        r = conn->failed;
     if (r < 0)
         return client_fail(conn, r, "%s", conn->fail_msg);
     if (conn->late[0]) { /* an error reply to a one-way request: said once, at the next call */
@@ -113,193 +98,6 @@ int client_enter(shmref_conn *conn)
         conn->late[0] = '\0';
     }
     return 0;
-}
-
-/* broken: the socket failed under us: every outstanding request fails with it. */
-static int broken(shmref_conn *conn, int err, const char *msg)
-{
-    if (!conn->failed) {
-        conn->failed = err;
-        snprintf(conn->fail_msg, sizeof(conn->fail_msg), "%s", msg);
-        pending_fail_all(conn, err, msg);
-    }
-    return client_fail(conn, err, "%s", msg);
-}
-
-/* send_now: one message without blocking: 0 sent, 1 the socket is full, -errno. */
-static int send_now(shmref_conn *conn, const uint8_t *data, size_t len)
-{
-    for (;;) {
-        ssize_t n = send(conn->fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n >= 0) {
-            conn->counters.sent++;
-            return 0;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN)
-            return 1;
-        /* A daemon that refuses a connection (access policy, too many clients) says why
-         * and closes it: the reason is still there to read, so this is not the failure
-         * yet; the next receive reports it (or the end of the connection). */
-        if (errno == EPIPE || errno == ECONNRESET)
-            return 0;
-        int e = errno; /* saved: snprintf may change it */
-        char msg[128];
-        snprintf(msg, sizeof(msg), "send to shmrefd failed: %s", strerror(e));
-        return broken(conn, -e, msg);
-    }
-}
-
-int client_flush(shmref_conn *conn)
-{
-    while (conn->q) {
-        struct client_out *m = conn->q;
-        int r = send_now(conn, m->data, m->len);
-        if (r < 0)
-            return r;
-        if (r == 1)
-            return 1;
-        conn->q = m->next;
-        if (!conn->q)
-            conn->q_tail = NULL;
-        conn->q_bytes -= sizeof(*m) + m->len;
-        free(m);
-    }
-    return 0;
-}
-
-int client_send(shmref_conn *conn, struct proto_msg *req)
-{
-    int r = client_usable(conn);
-    if (r < 0)
-        return r;
-    /* One-way releases always pass (they end what the daemon holds for us, and there are
-     * no more of them than handles); everything else is refused past the bound. */
-    bool gives_back = req->op == PROTO_OP_RELEASE || req->op == PROTO_OP_RELEASE_MANY || req->op == PROTO_OP_FORGET;
-    if (conn->q && !gives_back && conn->q_bytes >= conn->max_queue_bytes)
-        return client_fail(conn, -ENOBUFS, "%s refused: the send queue holds %zu bytes, the limit is %zu "
-                           "(shmref_set_limits, $SHMREF_MAX_QUEUE): shmrefd is not reading",
-                           proto_op_name(req->op), conn->q_bytes, conn->max_queue_bytes);
-    /* Ids wrap at 2^32 on the wire: one still outstanding is never reused, 0 never used
-     * (it is the daemon's word about the whole connection). */
-    do
-        req->id = ++conn->next_id;
-    while (req->id == 0 || pending_id_taken(conn, req->id));
-    int len = proto_encode(req, conn->wbuf, sizeof(conn->wbuf));
-    if (len < 0)
-        return client_fail(conn, -EMSGSIZE, "request too large for one message");
-    if (!conn->q && (r = send_now(conn, conn->wbuf, (size_t)len)) <= 0)
-        return r;
-    /* The socket is full (the daemon is behind): keep it, in order, for the next flush. */
-    struct client_out *m = malloc(sizeof(*m) + (size_t)len);
-    if (!m)
-        return client_fail(conn, -ENOMEM, "out of memory");
-    conn->q_bytes += sizeof(*m) + (size_t)len;
-    m->next = NULL;
-    m->len = (size_t)len;
-    memcpy(m->data, conn->wbuf, (size_t)len);
-    if (conn->q_tail)
-        conn->q_tail->next = m;
-    else
-        conn->q = m;
-    conn->q_tail = m;
-    return 0;
-}
-
-int client_recv(shmref_conn *conn, struct proto_msg *rep, int *fds, unsigned *ret_nfds, bool *ret_lost)
-{
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(PROTO_MAX_BATCH * sizeof(int))];
-    } ctl;
-    struct iovec iov = { .iov_base = conn->rbuf, .iov_len = sizeof(conn->rbuf) };
-    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
-                         .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf) };
-    ssize_t n;
-    do
-        n = recvmsg(conn->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    while (n < 0 && errno == EINTR);
-    if (n < 0 && errno == EAGAIN)
-        return 0;
-    /* When the daemon closes a connection it had not read to the end, the kernel reports
-     * ECONNRESET once, ahead of replies still queued (its reason among them). */
-    if (n < 0 && errno == ECONNRESET) {
-        mh.msg_controllen = sizeof(ctl.buf);
-        n = recvmsg(conn->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-        if (n < 0)
-            errno = ECONNRESET;
-    }
-    if (n < 0 && errno == ECONNRESET)
-        return broken(conn, -ECONNRESET, "shmrefd closed the connection");
-    if (n < 0) {
-        int e = errno; /* saved: snprintf may change it */
-        char msg[128];
-        snprintf(msg, sizeof(msg), "receive from shmrefd failed: %s", strerror(e));
-        return broken(conn, -e, msg);
-    }
-    unsigned k = 0;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t c = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < c; i++) {
-            int f;
-            memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-            if (k < PROTO_MAX_BATCH)
-                fds[k++] = f;
-            else
-                close(f);
-        }
-    }
-    bool lost = (mh.msg_flags & MSG_CTRUNC) != 0;
-    if (n == 0 && k == 0 && !lost)
-        return broken(conn, -ECONNRESET, "shmrefd closed the connection");
-    const char *why = NULL;
-    int r = 0;
-    if (mh.msg_flags & MSG_TRUNC)
-        why = "reply was truncated", r = -EPROTO;
-    else if ((r = proto_decode(conn->rbuf, (size_t)n, sizeof(conn->rbuf), rep, &why)) < 0)
-        r = -EPROTO;
-    if (r < 0) {
-        for (unsigned i = 0; i < k; i++)
-            close(fds[i]);
-        char msg[160];
-        snprintf(msg, sizeof(msg), "bad reply from shmrefd: %s", why);
-        return broken(conn, -EPROTO, msg);
-    }
-    conn->counters.received++;
-    if (rep->op == PROTO_OP_ERROR && rep->id == 0) { /* about the connection, not a request */
-        for (unsigned i = 0; i < k; i++)
-            close(fds[i]);
-        char msg[PROTO_MAX_ERRMSG + 1];
-        snprintf(msg, sizeof(msg), "%.*s", (int)rep->u.error.msg_len, rep->u.error.msg);
-        return broken(conn, -rep->u.error.code, msg);
-    }
-    *ret_nfds = k;
-    *ret_lost = lost;
-    return 1;
-}
-
-void client_forget(shmref_conn *conn, uint64_t buf_id, bool writable)
-{
-    if (!(conn->features & PROTO_FEAT_FD_ONCE))
-        return;
-    struct proto_msg req = { .op = PROTO_OP_FORGET };
-    req.u.forget.buf_id = buf_id;
-    req.u.forget.writable = writable;
-    client_send(conn, &req); /* a failure shows at the next call */
-}
-
-void client_release_handle(shmref_conn *conn, uint64_t handle)
-{
-    char keep[sizeof(conn->errmsg)];
-    memcpy(keep, conn->errmsg, sizeof(keep));
-    struct proto_msg req = { .op = PROTO_OP_RELEASE };
-    req.u.release.handle = handle;
-    req.u.release.flags = PROTO_RELEASE_NOREPLY;
-    client_send(conn, &req);
-    memcpy(conn->errmsg, keep, sizeof(keep));
 }
 
 static void on_unmap(void *ctx, uint64_t buf_id, bool writable)
@@ -451,6 +249,25 @@ int shmref_set_limits(shmref_conn *conn, long max_requests, long max_queue_bytes
     return 0;
 }
 
+/* hello_take: the hello's reply: the connection's facts. */
+static int hello_take(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds,
+                      bool lost)
+{
+    (void)p;
+    (void)lost;
+    for (unsigned i = 0; i < nfds; i++)
+        close(fds[i]);
+    if (rep->u.hello_reply.version != PROTO_VERSION)
+        return client_fail(conn, -EPROTONOSUPPORT, "shmrefd speaks protocol %u, this library %d",
+                           (unsigned)rep->u.hello_reply.version, PROTO_VERSION);
+    conn->daemon_pid = (pid_t)rep->u.hello_reply.pid;
+    conn->features = rep->u.hello_reply.features;
+    conn->max_lease = rep->u.hello_reply.max_lease;
+    return 0;
+}
+
+static const struct pending_ops hello_ops = { .take = hello_take };
+
 static int hello(shmref_conn *conn, int64_t deadline)
 {
     char name[PROTO_MAX_NAME + 1] = "";
@@ -468,7 +285,7 @@ static int hello(shmref_conn *conn, int64_t deadline)
     req.u.hello.features = PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED;
     req.u.hello.name = name;
     req.u.hello.name_len = (uint32_t)strlen(name);
-    struct pending *p = pending_new(conn, PROTO_OP_HELLO, PENDING_WAIT);
+    struct pending *p = pending_new(conn, PROTO_OP_HELLO, PENDING_WAIT, &hello_ops);
     if (!p)
         return -ENOMEM;
     int r = pending_submit_msg(conn, p, &req);
@@ -532,6 +349,8 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
     mapcache_init(&conn->cache);
     conn->cache.on_unmap = on_unmap;
     conn->cache.ctx = conn;
+    conn->id_taken = pending_id_taken;
+    conn->on_stray = lease_undo_reply;
     stock_init(&conn->stock);
     conn->acquire_wait_ms = client_acquire_wait_default(conn->timeout_ms);
     int64_t deadline = conn->timeout_ms > 0 ? client_mono_ms() + conn->timeout_ms : -1;
@@ -654,7 +473,7 @@ void shmref_close(shmref_conn *conn)
             b->doomed = false;
         }
         if (!b->pinned)
-            shmref_release(b); /* unlinks and frees b */
+            lease_drop(b); /* unlinks and frees b, one-way release */
     }
     while (conn->bufs) {
         shmref_buf *b = conn->bufs;
@@ -670,6 +489,20 @@ void shmref_close(shmref_conn *conn)
     atomic_store(&conn->closed, true);
 }
 
+int shmref_set_stock(shmref_conn *conn, int depth)
+{
+    if (!conn || depth < -1 || depth > STOCK_MAX_DEPTH)
+        return -EINVAL;
+    if (depth == -1) {
+        struct stock def;
+        stock_init(&def);
+        depth = (int)def.depth;
+    }
+    client_usable(conn); /* a forked child adopts the connection first: the stock was the parent's */
+    stock_set_depth(conn, (unsigned)depth);
+    return 0;
+}
+
 void client_pin(shmref_buf *buf)
 {
     buf->pinned = true;
@@ -682,7 +515,8 @@ void client_unpin(shmref_buf *buf)
     if (!atomic_load(&conn->closed)) {
         buf->pinned = false;
         atomic_fetch_sub(&conn->pins, 1);
-        shmref_release(buf);
+        client_enter(conn); /* a forked child adopts the connection first */
+        lease_drop(buf);
         return;
     }
     /* Closed by its owner: only pinned buffers' holders use it now, maybe from several
@@ -718,10 +552,11 @@ int shmref_ping(shmref_conn *conn)
     int r = client_enter(conn);
     if (r < 0)
         return r;
-    struct pending *p = pending_new(conn, PROTO_OP_PING, PENDING_WAIT);
+    struct pending *p = pending_new(conn, PROTO_OP_PING, PENDING_WAIT, NULL);
     if (!p)
         return -ENOMEM;
-    if ((r = pending_submit(conn, p)) == 0)
+    struct proto_msg req = { .op = PROTO_OP_PING };
+    if ((r = pending_submit_msg(conn, p, &req)) == 0)
         r = pending_wait(conn, p, pending_budget(conn, 0));
     pending_free(conn, p);
     return r;
