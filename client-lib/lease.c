@@ -208,6 +208,11 @@ int shmref_release(shmref_buf *buf)
     if (buf->doomed)
         return 0;
     shmref_conn *conn = buf->conn;
+    client_adopt(conn);
+    if (buf->inherited) { /* a forked child's copy: its memory only, no connection needed */
+        lease_forget(buf);
+        return 0;
+    }
     int r = client_enter(conn);
     if (buf->busy) { /* a request in flight refers to it: released when that ends */
         lease_release_busy(buf);
@@ -250,6 +255,11 @@ int shmref_release_many(shmref_buf **bufs, size_t n)
         bufs[i] = NULL;
         if (b->doomed)
             continue;
+        client_adopt(b->conn);
+        if (b->inherited) { /* a forked child's copy: its memory only */
+            lease_forget(b);
+            continue;
+        }
         if (b->busy) { /* a request in flight refers to it: released when that ends */
             shmref_release(b);
             continue;

@@ -66,6 +66,11 @@ static bool adopt(shmref_conn *conn)
     return true;
 }
 
+void client_adopt(shmref_conn *conn)
+{
+    adopt(conn);
+}
+
 int client_usable(shmref_conn *conn)
 {
     adopt(conn);

@@ -13,6 +13,9 @@
  * connection, with the message set. In a forked child the connection is adopted first
  * and, unless closing, connected again to the same socket. */
 int client_usable(shmref_conn *conn);
+/* client_adopt: a forked child adopts the connection now if it has not (nothing is sent,
+ * nothing connected). */
+void client_adopt(shmref_conn *conn);
 /* client_enter: the start of every public call on conn: usable, then take in whatever
  * replies have arrived (no blocking), errmsg cleared (or set to a late error). */
 int client_enter(shmref_conn *conn);
