@@ -165,8 +165,9 @@ struct shmref_conn {
     struct pending *out, *out_tail; /* outstanding requests, in the order sent */
     void *by_id;            /* tsearch root: the outstanding requests by id */
     unsigned n_out, n_parked;
+    unsigned n_records;     /* request records alive: outstanding or completions not collected */
     size_t q_bytes;         /* bytes in q */
-    unsigned max_requests;  /* bound of the request table (shmref_set_limits) */
+    unsigned max_requests;  /* bound of n_records (shmref_set_limits) */
     size_t max_queue_bytes; /* bound of the send queue for requests (one-way releases pass) */
     struct pending *done, *done_tail;   /* completions of submits, not yet delivered */
     struct pending *delivered;          /* delivered by the last shmref_complete */

@@ -74,7 +74,7 @@ int shmref_lease_submit(shmref_conn *conn, size_t size, unsigned flags, uint32_t
             struct pending *p = pending_new(conn, PROTO_OP_LEASE, PENDING_USER, &stock_lease_ops);
             if (!p) {
                 lease_drop(b);
-                return -ENOMEM;
+                return pending_new_error(conn);
             }
             conn->counters.stock_hits++;
             p->user = user;
@@ -91,7 +91,7 @@ int shmref_lease_submit(shmref_conn *conn, size_t size, unsigned flags, uint32_t
     }
     struct pending *p = stock_lease_new(conn, PENDING_USER, size, size, wait_ms);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     p->user = user;
     return submit(conn, p);
 }
@@ -107,7 +107,7 @@ int shmref_publish_submit(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_
         return r;
     struct pending *p = pending_new(conn, PROTO_OP_PUBLISH, PENDING_USER, &lease_publish_ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     p->user = user;
     r = lease_publish_send(buf, len, keep_ms, max_acquires, flags, meta, meta_len, p, &p->desc);
     if (r < 0) {
@@ -133,7 +133,7 @@ int shmref_acquire_submit(shmref_conn *conn, const shmref_desc *desc, unsigned f
         return r;
     struct pending *p = pending_new(conn, PROTO_OP_ACQUIRE, PENDING_USER, &lease_acquire_ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     p->user = user;
     p->desc = *desc;
     if ((p->buf = lease_share(conn, desc, flags)))
@@ -152,7 +152,7 @@ static int submit_plain(shmref_conn *conn, uint32_t op, const struct pending_ops
         return r;
     struct pending *p = pending_new(conn, op, PENDING_USER, ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     p->user = user;
     struct proto_msg req = { .op = op };
     if ((r = pending_submit_msg(conn, p, &req)) < 0)

@@ -64,7 +64,7 @@ int shmref_lease_ex(shmref_conn *conn, size_t size, unsigned flags, uint32_t wai
     }
     struct pending *p = stock_lease_new(conn, PENDING_WAIT, size, size, wait_ms);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     if ((r = pending_submit(conn, p)) < 0) {
         pending_free(conn, p);
         return r;
@@ -147,7 +147,7 @@ int shmref_publish_ex(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t ma
         return r;
     struct pending *p = pending_new(conn, PROTO_OP_PUBLISH, PENDING_WAIT, &lease_publish_ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     r = lease_publish_send(buf, len, keep_ms, max_acquires, flags, meta, meta_len, p, ret_desc);
     if (r == 0 && p->buf) { /* a publish with a reply */
         if ((r = pending_wait(conn, p, pending_budget(conn, 0))) == 0)
@@ -179,7 +179,7 @@ int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags
     }
     struct pending *p = pending_new(conn, PROTO_OP_ACQUIRE, PENDING_WAIT, &lease_acquire_ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     p->desc = *desc;
     p->wait_ms = (uint32_t)conn->acquire_wait_ms;
     p->require_sealed = (flags & SHMREF_ACQUIRE_SEALED) != 0;
@@ -304,7 +304,7 @@ static int lease_many_submit(shmref_conn *conn, const size_t *sizes, size_t k, s
         for (size_t i = 0; i < k; i++) {
             struct pending *p = stock_lease_new(conn, PENDING_WAIT, sizes[i], sizes[i], 0);
             if (!p)
-                return -ENOMEM;
+                return pending_new_error(conn);
             int r = pending_submit(conn, p);
             if (r < 0) {
                 pending_free(conn, p);

@@ -22,6 +22,13 @@
 
 struct pending *pending_new(shmref_conn *conn, uint32_t op, uint8_t owner, const struct pending_ops *ops)
 {
+    /* Refused before anything is allocated: a loop of refused submits costs nothing. */
+    if (conn->n_records >= conn->max_requests) {
+        client_fail(conn, -ENOBUFS, "%s refused: %u requests outstanding or not collected, the limit is %u "
+                    "(shmref_set_limits, $SHMREF_MAX_REQUESTS); take completions in first",
+                    proto_op_name(op), conn->n_records, conn->max_requests);
+        return NULL;
+    }
     struct pending *p = calloc(1, sizeof(*p));
     if (!p) {
         client_fail(conn, -ENOMEM, "out of memory");
@@ -30,6 +37,7 @@ struct pending *pending_new(shmref_conn *conn, uint32_t op, uint8_t owner, const
     p->op = op;
     p->owner = owner;
     p->ops = ops;
+    conn->n_records++;
     return p;
 }
 
@@ -44,6 +52,11 @@ void pending_unhold(struct pending *p)
     }
 }
 
+int pending_new_error(const shmref_conn *conn)
+{
+    return conn->n_records >= conn->max_requests ? -ENOBUFS : -ENOMEM;
+}
+
 void pending_free(shmref_conn *conn, struct pending *p)
 {
     if (!p)
@@ -56,6 +69,7 @@ void pending_free(shmref_conn *conn, struct pending *p)
     free(p->sizes);
     free(p->errmsg);
     free(p);
+    conn->n_records--;
 }
 
 void pending_set_error(struct pending *p, int err, const char *msg)
@@ -117,10 +131,6 @@ static void unlink_out(shmref_conn *conn, struct pending *p)
 
 int pending_submit_msg(shmref_conn *conn, struct pending *p, struct proto_msg *req)
 {
-    if (conn->n_out >= conn->max_requests)
-        return client_fail(conn, -ENOBUFS, "%s refused: %u requests outstanding, the limit is %u "
-                           "(shmref_set_limits, $SHMREF_MAX_REQUESTS); take completions in first",
-                           proto_op_name(p->op), conn->n_out, conn->max_requests);
     int r = client_send(conn, req);
     if (r < 0)
         return r;
@@ -236,7 +246,7 @@ void pending_discard(shmref_conn *conn)
     discard_list(conn->done);
     discard_list(conn->delivered);
     conn->out = conn->out_tail = conn->done = conn->done_tail = conn->delivered = NULL;
-    conn->n_out = conn->n_parked = 0;
+    conn->n_out = conn->n_parked = conn->n_records = 0;
 }
 
 int pending_submit(shmref_conn *conn, struct pending *p)

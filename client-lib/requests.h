@@ -13,6 +13,9 @@
 /* pending_new: a request record (calloc'd) for op with its module's handlers (NULL: a
  * reply with nothing in it, a ping); NULL on ENOMEM (message set). */
 struct pending *pending_new(shmref_conn *conn, uint32_t op, uint8_t owner, const struct pending_ops *ops);
+/* pending_new_error: why the last pending_new failed: -ENOBUFS (past the bound: at most
+ * conn->max_requests records outstanding or not collected) or -ENOMEM. */
+int pending_new_error(const shmref_conn *conn);
 /* pending_free: a record and what it still owns (its release handler). */
 void pending_free(shmref_conn *conn, struct pending *p);
 /* pending_submit: send p by its send handler. On failure p is not listed. */

@@ -292,7 +292,7 @@ static int hello(shmref_conn *conn, int64_t deadline)
     req.u.hello.name_len = (uint32_t)strlen(name);
     struct pending *p = pending_new(conn, PROTO_OP_HELLO, PENDING_WAIT, &hello_ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     int r = pending_submit_msg(conn, p, &req);
     if (r < 0) {
         pending_free(conn, p);
@@ -559,7 +559,7 @@ int shmref_ping(shmref_conn *conn)
         return r;
     struct pending *p = pending_new(conn, PROTO_OP_PING, PENDING_WAIT, NULL);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     struct proto_msg req = { .op = PROTO_OP_PING };
     if ((r = pending_submit_msg(conn, p, &req)) == 0)
         r = pending_wait(conn, p, pending_budget(conn, 0));

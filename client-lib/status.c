@@ -70,7 +70,7 @@ int shmref_status_get(shmref_conn *conn, shmref_status **ret_status)
         return r;
     struct pending *p = pending_new(conn, PROTO_OP_STATUS, PENDING_WAIT, &status_ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     struct proto_msg req = { .op = PROTO_OP_STATUS };
     if ((r = pending_submit_msg(conn, p, &req)) == 0 && (r = pending_wait(conn, p, pending_budget(conn, 0))) == 0) {
         *ret_status = p->status;
