@@ -276,7 +276,9 @@ Test(lifetimes, submits_to_a_stopped_daemon_are_refused_past_the_bound, .timeout
     shmref_close(c);
     long took = now_ms() - t0;
     cr_assert_eq(kill(d.pid, SIGCONT), 0);
-    cr_assert_lt(took, 100, "close with 65536 requests out to a stopped daemon took %ld ms", took);
+    /* no wait (close_never_waits_for_a_stopped_daemon holds it to 100 ms): here only the
+     * freeing of 65536 records, slower under ASan */
+    cr_assert_lt(took, 1000, "close with 65536 requests out to a stopped daemon took %ld ms", took);
     daemon_stop(&d);
 }
 
