@@ -109,6 +109,7 @@ struct pending {
 struct client_out {
     struct client_out *next;
     size_t len;
+    uint32_t op;            /* PROTO_OP_* of the message */
     uint8_t data[];
 };
 

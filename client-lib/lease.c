@@ -101,6 +101,7 @@ int lease_publish_send(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t m
     if (sealed && buf->data) {
         /* F_SEAL_WRITE needs every writable mapping gone: ours goes (and the daemon is
          * told, before the publish, that this connection no longer maps it). */
+        mapcache_drop_view(&conn->cache, buf->buf_id);
         mapcache_drop(&conn->cache, buf->data);
         buf->data = NULL;
     }

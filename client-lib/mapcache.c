@@ -158,6 +158,7 @@ void *mapcache_find(struct mapcache *mc, uint64_t buf_id, size_t len, bool writa
         munmap(addr, len);
         return NULL;
     }
+    by_addr(mc, addr)->view = true;
     return addr;
 }
 
@@ -225,6 +226,13 @@ void mapcache_drop(struct mapcache *mc, void *addr)
 {
     struct mapcache_entry *e = by_addr(mc, addr);
     if (e)
+        unmap(mc, e);
+}
+
+void mapcache_drop_view(struct mapcache *mc, uint64_t buf_id)
+{
+    struct mapcache_entry *e = by_id(mc, buf_id, false);
+    if (e && e->view && e->users == 0)
         unmap(mc, e);
 }
 

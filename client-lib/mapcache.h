@@ -16,6 +16,7 @@ struct mapcache_entry {
     size_t len;
     bool writable;
     bool nocache;           /* unmapped when its last user goes (the daemon retires it) */
+    bool view;              /* a PROT_READ view made from a writable mapping (mremap) */
     unsigned users;         /* live handles using this mapping */
     struct mapcache_entry *lru_prev, *lru_next; /* idle entries, least recently used first */
 };
@@ -62,6 +63,9 @@ void mapcache_abandon(struct mapcache *mc);
 /* mapcache_nocache: the mapping at addr is unmapped when its last user goes, not kept
  * idle (the daemon retires its buffer: for the acquire reply's flag, protocol 3). */
 void mapcache_nocache(struct mapcache *mc, void *addr);
+/* mapcache_drop_view: unmap an idle read-only view of buf_id made from a writable
+ * mapping (it counts as a writable mapping for F_SEAL_WRITE): before a sealed publish. */
+void mapcache_drop_view(struct mapcache *mc, uint64_t buf_id);
 /* mapcache_ref: one more user of the mapping at addr; returns addr. */
 void *mapcache_ref(struct mapcache *mc, void *addr);
 /* mapcache_users: the handles using the mapping at addr (0 if not cached). */

@@ -447,6 +447,9 @@ void client_teardown(shmref_conn *conn)
     free(conn);
 }
 
+/* CLOSE_PUBLISH_MS: how long shmref_close waits, at most, for a queued publish to go. */
+#define CLOSE_PUBLISH_MS 2000
+
 void shmref_close(shmref_conn *conn)
 {
     if (!conn)
@@ -485,8 +488,13 @@ void shmref_close(shmref_conn *conn)
         conn->bufs = b->next;
         b->prev = b->next = NULL;
     }
-    if (client_usable(conn) == 0)
-        client_flush(conn);
+    /* Nothing is waited for, with one exception: a one-way publish still in the send queue
+     * (the daemon was not reading) would be lost with the socket, so the queue is flushed,
+     * waiting at most the connection's timeout (2 s without one). A stopped daemon with no
+     * publish queued costs nothing. */
+    if (client_usable(conn) == 0 && client_flush(conn) == 1 && transport_holds_publish(conn))
+        transport_flush_wait(conn, conn->timeout_ms > 0 && conn->timeout_ms < CLOSE_PUBLISH_MS ? conn->timeout_ms
+                                                                                         : CLOSE_PUBLISH_MS);
     if (!pinned) {
         client_teardown(conn);
         return;

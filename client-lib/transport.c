@@ -4,6 +4,7 @@
 #include "transport.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,6 +129,7 @@ int client_send(shmref_conn *conn, struct proto_msg *req)
     conn->q_bytes += sizeof(*m) + (size_t)len;
     m->next = NULL;
     m->len = (size_t)len;
+    m->op = req->op;
     memcpy(m->data, conn->wbuf, (size_t)len);
     if (conn->q_tail)
         conn->q_tail->next = m;
@@ -232,4 +234,28 @@ void client_release_handle(shmref_conn *conn, uint64_t handle)
     req.u.release.flags = PROTO_RELEASE_NOREPLY;
     client_send(conn, &req);
     memcpy(conn->errmsg, keep, sizeof(keep));
+}
+
+bool transport_holds_publish(const shmref_conn *conn)
+{
+    for (const struct client_out *m = conn->q; m; m = m->next)
+        if (m->op == PROTO_OP_PUBLISH)
+            return true;
+    return false;
+}
+
+int transport_flush_wait(shmref_conn *conn, int ms)
+{
+    int64_t deadline = client_mono_ms() + ms;
+    for (;;) {
+        int r = client_flush(conn);
+        if (r <= 0)
+            return r;
+        int left = (int)(deadline - client_mono_ms());
+        if (left <= 0)
+            return -ETIMEDOUT;
+        struct pollfd p = { .fd = conn->fd, .events = POLLOUT };
+        if (poll(&p, 1, left) < 0 && errno != EINTR)
+            return -errno;
+    }
 }

@@ -29,6 +29,11 @@ int client_send(shmref_conn *conn, struct proto_msg *req);
 /* client_flush: send queued messages while the socket takes them: 0 all sent, 1 some
  * remain, -errno. */
 int client_flush(shmref_conn *conn);
+/* transport_holds_publish: whether a one-way publish is still in the send queue. */
+bool transport_holds_publish(const shmref_conn *conn);
+/* transport_flush_wait: flush, waiting for the socket at most ms: 0 all sent, -ETIMEDOUT,
+ * -errno. */
+int transport_flush_wait(shmref_conn *conn, int ms);
 /* client_recv: the next message if one has arrived (never blocks): 1 with *rep and its
  * fds (*ret_nfds of them, at most PROTO_MAX_BATCH; each the caller's), 0 if none yet,
  * -errno if the connection broke. *ret_lost: the fds did not fit (MSG_CTRUNC). */

@@ -109,6 +109,37 @@ Test(lifetimes, release_during_a_sealed_publish_is_deferred_until_it_completes, 
     daemon_stop(&d);
 }
 
+/* A read-only handle of one's own buffer gets a PROT_READ view of the writable mapping;
+ * the view is gone before that buffer, recycled to this process, is published sealed
+ * (a view made from a writable mapping still counts for F_SEAL_WRITE). */
+Test(lifetimes, a_read_only_view_never_blocks_sealing_the_recycled_buffer, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--memfd", NULL);
+    shmref_conn *c = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(c, 0), 0);
+    for (int round = 0; round < 20; round++) {
+        shmref_buf *b, *r;
+        shmref_desc desc;
+        cr_assert_eq(shmref_lease(c, 4096, &b), 0, "%s", shmref_errmsg(c));
+        fill_pattern(shmref_buf_data(b), 4096, (uint32_t)round + 1);
+        cr_assert_eq(shmref_publish(b, 4096, 0, NULL, 0, &desc), 0);
+        cr_assert_eq(shmref_acquire(c, &desc, &r), 0, "%s", shmref_errmsg(c));
+        cr_assert_neq(shmref_buf_data(r), shmref_buf_data(b), "a read-only handle has its own view");
+        cr_assert_eq(check_pattern(shmref_buf_data(r), 4096, (uint32_t)round + 1), -1);
+        cr_assert_eq(shmref_release(r), 0);
+        cr_assert_eq(shmref_release(b), 0);
+        /* the same buffer comes back (recycled), and is sealed */
+        cr_assert_eq(shmref_lease(c, 4096, &b), 0);
+        fill_pattern(shmref_buf_data(b), 4096, 99);
+        cr_assert_eq(shmref_publish_ex(b, 4096, 0, 0, SHMREF_PUBLISH_SEALED, NULL, 0, &desc), 0, "round %d: %s",
+                     round, shmref_errmsg(c));
+        cr_assert_eq(shmref_release(b), 0);
+    }
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
 /* ---- fork ---- */
 
 #define NBUF 1000
