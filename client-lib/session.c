@@ -162,8 +162,10 @@ static int check_peer(shmref_conn *conn, int fd, const char *path)
         int e = errno;
         return client_fail(conn, -e, "cannot read the credentials of shmrefd at %s: %s", path, strerror(e));
     }
-    long want = configured_uid();
-    if (cr.uid == 0 || cr.uid == getuid() || cr.uid == geteuid() || (want >= 0 && (long)cr.uid == want))
+    if (cr.uid == 0 || cr.uid == getuid() || cr.uid == geteuid())
+        return 0;
+    long want = configured_uid(); /* only now: a user lookup may load NSS modules */
+    if (want >= 0 && (long)cr.uid == want)
         return 0;
     char who[48] = "none";
     if (want >= 0)
