@@ -70,8 +70,9 @@ SHMREF_EXPORT int shmref_set_daemon_uid(long uid);
  * a client that died holding leases (clients_died). Never blocks on the daemon: no reply
  * or ping is waited for (releases the socket cannot take at once, and leases still on
  * their way, end with the connection on the daemon's side); only a one-way publish still
- * queued is flushed, for at most the connection's timeout (2 s without one). In a forked child it touches nothing of the parent's
- * connection: see "Fork" in shmref(3).
+ * queued is flushed, for at most the connection's timeout (2 s without one). In a
+ * forked child it touches nothing of the parent's connection: see "Lifetimes" in
+ * shmref(3).
  * Buffers obtained from it must not be used afterwards (their mappings are unmapped);
  * their handles are freed. Accepts NULL. Exception: while Arrow structures exported from
  * an acquired unit (shmref_unit_export_*) are alive, the connection's socket and those
@@ -174,11 +175,12 @@ SHMREF_EXPORT int shmref_status_count(const shmref_status *status, const char *p
  * the call returns -ETIMEDOUT, its message naming the operation and the milliseconds,
  * and the connection is abandoned (the reply may still come: later calls return
  * -ENOTCONN; connect again). The default is $SHMREF_TIMEOUT_MS if it is a number of
- * milliseconds (0: no limit), else SHMREF_TIMEOUT_DEFAULT_MS. A connection is bound to
- * the process that opened it: used in a forked child, every call that would touch the
- * socket returns -ECHILD ("connection was opened by pid X; this is pid Y: connect again
- * in the child") and sends nothing; shmref_release() and shmref_close() there free the
- * child's copies of the handles only, the parent's connection is untouched. */
+ * milliseconds (0: no limit), else SHMREF_TIMEOUT_DEFAULT_MS. A connection belongs to
+ * the process that opened it: in a forked child nothing is ever sent on, released or
+ * unmapped from the parent's connection; the child's first call adopts it (inherited
+ * handles stay readable in the child, their release frees the child's copies only) and
+ * the child gets its own connection to the same socket when it first needs the daemon
+ * (shmref_conn_pid() then names the child). */
 #define SHMREF_TIMEOUT_DEFAULT_MS 30000
 
 /* shmref_connect_timeout: shmref_connect with a timeout (-1: the default above, 0: no
