@@ -9,6 +9,9 @@
  * referenced in place. */
 #include "unit.h"
 
+#include "session.h"
+#include "transport.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>

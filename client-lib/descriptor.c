@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* descriptor.c: the public descriptor forms, over proto/desc.c. */
-#include "client.h"
+#include "transport.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -2,7 +2,13 @@
 /* eventloop.c: libshmref's event-loop API (the hiredis model): submit requests without
  * waiting, poll the connection's socket, collect completions. Built on the same table of
  * outstanding requests as the blocking calls (pending.c); a submit never blocks. */
-#include "client.h"
+#include "handle.h"
+#include "lease.h"
+#include "requests.h"
+#include "session.h"
+#include "status.h"
+#include "stock.h"
+#include "transport.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -65,10 +71,10 @@ int shmref_lease_submit(shmref_conn *conn, size_t size, unsigned flags, uint32_t
         shmref_buf *b;
         struct pending *refill = NULL;
         if ((r = stock_take(conn, size, &b, wait_ms ? NULL : &refill)) == 1) {
-            struct pending *p = pending_new(conn, PROTO_OP_LEASE, PENDING_USER);
+            struct pending *p = pending_new(conn, PROTO_OP_LEASE, PENDING_USER, &stock_lease_ops);
             if (!p) {
                 lease_drop(b);
-                return -ENOMEM;
+                return pending_new_error(conn);
             }
             conn->counters.stock_hits++;
             p->user = user;
@@ -83,12 +89,10 @@ int shmref_lease_submit(shmref_conn *conn, size_t size, unsigned flags, uint32_t
             return 0;
         }
     }
-    struct pending *p = pending_new(conn, PROTO_OP_LEASE, PENDING_USER);
+    struct pending *p = stock_lease_new(conn, PENDING_USER, size, size, wait_ms);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     p->user = user;
-    p->size = p->want = size;
-    p->wait_ms = wait_ms;
     return submit(conn, p);
 }
 
@@ -101,9 +105,9 @@ int shmref_publish_submit(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_
     int r = client_enter(conn);
     if (r < 0 || (r = lease_publish_check(buf, len, flags)) < 0)
         return r;
-    struct pending *p = pending_new(conn, PROTO_OP_PUBLISH, PENDING_USER);
+    struct pending *p = pending_new(conn, PROTO_OP_PUBLISH, PENDING_USER, &lease_publish_ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     p->user = user;
     r = lease_publish_send(buf, len, keep_ms, max_acquires, flags, meta, meta_len, p, &p->desc);
     if (r < 0) {
@@ -127,9 +131,9 @@ int shmref_acquire_submit(shmref_conn *conn, const shmref_desc *desc, unsigned f
     int r = client_enter(conn);
     if (r < 0)
         return r;
-    struct pending *p = pending_new(conn, PROTO_OP_ACQUIRE, PENDING_USER);
+    struct pending *p = pending_new(conn, PROTO_OP_ACQUIRE, PENDING_USER, &lease_acquire_ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     p->user = user;
     p->desc = *desc;
     if ((p->buf = lease_share(conn, desc, flags)))
@@ -139,28 +143,31 @@ int shmref_acquire_submit(shmref_conn *conn, const shmref_desc *desc, unsigned f
     return submit(conn, p);
 }
 
-static int submit_plain(shmref_conn *conn, uint32_t op, void *user)
+static int submit_plain(shmref_conn *conn, uint32_t op, const struct pending_ops *ops, void *user)
 {
     if (!conn)
         return -EINVAL;
     int r = client_enter(conn);
     if (r < 0)
         return r;
-    struct pending *p = pending_new(conn, op, PENDING_USER);
+    struct pending *p = pending_new(conn, op, PENDING_USER, ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     p->user = user;
-    return submit(conn, p);
+    struct proto_msg req = { .op = op };
+    if ((r = pending_submit_msg(conn, p, &req)) < 0)
+        pending_free(conn, p);
+    return r;
 }
 
 int shmref_status_submit(shmref_conn *conn, void *user)
 {
-    return submit_plain(conn, PROTO_OP_STATUS, user);
+    return submit_plain(conn, PROTO_OP_STATUS, &status_ops, user);
 }
 
 int shmref_ping_submit(shmref_conn *conn, void *user)
 {
-    return submit_plain(conn, PROTO_OP_PING, user);
+    return submit_plain(conn, PROTO_OP_PING, NULL, user);
 }
 
 static int op_of(uint32_t op)
@@ -188,11 +195,14 @@ int shmref_complete(shmref_conn *conn, shmref_completion *ret, size_t max)
         return r;
     if (r == 0)
         pending_intake(conn); /* a failure fails every outstanding request: delivered below */
+    else
+        pending_settle(conn);
     size_t n = 0;
     while (n < max && conn->done) {
         struct pending *p = conn->done;
         if (!(conn->done = p->next))
             conn->done_tail = NULL;
+        pending_unhold(p); /* a handle released while the request was out goes now */
         shmref_completion *c = &ret[n++];
         *c = (shmref_completion){ .user = p->user, .op = op_of(p->op), .result = p->result,
                                   .errmsg = p->errmsg ? p->errmsg : "" };

@@ -1,137 +1,24 @@
 /* SPDX-License-Identifier: MIT */
-/* lease.c: buffers of libshmref: lease, publish, acquire, release and the accessors.
- * A handle owns its place in the connection's list and a use of a cached mapping; the
- * fd that arrives with a buffer is closed as soon as the mapping exists. */
-#include "client.h"
+/* lease.c: see lease.h: the publish and acquire requests' handlers and the blocking
+ * calls on buffers (lease, publish, acquire, release, lease_many). */
+#include "lease.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <search.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "handle.h"
+#include "mapcache.h"
+#include "requests.h"
+#include "session.h"
+#include "stock.h"
+#include "transport.h"
 
-static void link_buf(shmref_conn *conn, shmref_buf *b)
-{
-    b->conn = conn;
-    b->prev = NULL;
-    b->next = conn->bufs;
-    if (conn->bufs)
-        conn->bufs->prev = b;
-    conn->bufs = b;
-}
-
-static void unlink_buf(shmref_buf *b)
-{
-    if (b->prev) b->prev->next = b->next; else b->conn->bufs = b->next;
-    if (b->next) b->next->prev = b->prev;
-}
-
-#define SEALS_NEEDED (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)
-
-/* check_seals: for a buffer the daemon says is sealed (or one the caller requires
- * sealed), the seals on its fd, before anything maps it. */
-static int check_seals(shmref_conn *conn, uint32_t flags, int fd, bool require)
-{
-    bool said = (flags & PROTO_BUF_SEALED) != 0;
-    if (!said && !require)
-        return 0;
-    if (!said)
-        return client_fail(conn, -EPERM, "the buffer is not sealed (its producer published it plainly)");
-    if (fd < 0)
-        return client_fail(conn, -EPROTO, "shmrefd sent a sealed buffer without its fd");
-    int seals = fcntl(fd, F_GET_SEALS);
-    if (seals < 0 || (seals & SEALS_NEEDED) != SEALS_NEEDED)
-        return client_fail(conn, -EPERM, "the buffer is said to be sealed but its seals are %#x, not %#x",
-                           seals < 0 ? 0 : (unsigned)seals, (unsigned)SEALS_NEEDED);
-    return 1;
-}
-
-int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t size, uint64_t capacity,
-               const uint8_t *token, const uint8_t *meta, uint32_t meta_len, uint32_t flags, int fd,
-               bool writable, bool require_sealed, shmref_buf **ret_buf)
-{
-    shmref_buf *b = NULL;
-    int r = writable ? 0 : check_seals(conn, flags, fd, require_sealed);
-    if (r < 0)
-        goto fail;
-    bool sealed = r == 1;
-    r = -ENOMEM;
-    if (!(b = calloc(1, sizeof(*b))))
-        goto fail;
-    b->sealed = sealed;
-    b->retire = (flags & PROTO_BUF_RETIRE) != 0;
-    b->handle = handle;
-    b->buf_id = buf_id;
-    b->size = size;
-    b->capacity = capacity;
-    b->writable = writable;
-    memcpy(b->token, token, PROTO_TOKEN_LEN);
-    if (meta_len) {
-        if (!(b->meta = malloc(meta_len)))
-            goto fail;
-        memcpy(b->meta, meta, meta_len);
-        b->meta_len = meta_len;
-    }
-    /* A cached mapping needs no fd; a new one does. */
-    b->data = mapcache_find(&conn->cache, b->buf_id, b->capacity, writable);
-    if (!b->data) {
-        if (fd < 0) {
-            r = client_fail(conn, -EPROTO, "shmrefd sent no fd with the buffer");
-            goto fail;
-        }
-        r = mapcache_get(&conn->cache, b->buf_id, fd, b->capacity, writable, &b->data);
-        if (r < 0) {
-            client_fail(conn, r, "mmap of %zu bytes failed: %s", b->capacity, strerror(-r));
-            goto fail;
-        }
-    }
-    if (fd >= 0)
-        close(fd);
-    link_buf(conn, b);
-    *ret_buf = b;
-    return 0;
-fail:
-    if (fd >= 0) { /* the daemon counts this fd as sent (fd-once): say it was not kept */
-        close(fd);
-        client_forget(conn, buf_id, writable);
-    }
-    if (b)
-        free(b->meta);
-    free(b);
-    client_release_handle(conn, handle);
-    return r == -ENOMEM ? client_fail(conn, -ENOMEM, "out of memory") : r;
-}
-
-uint64_t lease_forget(shmref_buf *buf)
-{
-    uint64_t handle = buf->handle;
-    unlink_buf(buf);
-    if (buf->data) {
-        mapcache_put(&buf->conn->cache, buf->data);
-        /* The daemon retires this buffer after its last release: a cached mapping would
-         * never be used again, and would pin its pages (a sealed buffer's) until exit. */
-        if (buf->retire)
-            mapcache_drop_idle_one(&buf->conn->cache, buf->data);
-    }
-    if (buf->share) {
-        if (atomic_fetch_sub(&buf->share->refs, 1) == 1)
-            free(buf->share);
-        else
-            handle = 0; /* another local handle still holds the daemon's */
-    }
-    free(buf->meta);
-    free(buf);
-    return handle;
-}
-
-void lease_drop(shmref_buf *buf)
-{
-    shmref_conn *conn = buf->conn;
-    uint64_t handle = lease_forget(buf);
-    if (handle && client_usable(conn) == 0)
-        client_release_handle(conn, handle);
-}
 
 int shmref_lease(shmref_conn *conn, size_t size, shmref_buf **ret_buf)
 {
@@ -175,11 +62,9 @@ int shmref_lease_ex(shmref_conn *conn, size_t size, unsigned flags, uint32_t wai
             conn->errmsg[0] = '\0'; /* the refill failed: a lease of our own, below */
         }
     }
-    struct pending *p = pending_new(conn, PROTO_OP_LEASE, PENDING_WAIT);
+    struct pending *p = stock_lease_new(conn, PENDING_WAIT, size, size, wait_ms);
     if (!p)
-        return -ENOMEM;
-    p->size = p->want = size;
-    p->wait_ms = wait_ms;
+        return pending_new_error(conn);
     if ((r = pending_submit(conn, p)) < 0) {
         pending_free(conn, p);
         return r;
@@ -216,6 +101,7 @@ int lease_publish_send(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t m
     if (sealed && buf->data) {
         /* F_SEAL_WRITE needs every writable mapping gone: ours goes (and the daemon is
          * told, before the publish, that this connection no longer maps it). */
+        mapcache_drop_view(&conn->cache, buf->buf_id);
         mapcache_drop(&conn->cache, buf->data);
         buf->data = NULL;
     }
@@ -240,9 +126,15 @@ int lease_publish_send(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t m
         ret_desc->size = len;
         return 0;
     }
-    /* Sealed: the caller must know that the seal held. */
+    /* Sealed: the caller must know that the seal held. The request refers to the handle:
+     * it stays valid (a release meanwhile is deferred) until the reply is taken in. */
     p->buf = buf;
-    return pending_submit_msg(conn, p, &req);
+    int r = pending_submit_msg(conn, p, &req);
+    if (r == 0) {
+        lease_hold(buf);
+        p->holds = true;
+    }
+    return r;
 }
 
 int shmref_publish_ex(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t max_acquires, unsigned flags,
@@ -254,9 +146,9 @@ int shmref_publish_ex(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t ma
     int r = client_enter(conn);
     if (r < 0 || (r = lease_publish_check(buf, len, flags)) < 0)
         return r;
-    struct pending *p = pending_new(conn, PROTO_OP_PUBLISH, PENDING_WAIT);
+    struct pending *p = pending_new(conn, PROTO_OP_PUBLISH, PENDING_WAIT, &lease_publish_ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     r = lease_publish_send(buf, len, keep_ms, max_acquires, flags, meta, meta_len, p, ret_desc);
     if (r == 0 && p->buf) { /* a publish with a reply */
         if ((r = pending_wait(conn, p, pending_budget(conn, 0))) == 0)
@@ -270,52 +162,6 @@ int shmref_publish_ex(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t ma
 int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_buf)
 {
     return shmref_acquire_ex(conn, desc, 0, ret_buf);
-}
-
-shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned flags)
-{
-    /* While any local handle holds the daemon's handle the daemon keeps its reference, so
-     * the buffer cannot be recycled under a mapping: a new handle may share it. */
-    for (shmref_buf *src = conn->bufs; src; src = src->next) {
-        if (src->writable || src->pinned || !src->data || src->size != desc->size ||
-            memcmp(src->token, desc->token, SHMREF_TOKEN_LEN) != 0 ||
-            ((flags & SHMREF_ACQUIRE_SEALED) && !src->sealed))
-            continue;
-        shmref_buf *b = calloc(1, sizeof(*b));
-        if (!b)
-            return NULL;
-        if (src->meta_len && !(b->meta = malloc(src->meta_len))) {
-            free(b);
-            return NULL;
-        }
-        if (!src->share) {
-            if (!(src->share = malloc(sizeof(*src->share)))) {
-                free(b->meta);
-                free(b);
-                return NULL;
-            }
-            atomic_init(&src->share->refs, 1);
-        }
-        atomic_fetch_add(&src->share->refs, 1);
-        b->share = src->share;
-        b->handle = src->handle;
-        b->buf_id = src->buf_id;
-        b->size = src->size;
-        b->capacity = src->capacity;
-        b->sealed = src->sealed;
-        b->retire = src->retire;
-        memcpy(b->token, src->token, SHMREF_TOKEN_LEN);
-        if (src->meta_len)
-            memcpy(b->meta, src->meta, src->meta_len);
-        b->meta_len = src->meta_len;
-        b->data = mapcache_find(&conn->cache, src->buf_id, src->capacity, false); /* one more user */
-        if (!b->data) /* cannot be: src uses it */
-            b->data = src->data;
-        link_buf(conn, b);
-        conn->counters.local_acquires++;
-        return b;
-    }
-    return NULL;
 }
 
 int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags, shmref_buf **ret_buf)
@@ -332,9 +178,9 @@ int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags
         *ret_buf = b;
         return 0;
     }
-    struct pending *p = pending_new(conn, PROTO_OP_ACQUIRE, PENDING_WAIT);
+    struct pending *p = pending_new(conn, PROTO_OP_ACQUIRE, PENDING_WAIT, &lease_acquire_ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     p->desc = *desc;
     p->wait_ms = (uint32_t)conn->acquire_wait_ms;
     p->require_sealed = (flags & SHMREF_ACQUIRE_SEALED) != 0;
@@ -360,8 +206,19 @@ int shmref_release(shmref_buf *buf)
 {
     if (!buf)
         return 0;
+    if (buf->doomed)
+        return 0;
     shmref_conn *conn = buf->conn;
+    client_adopt(conn);
+    if (buf->inherited) { /* a forked child's copy: its memory only, no connection needed */
+        lease_forget(buf);
+        return 0;
+    }
     int r = client_enter(conn);
+    if (buf->busy) { /* a request in flight refers to it: released when that ends */
+        lease_release_busy(buf);
+        return r;
+    }
     uint64_t handle = lease_forget(buf);
     if (r < 0 || handle == 0)
         return r;
@@ -397,6 +254,17 @@ int shmref_release_many(shmref_buf **bufs, size_t n)
         if (!b)
             continue;
         bufs[i] = NULL;
+        if (b->doomed)
+            continue;
+        client_adopt(b->conn);
+        if (b->inherited) { /* a forked child's copy: its memory only */
+            lease_forget(b);
+            continue;
+        }
+        if (b->busy) { /* a request in flight refers to it: released when that ends */
+            shmref_release(b);
+            continue;
+        }
         if (b->conn != cur) { /* handles of another connection: its own messages */
             int r = cur && ok == 0 ? send_release_many(cur, handles, k) : 0;
             if (r < 0 && !first)
@@ -435,11 +303,9 @@ static int lease_many_submit(shmref_conn *conn, const size_t *sizes, size_t k, s
 {
     if (!CLIENT_WIRE_BATCH) {
         for (size_t i = 0; i < k; i++) {
-            struct pending *p = pending_new(conn, PROTO_OP_LEASE, PENDING_WAIT);
+            struct pending *p = stock_lease_new(conn, PENDING_WAIT, sizes[i], sizes[i], 0);
             if (!p)
-                return -ENOMEM;
-            p->size = p->want = sizes[i];
-            p->refill = false;
+                return pending_new_error(conn);
             int r = pending_submit(conn, p);
             if (r < 0) {
                 pending_free(conn, p);
@@ -449,7 +315,7 @@ static int lease_many_submit(shmref_conn *conn, const size_t *sizes, size_t k, s
         }
         return 0;
     }
-    struct pending *p = pending_new(conn, PROTO_OP_LEASE_MANY, PENDING_WAIT);
+    struct pending *p = pending_new(conn, PROTO_OP_LEASE_MANY, PENDING_WAIT, &stock_lease_ops);
     if (!p || !(p->sizes = malloc(k * sizeof(uint64_t)))) {
         pending_free(conn, p);
         return client_fail(conn, -ENOMEM, "out of memory");
@@ -519,15 +385,76 @@ int shmref_lease_many(shmref_conn *conn, const size_t *sizes, size_t n, shmref_b
     return err;
 }
 
-void *shmref_buf_data(const shmref_buf *buf) { return buf ? buf->data : NULL; }
-size_t shmref_buf_size(const shmref_buf *buf) { return buf ? buf->size : 0; }
-size_t shmref_buf_capacity(const shmref_buf *buf) { return buf ? buf->capacity : 0; }
-int shmref_buf_writable(const shmref_buf *buf) { return buf ? buf->writable : 0; }
-int shmref_buf_sealed(const shmref_buf *buf) { return buf ? buf->sealed : 0; }
+/* ---- acquire and sealed publish requests: their handlers ---- */
 
-const void *shmref_buf_meta(const shmref_buf *buf, size_t *ret_len)
+int lease_acquire_send(shmref_conn *conn, struct pending *p)
 {
-    if (ret_len)
-        *ret_len = buf ? buf->meta_len : 0;
-    return buf ? buf->meta : NULL;
+    struct proto_msg req = { .op = PROTO_OP_ACQUIRE };
+    memcpy(req.u.acquire.token, p->desc.token, PROTO_TOKEN_LEN);
+    req.u.acquire.wait_ms = p->wait_ms;
+    return pending_submit_msg(conn, p, &req);
 }
+
+static int acquire_take(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds,
+                        bool lost)
+{
+    if (lost) {
+        lease_lost(conn, p, rep, fds, nfds);
+        return p->result;
+    }
+    for (unsigned i = 1; i < nfds; i++)
+        close(fds[i]);
+    int fd = nfds > 0 ? fds[0] : -1;
+    const typeof(rep->u.acquire_reply) *l = &rep->u.acquire_reply;
+    if (l->size != p->desc.size) {
+        lease_undo_reply(conn, rep, &fd, fd >= 0, false);
+        return client_fail(conn, -EINVAL, "descriptor says %llu bytes, the buffer has %llu",
+                           (unsigned long long)p->desc.size, (unsigned long long)l->size);
+    }
+    int r = lease_take(conn, l->handle, l->buf_id, l->size, l->capacity, l->token, l->meta, l->meta_len, l->flags, fd,
+                       false, p->require_sealed, &p->buf);
+    /* The daemon retires this buffer after its last release: a cached mapping would never
+     * be used again, and would pin a sealed buffer's pages until exit. */
+    if (r == 0 && (l->flags & PROTO_BUF_RETIRE))
+        lease_uncacheable(p->buf);
+    return r;
+}
+
+static void acquire_release(shmref_conn *conn, struct pending *p)
+{
+    (void)conn;
+    if (p->buf)
+        lease_drop(p->buf);
+    p->buf = NULL;
+}
+
+const struct pending_ops lease_acquire_ops = {
+    .send = lease_acquire_send,
+    .take = acquire_take,
+    .refused = stock_retry,
+    .release = acquire_release,
+};
+
+static int publish_take(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds,
+                        bool lost)
+{
+    (void)conn;
+    (void)lost;
+    for (unsigned i = 0; i < nfds; i++)
+        close(fds[i]);
+    memcpy(p->desc.token, rep->u.publish_reply.token, SHMREF_TOKEN_LEN);
+    p->desc.size = rep->u.publish_reply.size;
+    if (p->buf)
+        p->buf->published = true;
+    return 0;
+}
+
+static void publish_unhold(struct pending *p)
+{
+    p->buf = lease_unhold(p->buf);
+}
+
+const struct pending_ops lease_publish_ops = {
+    .take = publish_take,
+    .unhold = publish_unhold,
+};

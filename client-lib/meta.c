@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* meta.c: the public face of the array metadata convention, over proto/meta.c. */
-#include "client.h"
+#include "transport.h"
 
 #include <errno.h>
 #include <string.h>

@@ -2,14 +2,19 @@
 /* status.c: the daemon's status snapshot, walked by dotted path or rendered as JSON.
  * The body is checked with proto_check() before msgpack-c unpacks it, like every
  * message, and keeps its own copy of the bytes (the objects point into them). */
-#include "client.h"
+#include "status.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <msgpack.h>
+
+#include "requests.h"
+#include "session.h"
+#include "transport.h"
 
 struct shmref_status {
     uint8_t *body;
@@ -20,7 +25,7 @@ struct shmref_status {
     unsigned nstrs;
 };
 
-int status_from_reply(shmref_conn *conn, const struct proto_msg *rep, shmref_status **ret_status)
+static int status_from_reply(shmref_conn *conn, const struct proto_msg *rep, shmref_status **ret_status)
 {
     const char *why;
     const uint8_t *body = rep->u.status_reply.body;
@@ -45,6 +50,17 @@ int status_from_reply(shmref_conn *conn, const struct proto_msg *rep, shmref_sta
     return 0;
 }
 
+static int status_take(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds,
+                       bool lost)
+{
+    (void)lost;
+    for (unsigned i = 0; i < nfds; i++)
+        close(fds[i]);
+    return status_from_reply(conn, rep, &p->status);
+}
+
+const struct pending_ops status_ops = { .take = status_take };
+
 int shmref_status_get(shmref_conn *conn, shmref_status **ret_status)
 {
     if (!conn || !ret_status)
@@ -52,10 +68,11 @@ int shmref_status_get(shmref_conn *conn, shmref_status **ret_status)
     int r = client_enter(conn);
     if (r < 0)
         return r;
-    struct pending *p = pending_new(conn, PROTO_OP_STATUS, PENDING_WAIT);
+    struct pending *p = pending_new(conn, PROTO_OP_STATUS, PENDING_WAIT, &status_ops);
     if (!p)
-        return -ENOMEM;
-    if ((r = pending_submit(conn, p)) == 0 && (r = pending_wait(conn, p, pending_budget(conn, 0))) == 0) {
+        return pending_new_error(conn);
+    struct proto_msg req = { .op = PROTO_OP_STATUS };
+    if ((r = pending_submit_msg(conn, p, &req)) == 0 && (r = pending_wait(conn, p, pending_budget(conn, 0))) == 0) {
         *ret_status = p->status;
         p->status = NULL;
     }

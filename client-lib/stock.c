@@ -5,11 +5,17 @@
  * leases are leases like any other (charged to quota, in status), returned when unused:
  * at close, when a lease or acquire meets EDQUOT/ENOSPC, when their class is the least
  * recently used of more than STOCK_CLASSES. */
-#include "client.h"
+#include "stock.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "handle.h"
+#include "mapcache.h"
+#include "requests.h"
+#include "transport.h"
 
 
 #define STOCK_DEFAULT_DEPTH 2
@@ -75,7 +81,8 @@ static void refill(shmref_conn *conn, struct stock_class *c, unsigned k)
     }
     while (k > 0) {
         bool many = CLIENT_WIRE_BATCH && k > 1;
-        struct pending *p = pending_new(conn, many ? PROTO_OP_LEASE_MANY : PROTO_OP_LEASE, PENDING_STOCK);
+        struct pending *p = pending_new(conn, many ? PROTO_OP_LEASE_MANY : PROTO_OP_LEASE, PENDING_STOCK,
+                                        &stock_lease_ops);
         if (!p)
             return;
         unsigned n = many ? k : 1;
@@ -126,7 +133,7 @@ int stock_take(shmref_conn *conn, size_t size, shmref_buf **ret_buf, struct pend
     return 0;
 }
 
-void stock_learn(shmref_conn *conn, size_t size, uint64_t capacity)
+static void stock_learn(shmref_conn *conn, size_t size, uint64_t capacity)
 {
     struct stock *st = &conn->stock;
     if (!stock_eligible(conn, size) || capacity > STOCK_MAX_SIZE || capacity < size)
@@ -156,7 +163,7 @@ void stock_learn(shmref_conn *conn, size_t size, uint64_t capacity)
         refill(conn, c, st->depth - have);
 }
 
-void stock_arrived(shmref_conn *conn, struct pending *p)
+static void stock_arrived(shmref_conn *conn, struct pending *p)
 {
     shmref_buf **v = p->op == PROTO_OP_LEASE ? &p->buf : p->bufs;
     unsigned n = p->op == PROTO_OP_LEASE ? 1 : p->n;
@@ -190,9 +197,19 @@ unsigned stock_return(shmref_conn *conn)
     return n;
 }
 
-unsigned stock_inflight(const shmref_conn *conn)
+static unsigned stock_inflight(const shmref_conn *conn)
 {
     return conn->stock.out;
+}
+
+void stock_abandon(shmref_conn *conn)
+{
+    for (unsigned i = 0; i < STOCK_CLASSES; i++) {
+        struct stock_class *c = &conn->stock.cls[i];
+        while (c->n_ready > 0)
+            lease_forget(c->ready[--c->n_ready]); /* inherited: no release */
+    }
+    stock_reset(conn);
 }
 
 void stock_reset(shmref_conn *conn)
@@ -202,27 +219,160 @@ void stock_reset(shmref_conn *conn)
     conn->stock.out = 0;
 }
 
-int shmref_set_stock(shmref_conn *conn, int depth)
+void stock_set_depth(shmref_conn *conn, unsigned depth)
 {
-    if (!conn || depth < -1 || depth > STOCK_MAX_DEPTH)
-        return -EINVAL;
-    if (depth == -1) {
-        struct stock def;
-        stock_init(&def);
-        depth = (int)def.depth;
-    }
+    /* Leases past the new depth are released (lease_drop: one-way on a live connection;
+     * on a broken one the daemon has ended them with it, and only their local handles go).
+     * Never dropped unreleased. */
     struct stock *st = &conn->stock;
-    st->depth = (unsigned)depth;
-    bool live = client_usable(conn) == 0;
+    st->depth = depth;
     for (unsigned i = 0; i < STOCK_CLASSES; i++) {
         struct stock_class *c = &st->cls[i];
-        while (c->n_ready > st->depth) {
-            shmref_buf *b = c->ready[--c->n_ready];
-            if (live)
-                lease_drop(b);
-        }
+        while (c->n_ready > st->depth)
+            lease_drop(c->ready[--c->n_ready]);
     }
-    if (depth == 0 && live)
+    if (depth == 0)
         stock_return(conn);
-    return 0;
+}
+
+/* ---- lease requests: their handlers ---- */
+
+static int lease_send(shmref_conn *conn, struct pending *p)
+{
+    struct proto_msg req = { .op = p->op };
+    p->stock_sent = p->refill; /* the daemon bounds the stock: refills say so */
+    if (p->op == PROTO_OP_LEASE) {
+        req.u.lease.size = p->size;
+        req.u.lease.wait_ms = p->wait_ms;
+        req.u.lease.flags = p->stock_sent ? PROTO_LEASE_STOCK : 0;
+    } else {
+        req.u.lease_many.n = p->n;
+        req.u.lease_many.wait_ms = p->wait_ms;
+        req.u.lease_many.flags = p->stock_sent ? PROTO_LEASE_STOCK : 0;
+        memcpy(req.u.lease_many.sizes, p->sizes, p->n * sizeof(uint64_t));
+    }
+    return pending_submit_msg(conn, p, &req);
+}
+
+static int take_many(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds)
+{
+    const struct proto_item *items = rep->u.lease_many_reply.items;
+    uint32_t n = rep->u.lease_many_reply.n;
+    unsigned fi = 0;
+    int r = 0;
+    if (n != p->n) {
+        lease_undo_reply(conn, rep, fds, nfds, false);
+        return client_fail(conn, -EPROTO, "shmrefd answered a lease_many of %u with %u leases", p->n, (unsigned)n);
+    }
+    if (!(p->bufs = calloc(n, sizeof(*p->bufs)))) {
+        lease_undo_reply(conn, rep, fds, nfds, false);
+        return client_fail(conn, -ENOMEM, "out of memory");
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        int fd = items[i].has_fd && fi < nfds ? fds[fi++] : -1;
+        if (r < 0) { /* after a failure: undo the rest */
+            if (fd >= 0) {
+                close(fd);
+                client_forget(conn, items[i].buf_id, true);
+            }
+            client_release_handle(conn, items[i].handle);
+            continue;
+        }
+        r = lease_take(conn, items[i].handle, items[i].buf_id, items[i].size, items[i].capacity, items[i].token,
+                       NULL, 0, 0, fd, true, false, &p->bufs[i]);
+    }
+    while (fi < nfds)
+        close(fds[fi++]);
+    return r;
+}
+
+static int lease_reply(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds,
+                       bool lost)
+{
+    if (lost) {
+        lease_lost(conn, p, rep, fds, nfds);
+        return p->result;
+    }
+    if (p->op == PROTO_OP_LEASE_MANY)
+        return take_many(conn, p, rep, fds, nfds);
+    for (unsigned i = 1; i < nfds; i++)
+        close(fds[i]);
+    const typeof(rep->u.lease_reply) *l = &rep->u.lease_reply;
+    int r = lease_take(conn, l->handle, l->buf_id, l->size, l->capacity, l->token, l->meta, l->meta_len, l->flags,
+                       nfds > 0 ? fds[0] : -1, true, false, &p->buf);
+    if (r == 0 && (p->owner == PENDING_WAIT || p->owner == PENDING_USER)) {
+        p->buf->size = p->want;
+        stock_learn(conn, p->want, p->buf->capacity);
+    }
+    return r;
+}
+
+bool stock_retry(shmref_conn *conn, struct pending *p, int code)
+{
+    if (p->owner != PENDING_WAIT && p->owner != PENDING_USER)
+        return false;
+    /* A refill a caller took over, refused by the daemon's stock reserve (EAGAIN): asked
+     * again plainly (p->refill is false now, so it goes without the stock flag). */
+    if (code == EAGAIN && p->stock_sent)
+        return pending_submit(conn, p) == 0;
+    if (p->retried)
+        return false;
+    bool lease = p->op == PROTO_OP_LEASE || p->op == PROTO_OP_LEASE_MANY;
+    if (!(lease && (code == ENOSPC || code == EDQUOT)) && !(p->op == PROTO_OP_ACQUIRE && code == EDQUOT))
+        return false;
+    unsigned freed = stock_return(conn) + mapcache_drop_idle(&conn->cache);
+    if (freed == 0 && stock_inflight(conn) == 0)
+        return false;
+    p->retried = true;
+    if (stock_inflight(conn) > 0)
+        return pending_park(conn, p) == 0;
+    return pending_submit(conn, p) == 0;
+}
+
+/* answered: a refill is counted once: one taken over and sent again is a plain lease */
+static void lease_answered(shmref_conn *conn, struct pending *p)
+{
+    if (p->refill) {
+        conn->stock.out--;
+        p->refill = false;
+    }
+}
+
+/* settled: requests parked for the stock's refills go once none is out */
+static void lease_settled(shmref_conn *conn)
+{
+    if (stock_inflight(conn) == 0)
+        pending_resend_parked(conn);
+}
+
+static void lease_release(shmref_conn *conn, struct pending *p)
+{
+    (void)conn;
+    if (p->buf)
+        lease_drop(p->buf);
+    p->buf = NULL;
+    for (unsigned i = 0; p->bufs && i < p->n; i++)
+        if (p->bufs[i])
+            lease_drop(p->bufs[i]);
+}
+
+const struct pending_ops stock_lease_ops = {
+    .send = lease_send,
+    .take = lease_reply,
+    .refused = stock_retry,
+    .answered = lease_answered,
+    .settled = lease_settled,
+    .finish = stock_arrived,
+    .release = lease_release,
+};
+
+struct pending *stock_lease_new(shmref_conn *conn, uint8_t owner, uint64_t size, size_t want, uint32_t wait_ms)
+{
+    struct pending *p = pending_new(conn, PROTO_OP_LEASE, owner, &stock_lease_ops);
+    if (p) {
+        p->size = size;
+        p->want = want;
+        p->wait_ms = wait_ms;
+    }
+    return p;
 }

@@ -5,6 +5,9 @@
  * whose last reference gives the buffer back (see unit.h). Arrow structures: arrow.c. */
 #include "unit.h"
 
+#include "session.h"
+#include "transport.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

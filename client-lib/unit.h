@@ -9,7 +9,7 @@
 
 #include <stdatomic.h>
 
-#include "client.h"
+#include "conn.h"
 #include "manifest.h"
 
 struct unit_holder {

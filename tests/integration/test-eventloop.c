@@ -117,9 +117,12 @@ Test(eventloop, close_with_requests_outstanding_leaves_nothing_held, .timeout = 
     shmref_conn *p = connect_ok(&d);
     for (int i = 0; i < 20; i++)
         cr_assert_eq(shmref_lease_submit(p, 4096 + (size_t)i * 4096, 0, 0, NULL), 0);
-    shmref_close(p); /* no completion is delivered; the leases that come are released */
+    long t0 = now_ms();
+    shmref_close(p); /* never waits: no completion is delivered; what the daemon granted ends with the connection */
+    cr_assert_lt(now_ms() - t0, 100);
     cr_assert_eq(wait_status(&d, "buffers.leases", 0, 3000), 0);
-    cr_assert_eq(status_u64(&d, "counters.clients_died"), 0, "the close was not clean");
+    /* Leases still on their way at close are the daemon's to reclaim (it may count the
+     * client as died holding them: close does not wait for them, by design). */
     daemon_stop(&d);
 }
 

@@ -343,7 +343,9 @@ Test(pipeline, an_unknown_counter_is_enoent)
     uint64_t v;
     cr_assert_eq(shmref_conn_counter(p, "no_such_counter", &v), -ENOENT);
     cr_assert_eq(shmref_conn_counter(p, "waits", &v), 0);
-    cr_assert_eq(v, 1, "the hello was the one wait");
+    /* the hello is the one round trip: one wait, or none when its reply was already
+     * there at the first look (the daemon answered on the other core) */
+    cr_assert_leq(v, 1, "the hello was the one wait");
     shmref_close(p);
     daemon_stop(&d);
 }

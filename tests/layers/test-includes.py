@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""test-includes.py: no include cycle among daemon/ modules.
+"""test-includes.py: no include cycle among the modules of one directory (daemon/,
+client-lib/, python/src/, any other).
 
 A module is X.c with its X.h. Its edges are the quoted includes of both files that name
-another daemon/ header. Following them from any module must never lead back to it: a
+another header of the same directory. Following them from any module must never lead back to it: a
 file's includes, followed, never lead back to it, counting a header and its .c as one
 (so conn.c -> broker.h and broker.c -> conn.h is a cycle even though no header includes
 itself). Exit 1 naming each cycle found; 0 otherwise.
-Usage: test-includes.py DAEMON_DIR
+With --own-headers DIR, also: every function a module's .c defines for other modules
+(not static, not the public shmref_* API) is declared in that module's own header, so
+the include graph is the call graph (one private header shared by every module hides
+call cycles from the first check).
+Usage: test-includes.py [--own-headers] DIR [DIR...]   (default: daemon/)
 """
 import os
 import re
@@ -54,8 +59,30 @@ def cycle_from(start, graph):
     return None
 
 
-def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..", "daemon")
+DEFINITION = re.compile(r'^(?!static\b)[A-Za-z_][\w \t\*]*?\b([a-z_]\w*)\s*\(([^;{}]*?)\)\s*\{', re.M | re.S)
+
+
+def own_headers(root, mods):
+    """Names of functions defined in X.c for other modules but not declared in X.h."""
+    bad = []
+    for stem, files in sorted(mods.items()):
+        src = [f for f in files if f.endswith(".c")]
+        if not src:
+            continue
+        with open(src[0], encoding="utf-8") as f:
+            text = f.read()
+        hdr = os.path.join(root, stem + ".h")
+        decls = open(hdr, encoding="utf-8").read() if os.path.exists(hdr) else ""
+        for m in DEFINITION.finditer(text):
+            name = m.group(1)
+            if name.startswith("shmref_") or name == "main":
+                continue
+            if not re.search(r"\b" + re.escape(name) + r"\s*\(", decls):
+                bad.append(f"{stem}.c defines {name}() but {stem}.h does not declare it")
+    return bad
+
+
+def check(root, headers=False):
     mods = modules(root)
     if len(mods) < 5:
         print(f"test-includes: only {len(mods)} modules in {root}: wrong directory?")
@@ -65,12 +92,28 @@ def main():
     for stem in sorted(graph):
         path = cycle_from(stem, graph)
         if path:
-            print("include cycle: " + " -> ".join(path))
+            print(f"include cycle in {root}: " + " -> ".join(path))
+            bad += 1
+    if headers:
+        for line in own_headers(root, mods):
+            print(line)
             bad += 1
     if bad:
         return 1
-    print(f"test-includes: {len(mods)} daemon modules, no include cycle")
+    print(f"test-includes: {len(mods)} modules in {root}, no include cycle"
+          + (", each module's functions in its own header" if headers else ""))
     return 0
+
+
+def main():
+    args = sys.argv[1:]
+    headers = "--own-headers" in args
+    roots = [a for a in args if a != "--own-headers"]
+    roots = roots or [os.path.join(os.path.dirname(__file__), "..", "..", "daemon")]
+    bad = 0
+    for root in roots:
+        bad |= check(root, headers)
+    return bad
 
 
 if __name__ == "__main__":

@@ -50,6 +50,6 @@ only_one_line_added() {
 }
 check "each changed file gained exactly one line, after any #! line" only_one_line_added
 check "shell scripts still parse" bash -c 'for f in "$1"/scripts/run "$1"/scripts/test "$1"/tests/lib.sh; do bash -n "$f" || exit 1; done' _ "$copy"
-check "C sources still start with a comment" bash -c 'head -n 1 "$1/client-lib/client.c" | grep -qx "/\* SPDX-License-Identifier: MIT \*/"' _ "$copy"
+check "C sources still start with a comment" bash -c 'head -n 1 "$1/client-lib/session.c" | grep -qx "/\* SPDX-License-Identifier: MIT \*/"' _ "$copy"
 
 test_end

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* test-mapcache.c: libshmref's mapping cache (client-lib/mapcache.c) over real memfds
  * and real mappings: keyed by buffer id (never by fd number), shared between handles, a
- * writable mapping serving reads, idle mappings kept up to a byte and a count bound
+ * writable mapping serving reads through a read-only view, idle mappings kept up to a byte and a count bound
  * (PROTO_MAX_IDLE_MAPPINGS, the bound the daemon's fd-once set counts on), least
  * recently used first out, each unmap reported (the client then says forget). */
 #include <criterion/criterion.h>
@@ -12,7 +12,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "mapcache.h"
+#include "proto.h"
 
 #define PAGE 4096
 
@@ -69,7 +70,17 @@ Test(mapcache, keyed_by_buffer_id_and_shared)
     cr_assert_eq(mapcache_get(&mc, 7, fd, PAGE, true, &a), 0);
     memcpy(a, "hello", 5);
     close(fd); /* the mapping outlives the fd */
-    cr_assert_eq(mapcache_find(&mc, 7, PAGE, false), a, "a writable mapping serves reading");
+    /* a read-only use of a writable mapping gets a PROT_READ view of the same pages */
+    void *ro = mapcache_find(&mc, 7, PAGE, false);
+    cr_assert_not_null(ro, "a writable mapping serves reading");
+    cr_assert_neq(ro, a, "through its own read-only view, never the writable mapping");
+    cr_assert_eq(memcmp(ro, "hello", 5), 0);
+    memcpy(a, "world", 5);
+    cr_assert_eq(memcmp(ro, "world", 5), 0, "the same pages");
+    cr_assert_eq(mapcache_find(&mc, 7, PAGE, false), ro, "the view is cached too");
+    mapcache_put(&mc, ro);
+    mapcache_put(&mc, ro);
+    mapcache_find(&mc, 7, PAGE, true); /* a second user of a, as before */
     cr_assert_null(mapcache_find(&mc, 8, PAGE, false), "another buffer id is another buffer");
     cr_assert_null(mapcache_find(&mc, 7, 2 * PAGE, false), "another length is another mapping");
     /* a read-only one does not serve writing */
@@ -85,7 +96,7 @@ Test(mapcache, keyed_by_buffer_id_and_shared)
     mapcache_put(&mc, b);
     mapcache_put(&mc, c);
     cr_assert_eq(u.n, 0, "idle mappings within the bounds stay");
-    cr_assert_eq(mc.idle_bytes, 3 * PAGE);
+    cr_assert_eq(mc.idle_bytes, 4 * PAGE);
     mapcache_clear(&mc);
     cr_assert_eq(mc.n, 0);
 }

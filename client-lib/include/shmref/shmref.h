@@ -54,12 +54,25 @@ typedef struct shmref_desc {
  * nothing is returned: -ENOENT / -ECONNREFUSED (no daemon), -EACCES (the socket's mode,
  * or the daemon's allow-users/allow-groups), -EUSERS, -EPROTONOSUPPORT; the reason, with
  * the socket's path and the daemon's own message when it sent one, is then
- * shmref_errmsg(NULL) (per thread, until the thread's next shmref_connect). */
+ * shmref_errmsg(NULL) (per thread, until the thread's next shmref_connect).
+ * Trust: the daemon's peer credentials (SO_PEERCRED) must name uid 0, this process's uid
+ * (a private daemon) or the daemon user: shmref_set_daemon_uid, else $SHMREF_DAEMON_UID,
+ * else the user named by $SHMREF_DAEMON_USER, else the packaged daemon's user "shmrefd";
+ * any other is refused with -EPERM naming the uids. */
 SHMREF_EXPORT int shmref_connect(const char *path, shmref_conn **ret_conn);
+
+/* shmref_set_daemon_uid: the uid of the daemon user this process trusts besides root and
+ * itself, for every later connect (process-wide; -1 goes back to the environment). */
+SHMREF_EXPORT int shmref_set_daemon_uid(long uid);
 
 /* shmref_close: releases every handle still held (one-way messages, no round trip),
  * then closes the connection, so the daemon counts a clean close (clients_closed), not
- * a client that died holding leases (clients_died).
+ * a client that died holding leases (clients_died). Never blocks on the daemon: no reply
+ * or ping is waited for (releases the socket cannot take at once, and leases still on
+ * their way, end with the connection on the daemon's side); only a one-way publish still
+ * queued is flushed, for at most the connection's timeout (2 s without one). In a
+ * forked child it touches nothing of the parent's connection: see "Lifetimes" in
+ * shmref(3).
  * Buffers obtained from it must not be used afterwards (their mappings are unmapped);
  * their handles are freed. Accepts NULL. Exception: while Arrow structures exported from
  * an acquired unit (shmref_unit_export_*) are alive, the connection's socket and those
@@ -162,11 +175,12 @@ SHMREF_EXPORT int shmref_status_count(const shmref_status *status, const char *p
  * the call returns -ETIMEDOUT, its message naming the operation and the milliseconds,
  * and the connection is abandoned (the reply may still come: later calls return
  * -ENOTCONN; connect again). The default is $SHMREF_TIMEOUT_MS if it is a number of
- * milliseconds (0: no limit), else SHMREF_TIMEOUT_DEFAULT_MS. A connection is bound to
- * the process that opened it: used in a forked child, every call that would touch the
- * socket returns -ECHILD ("connection was opened by pid X; this is pid Y: connect again
- * in the child") and sends nothing; shmref_release() and shmref_close() there free the
- * child's copies of the handles only, the parent's connection is untouched. */
+ * milliseconds (0: no limit), else SHMREF_TIMEOUT_DEFAULT_MS. A connection belongs to
+ * the process that opened it: in a forked child nothing is ever sent on, released or
+ * unmapped from the parent's connection; the child's first call adopts it (inherited
+ * handles stay readable in the child, their release frees the child's copies only) and
+ * the child gets its own connection to the same socket when it first needs the daemon
+ * (shmref_conn_pid() then names the child). */
 #define SHMREF_TIMEOUT_DEFAULT_MS 30000
 
 /* shmref_connect_timeout: shmref_connect with a timeout (-1: the default above, 0: no
@@ -451,6 +465,14 @@ SHMREF_EXPORT int shmref_buf_sealed(const shmref_buf *buf);
  * falls out. depth: $SHMREF_STOCK (0 disables), default 2, at most 16. */
 /* shmref_set_stock: the stock depth of conn (-1: the default above; 0 returns the stock). */
 SHMREF_EXPORT int shmref_set_stock(shmref_conn *conn, int depth);
+
+/* shmref_set_limits: the bounds of conn's client memory. max_requests: requests
+ * outstanding (submitted, not answered: $SHMREF_MAX_REQUESTS, default 65536);
+ * max_queue_bytes: bytes queued while the socket takes nothing ($SHMREF_MAX_QUEUE, units
+ * allowed, default 8 MiB). -1: the default. Past either bound a request (a submit, a
+ * blocking call, a one-way publish) is refused at once with -ENOBUFS and both numbers in
+ * shmref_errmsg; one-way releases always pass (there are no more of them than handles). */
+SHMREF_EXPORT int shmref_set_limits(shmref_conn *conn, long max_requests, long max_queue_bytes);
 
 /* shmref_set_acquire_wait: how long an acquire of a descriptor whose buffer is leased but
  * not yet published waits for its publish (the producer's one-way publish may reach the

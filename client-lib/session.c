@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: MIT */
-/* client.c: connecting, the hello, and the blocking request/reply transport of
- * libshmref. Library code: it never logs and never aborts; failures are -errno with a
- * message in conn->errmsg. */
-#include "client.h"
+/* session.c: see session.h. Library code: it never logs and never aborts; failures are
+ * -errno with a message in conn->errmsg. */
+#include "session.h"
 #include "autostart.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pwd.h>
+#include <search.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -19,30 +20,66 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "handle.h"
+#include "mapcache.h"
 #include "paths.h"
+#include "requests.h"
+#include "stock.h"
+#include "transport.h"
+#include "units.h"
 
-int client_fail(shmref_conn *conn, int err, const char *fmt, ...)
+static int reconnect(shmref_conn *conn);
+
+static void no_free(void *p)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(conn->errmsg, sizeof(conn->errmsg), fmt, ap);
-    va_end(ap);
-    return err;
+    (void)p;
 }
 
-int64_t client_mono_ms(void)
+/* adopt: the first call in a forked child. Everything of the parent's connection is
+ * forgotten without a word on its socket and nothing is unmapped: inherited handles stay
+ * readable (their release only frees their memory here), undelivered completions and
+ * requests in flight are the parent's. The child's own connection is made when it first
+ * needs the daemon. Returns whether conn was adopted now. */
+static bool adopt(shmref_conn *conn)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    pid_t me = getpid();
+    if (me == conn->pid)
+        return false;
+    lease_inherit(conn);
+    mapcache_abandon(&conn->cache); /* first: nothing below may unmap */
+    stock_abandon(conn);
+    pending_discard(conn);
+    while (conn->q) {
+        struct client_out *m = conn->q;
+        conn->q = m->next;
+        free(m);
+    }
+    conn->q_tail = NULL;
+    conn->q_bytes = 0;
+    if (conn->fd >= 0)
+        close(conn->fd); /* this process's copy: the parent's connection is untouched */
+    conn->fd = -1;
+    conn->failed = 0;
+    conn->abandoned = NULL;
+    conn->fail_msg[0] = conn->late[0] = '\0';
+    conn->features = 0;
+    conn->pid = me;
+    return true;
+}
+
+void client_adopt(shmref_conn *conn)
+{
+    adopt(conn);
 }
 
 int client_usable(shmref_conn *conn)
 {
-    pid_t me = getpid();
-    if (me != conn->pid)
-        return client_fail(conn, -ECHILD, "connection was opened by pid %d; this is pid %d: "
-                           "connect again in the child", (int)conn->pid, (int)me);
+    adopt(conn);
+    if (conn->fd < 0 && !conn->failed && !conn->abandoned && !conn->closing) {
+        int r = reconnect(conn);
+        if (r < 0)
+            return r;
+    }
     if (conn->abandoned)
         return client_fail(conn, -ENOTCONN, "connection abandoned after %s timed out (%d ms): connect again",
                            conn->abandoned, conn->timeout_ms);
@@ -58,6 +95,8 @@ int client_enter(shmref_conn *conn)
         return r;
     conn->errmsg[0] = '\0';
     r = pending_intake(conn);
+    if (r == 0)
+        r = conn->failed;
     if (r < 0)
         return client_fail(conn, r, "%s", conn->fail_msg);
     if (conn->late[0]) { /* an error reply to a one-way request: said once, at the next call */
@@ -67,199 +106,74 @@ int client_enter(shmref_conn *conn)
     return 0;
 }
 
-/* broken: the socket failed under us: every outstanding request fails with it. */
-static int broken(shmref_conn *conn, int err, const char *msg)
-{
-    if (!conn->failed) {
-        conn->failed = err;
-        snprintf(conn->fail_msg, sizeof(conn->fail_msg), "%s", msg);
-        pending_fail_all(conn, err, msg);
-    }
-    return client_fail(conn, err, "%s", msg);
-}
-
-/* send_now: one message without blocking: 0 sent, 1 the socket is full, -errno. */
-static int send_now(shmref_conn *conn, const uint8_t *data, size_t len)
-{
-    for (;;) {
-        ssize_t n = send(conn->fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n >= 0) {
-            conn->counters.sent++;
-            return 0;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN)
-            return 1;
-        /* A daemon that refuses a connection (access policy, too many clients) says why
-         * and closes it: the reason is still there to read, so this is not the failure
-         * yet; the next receive reports it (or the end of the connection). */
-        if (errno == EPIPE || errno == ECONNRESET)
-            return 0;
-        char msg[128];
-        snprintf(msg, sizeof(msg), "send to shmrefd failed: %s", strerror(errno));
-        return broken(conn, -errno, msg);
-    }
-}
-
-int client_flush(shmref_conn *conn)
-{
-    while (conn->q) {
-        struct client_out *m = conn->q;
-        int r = send_now(conn, m->data, m->len);
-        if (r < 0)
-            return r;
-        if (r == 1)
-            return 1;
-        conn->q = m->next;
-        if (!conn->q)
-            conn->q_tail = NULL;
-        free(m);
-    }
-    return 0;
-}
-
-int client_flush_wait(shmref_conn *conn, int ms)
-{
-    int64_t deadline = ms > 0 ? client_mono_ms() + ms : -1;
-    for (;;) {
-        int r = client_flush(conn);
-        if (r <= 0)
-            return r;
-        int left = -1;
-        if (deadline >= 0 && (left = (int)(deadline - client_mono_ms())) <= 0)
-            return -ETIMEDOUT;
-        struct pollfd p = { .fd = conn->fd, .events = POLLOUT };
-        if (poll(&p, 1, left) < 0 && errno != EINTR)
-            return -errno;
-    }
-}
-
-int client_send(shmref_conn *conn, struct proto_msg *req)
-{
-    int r = client_usable(conn);
-    if (r < 0)
-        return r;
-    req->id = ++conn->next_id;
-    if (req->id == 0) /* id 0 is the daemon's word about the whole connection */
-        req->id = ++conn->next_id;
-    int len = proto_encode(req, conn->wbuf, sizeof(conn->wbuf));
-    if (len < 0)
-        return client_fail(conn, -EMSGSIZE, "request too large for one message");
-    if (!conn->q && (r = send_now(conn, conn->wbuf, (size_t)len)) <= 0)
-        return r;
-    /* The socket is full (the daemon is behind): keep it, in order, for the next flush. */
-    struct client_out *m = malloc(sizeof(*m) + (size_t)len);
-    if (!m)
-        return client_fail(conn, -ENOMEM, "out of memory");
-    m->next = NULL;
-    m->len = (size_t)len;
-    memcpy(m->data, conn->wbuf, (size_t)len);
-    if (conn->q_tail)
-        conn->q_tail->next = m;
-    else
-        conn->q = m;
-    conn->q_tail = m;
-    return 0;
-}
-
-int client_recv(shmref_conn *conn, struct proto_msg *rep, int *fds, unsigned *ret_nfds, bool *ret_lost)
-{
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(PROTO_MAX_BATCH * sizeof(int))];
-    } ctl;
-    struct iovec iov = { .iov_base = conn->rbuf, .iov_len = sizeof(conn->rbuf) };
-    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
-                         .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf) };
-    ssize_t n;
-    do
-        n = recvmsg(conn->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    while (n < 0 && errno == EINTR);
-    if (n < 0 && errno == EAGAIN)
-        return 0;
-    /* When the daemon closes a connection it had not read to the end, the kernel reports
-     * ECONNRESET once, ahead of replies still queued (its reason among them). */
-    if (n < 0 && errno == ECONNRESET) {
-        mh.msg_controllen = sizeof(ctl.buf);
-        n = recvmsg(conn->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-        if (n < 0)
-            errno = ECONNRESET;
-    }
-    if (n < 0 && errno == ECONNRESET)
-        return broken(conn, -ECONNRESET, "shmrefd closed the connection");
-    if (n < 0) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "receive from shmrefd failed: %s", strerror(errno));
-        return broken(conn, -errno, msg);
-    }
-    unsigned k = 0;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t c = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < c; i++) {
-            int f;
-            memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-            if (k < PROTO_MAX_BATCH)
-                fds[k++] = f;
-            else
-                close(f);
-        }
-    }
-    bool lost = (mh.msg_flags & MSG_CTRUNC) != 0;
-    if (n == 0 && k == 0 && !lost)
-        return broken(conn, -ECONNRESET, "shmrefd closed the connection");
-    const char *why = NULL;
-    int r = 0;
-    if (mh.msg_flags & MSG_TRUNC)
-        why = "reply was truncated", r = -EPROTO;
-    else if ((r = proto_decode(conn->rbuf, (size_t)n, sizeof(conn->rbuf), rep, &why)) < 0)
-        r = -EPROTO;
-    if (r < 0) {
-        for (unsigned i = 0; i < k; i++)
-            close(fds[i]);
-        char msg[160];
-        snprintf(msg, sizeof(msg), "bad reply from shmrefd: %s", why);
-        return broken(conn, -EPROTO, msg);
-    }
-    conn->counters.received++;
-    if (rep->op == PROTO_OP_ERROR && rep->id == 0) { /* about the connection, not a request */
-        for (unsigned i = 0; i < k; i++)
-            close(fds[i]);
-        char msg[PROTO_MAX_ERRMSG + 1];
-        snprintf(msg, sizeof(msg), "%.*s", (int)rep->u.error.msg_len, rep->u.error.msg);
-        return broken(conn, -rep->u.error.code, msg);
-    }
-    *ret_nfds = k;
-    *ret_lost = lost;
-    return 1;
-}
-
-void client_forget(shmref_conn *conn, uint64_t buf_id, bool writable)
-{
-    if (!(conn->features & PROTO_FEAT_FD_ONCE))
-        return;
-    struct proto_msg req = { .op = PROTO_OP_FORGET };
-    req.u.forget.buf_id = buf_id;
-    req.u.forget.writable = writable;
-    client_send(conn, &req); /* a failure shows at the next call */
-}
-
-void client_release_handle(shmref_conn *conn, uint64_t handle)
-{
-    char keep[sizeof(conn->errmsg)];
-    memcpy(keep, conn->errmsg, sizeof(keep));
-    struct proto_msg req = { .op = PROTO_OP_RELEASE };
-    req.u.release.handle = handle;
-    req.u.release.flags = PROTO_RELEASE_NOREPLY;
-    client_send(conn, &req);
-    memcpy(conn->errmsg, keep, sizeof(keep));
-}
-
 static void on_unmap(void *ctx, uint64_t buf_id, bool writable)
 {
     client_forget(ctx, buf_id, writable);
+}
+
+/* The daemon user set by shmref_set_daemon_uid (-1: none): process-wide, read at connect. */
+static _Atomic long daemon_uid_set = -1;
+
+int shmref_set_daemon_uid(long uid)
+{
+    if (uid < -1 || uid > (long)UINT32_MAX - 1)
+        return -EINVAL;
+    atomic_store(&daemon_uid_set, uid);
+    return 0;
+}
+
+/* user_uid: the uid of user name, or -1. */
+static long user_uid(const char *name)
+{
+    struct passwd pw, *res = NULL;
+    char buf[1024];
+    if (getpwnam_r(name, &pw, buf, sizeof(buf), &res) != 0 || !res)
+        return -1;
+    return (long)res->pw_uid;
+}
+
+/* configured_uid: the daemon user this process was told of: shmref_set_daemon_uid, else
+ * $SHMREF_DAEMON_UID (a number), else $SHMREF_DAEMON_USER (a name), else the packaged
+ * daemon's user "shmrefd" if it exists; -1 if none. */
+static long configured_uid(void)
+{
+    long set = atomic_load(&daemon_uid_set);
+    if (set >= 0)
+        return set;
+    const char *e = getenv("SHMREF_DAEMON_UID");
+    if (e && *e) {
+        char *end;
+        errno = 0;
+        long v = strtol(e, &end, 10);
+        if (!errno && !*end && v >= 0 && v < (long)UINT32_MAX)
+            return v;
+    }
+    e = getenv("SHMREF_DAEMON_USER");
+    return user_uid(e && *e ? e : "shmrefd");
+}
+
+/* check_peer: the daemon at the other end is one this client trusts: its peer
+ * credentials (SO_PEERCRED, the uid that made the listening socket) are root, the
+ * configured daemon user, or this process's own uid (a private daemon). */
+static int check_peer(shmref_conn *conn, int fd, const char *path)
+{
+    struct ucred cr;
+    socklen_t len = sizeof(cr);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
+        int e = errno;
+        return client_fail(conn, -e, "cannot read the credentials of shmrefd at %s: %s", path, strerror(e));
+    }
+    if (cr.uid == 0 || cr.uid == getuid() || cr.uid == geteuid())
+        return 0;
+    long want = configured_uid(); /* only now: a user lookup may load NSS modules */
+    if (want >= 0 && (long)cr.uid == want)
+        return 0;
+    char who[48] = "none";
+    if (want >= 0)
+        snprintf(who, sizeof(who), "%ld", want);
+    return client_fail(conn, -EPERM, "refusing the daemon at %s: it runs as uid %u (pid %d); trusted are uid 0, "
+                       "this process's uid %u and the daemon user (uid %s: $SHMREF_DAEMON_UID, $SHMREF_DAEMON_USER "
+                       "or shmref_set_daemon_uid)", path, (unsigned)cr.uid, (int)cr.pid, (unsigned)getuid(), who);
 }
 
 /* connect_path: a non-blocking SOCK_SEQPACKET connection to path. A listener whose
@@ -273,7 +187,10 @@ static int connect_path(shmref_conn *conn, const char *path, int64_t deadline)
     strcpy(sa.sun_path, path);
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
-        return client_fail(conn, -errno, "socket: %s", strerror(errno));
+    {
+        int e = errno;
+        return client_fail(conn, -e, "socket: %s", strerror(e));
+    }
     for (;;) {
         if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
             break;
@@ -291,6 +208,11 @@ static int connect_path(shmref_conn *conn, const char *path, int64_t deadline)
                                path, conn->timeout_ms);
         return client_fail(conn, -e, "cannot connect to shmrefd at %s: %s%s", path, strerror(e),
                            e == ENOENT || e == ECONNREFUSED ? " (is shmrefd running?)" : "");
+    }
+    int r = check_peer(conn, fd, path);
+    if (r < 0) {
+        close(fd);
+        return r;
     }
     conn->fd = fd;
     return 0;
@@ -310,6 +232,50 @@ static int default_timeout(void)
     return (int)v;
 }
 
+#define CLIENT_MAX_REQUESTS 65536
+#define CLIENT_MAX_QUEUE (8u << 20)
+
+/* env_limit: $name as a number (units allowed: "4M") from 1 to max, else def. */
+static uint64_t env_limit(const char *name, uint64_t def, uint64_t max)
+{
+    const char *e = getenv(name);
+    uint64_t v;
+    if (e && *e && units_parse(e, &v) == 0 && v >= 1 && v <= max)
+        return v;
+    return def;
+}
+
+int shmref_set_limits(shmref_conn *conn, long max_requests, long max_queue_bytes)
+{
+    if (!conn || max_requests < -1 || max_requests == 0 || max_queue_bytes < -1 || max_queue_bytes == 0 ||
+        (max_requests > 0 && (unsigned long)max_requests > UINT32_MAX))
+        return -EINVAL;
+    conn->max_requests = max_requests > 0 ? (unsigned)max_requests
+                                          : (unsigned)env_limit("SHMREF_MAX_REQUESTS", CLIENT_MAX_REQUESTS, UINT32_MAX);
+    conn->max_queue_bytes = max_queue_bytes > 0 ? (size_t)max_queue_bytes
+                                                : (size_t)env_limit("SHMREF_MAX_QUEUE", CLIENT_MAX_QUEUE, SIZE_MAX);
+    return 0;
+}
+
+/* hello_take: the hello's reply: the connection's facts. */
+static int hello_take(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds,
+                      bool lost)
+{
+    (void)p;
+    (void)lost;
+    for (unsigned i = 0; i < nfds; i++)
+        close(fds[i]);
+    if (rep->u.hello_reply.version != PROTO_VERSION)
+        return client_fail(conn, -EPROTONOSUPPORT, "shmrefd speaks protocol %u, this library %d",
+                           (unsigned)rep->u.hello_reply.version, PROTO_VERSION);
+    conn->daemon_pid = (pid_t)rep->u.hello_reply.pid;
+    conn->features = rep->u.hello_reply.features;
+    conn->max_lease = rep->u.hello_reply.max_lease;
+    return 0;
+}
+
+static const struct pending_ops hello_ops = { .take = hello_take };
+
 static int hello(shmref_conn *conn, int64_t deadline)
 {
     char name[PROTO_MAX_NAME + 1] = "";
@@ -327,9 +293,9 @@ static int hello(shmref_conn *conn, int64_t deadline)
     req.u.hello.features = PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED;
     req.u.hello.name = name;
     req.u.hello.name_len = (uint32_t)strlen(name);
-    struct pending *p = pending_new(conn, PROTO_OP_HELLO, PENDING_WAIT);
+    struct pending *p = pending_new(conn, PROTO_OP_HELLO, PENDING_WAIT, &hello_ops);
     if (!p)
-        return -ENOMEM;
+        return pending_new_error(conn);
     int r = pending_submit_msg(conn, p, &req);
     if (r < 0) {
         pending_free(conn, p);
@@ -382,16 +348,30 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
     conn->fd = -1;
     conn->pid = getpid();
     conn->timeout_ms = timeout_ms < 0 ? default_timeout() : timeout_ms;
+    shmref_set_limits(conn, -1, -1);
+    if (!(conn->path = strdup(path))) {
+        free(conn);
+        copy_msg(errbuf, errcap, "out of memory");
+        return -ENOMEM;
+    }
     mapcache_init(&conn->cache);
     conn->cache.on_unmap = on_unmap;
     conn->cache.ctx = conn;
+    conn->id_taken = pending_id_taken;
+    conn->on_stray = lease_undo_reply;
     stock_init(&conn->stock);
     conn->acquire_wait_ms = client_acquire_wait_default(conn->timeout_ms);
     int64_t deadline = conn->timeout_ms > 0 ? client_mono_ms() + conn->timeout_ms : -1;
     int r = connect_path(conn, path, deadline);
     /* No daemon at the default socket: the system's, or the uid's private one (autostart.c). */
-    if (r < 0 && path == def && (r = autostart_socket(r, def, sizeof(def), deadline, conn->errmsg, sizeof(conn->errmsg))) == 0)
-        r = connect_path(conn, path, deadline);
+    if (r < 0 && path == def &&
+        (r = autostart_socket(r, def, sizeof(def), deadline, conn->errmsg, sizeof(conn->errmsg))) == 0) {
+        free(conn->path);
+        if (!(conn->path = strdup(def)))
+            r = client_fail(conn, -ENOMEM, "out of memory");
+        else
+            r = connect_path(conn, conn->path, deadline);
+    }
     if (r == 0 && (r = hello(conn, deadline)) < 0) {
         char msg[sizeof(conn->errmsg)];
         snprintf(msg, sizeof(msg), "%s", conn->errmsg);
@@ -406,6 +386,24 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
     conn->errmsg[0] = '\0';
     *ret_conn = conn;
     return 0;
+}
+
+/* reconnect: a forked child's own connection to the parent's socket path, made when it
+ * first needs the daemon. */
+static int reconnect(shmref_conn *conn)
+{
+    int64_t deadline = conn->timeout_ms > 0 ? client_mono_ms() + conn->timeout_ms : -1;
+    conn->next_id = 0;
+    conn->daemon_pid = 0;
+    int r = connect_path(conn, conn->path, deadline);
+    if (r == 0 && (r = hello(conn, deadline)) < 0 && conn->fd >= 0) {
+        close(conn->fd);
+        conn->fd = -1;
+        conn->failed = 0; /* tried again at the next call */
+        conn->abandoned = NULL;
+        pending_discard(conn);
+    }
+    return r;
 }
 
 int shmref_connect(const char *path, shmref_conn **ret_conn)
@@ -446,6 +444,8 @@ void client_teardown(shmref_conn *conn)
      * closing the child's copy of the socket leaves the parent's connection as it was. */
     if (getpid() == conn->pid)
         mapcache_clear(&conn->cache);
+    else
+        mapcache_abandon(&conn->cache);
     if (conn->fd >= 0)
         close(conn->fd);
     pending_discard(conn);
@@ -454,55 +454,78 @@ void client_teardown(shmref_conn *conn)
         conn->q = m->next;
         free(m);
     }
-    free(conn->cache.v);
+    tdestroy(conn->by_token, no_free);
+    free(conn->path);
     free(conn);
 }
 
-/* CLOSE_DRAIN_MS: how long shmref_close waits for leases still on their way. */
-#define CLOSE_DRAIN_MS 2000
+/* CLOSE_PUBLISH_MS: how long shmref_close waits, at most, for a queued publish to go. */
+#define CLOSE_PUBLISH_MS 2000
 
 void shmref_close(shmref_conn *conn)
 {
     if (!conn)
         return;
+    /* Never blocks: what has arrived is taken in, releases are one-way messages sent if
+     * the socket takes them now, and nothing is waited for. Whatever the daemon still
+     * holds for this connection (a release the socket did not take, a lease on its way,
+     * a parked acquire) ends with the connection on its side. In a forked child nothing
+     * of the parent's connection is touched (adopt). */
+    adopt(conn);
+    conn->closing = true;
     bool pinned = atomic_load(&conn->pins) > 0;
     bool live = client_usable(conn) == 0;
-    int ms = conn->timeout_ms > 0 && conn->timeout_ms < CLOSE_DRAIN_MS ? conn->timeout_ms : CLOSE_DRAIN_MS;
     if (live) {
-        /* Requests still out (stock refills, submits nobody collected) become nobody's:
-         * a lease or handle they bring is released. A ping behind them brings every
-         * answer the daemon has made so far (waits the daemon still holds, a backpressured
-         * lease or an acquire of an unpublished buffer, end with the connection), so the
-         * daemon sees a clean close, not a process that died holding leases. */
         pending_intake(conn);
         conn->stock.depth = 0; /* nothing is refilled from now on */
         stock_return(conn);
-        pending_orphan_all(conn);
-        if (conn->n_out > 0)
-            pending_drain(conn, ms);
     }
+    /* Requests still out become nobody's (a handle they hold is the closer's now); a
+     * completion not collected is released. */
+    pending_orphan_all(conn);
     /* Release every handle (one-way, no round trips). A pinned buffer (its unit's Arrow
-     * exports are alive) stays: the last export releases it. Mappings the daemon will
-     * retire are unmapped and forgotten on the way (lease_forget), so it need not charge
-     * them to this process until it exits. */
+     * exports are alive) stays: the last export releases it. */
+    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     for (shmref_buf *b = conn->bufs, *next; b; b = next) {
         next = b->next;
+        if (b->busy) { /* cannot be after pending_orphan_all; never leaked if it were */
+            b->busy = 0;
+            b->doomed = false;
+        }
         if (!b->pinned)
-            shmref_release(b); /* unlinks and frees b */
+            lease_drop(b); /* unlinks and frees b, one-way release */
     }
-    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     while (conn->bufs) {
         shmref_buf *b = conn->bufs;
         conn->bufs = b->next;
         b->prev = b->next = NULL;
     }
-    if (client_usable(conn) == 0)
-        client_flush_wait(conn, ms);
+    /* Nothing is waited for, with one exception: a one-way publish still in the send queue
+     * (the daemon was not reading) would be lost with the socket, so the queue is flushed,
+     * waiting at most the connection's timeout (2 s without one). A stopped daemon with no
+     * publish queued costs nothing. */
+    if (client_usable(conn) == 0 && client_flush(conn) == 1 && transport_holds_publish(conn))
+        transport_flush_wait(conn, conn->timeout_ms > 0 && conn->timeout_ms < CLOSE_PUBLISH_MS ? conn->timeout_ms
+                                                                                         : CLOSE_PUBLISH_MS);
     if (!pinned) {
         client_teardown(conn);
         return;
     }
     atomic_store(&conn->closed, true);
+}
+
+int shmref_set_stock(shmref_conn *conn, int depth)
+{
+    if (!conn || depth < -1 || depth > STOCK_MAX_DEPTH)
+        return -EINVAL;
+    if (depth == -1) {
+        struct stock def;
+        stock_init(&def);
+        depth = (int)def.depth;
+    }
+    client_usable(conn); /* a forked child adopts the connection first: the stock was the parent's */
+    stock_set_depth(conn, (unsigned)depth);
+    return 0;
 }
 
 void client_pin(shmref_buf *buf)
@@ -517,7 +540,8 @@ void client_unpin(shmref_buf *buf)
     if (!atomic_load(&conn->closed)) {
         buf->pinned = false;
         atomic_fetch_sub(&conn->pins, 1);
-        shmref_release(buf);
+        client_enter(conn); /* a forked child adopts the connection first */
+        lease_drop(buf);
         return;
     }
     /* Closed by its owner: only pinned buffers' holders use it now, maybe from several
@@ -553,10 +577,11 @@ int shmref_ping(shmref_conn *conn)
     int r = client_enter(conn);
     if (r < 0)
         return r;
-    struct pending *p = pending_new(conn, PROTO_OP_PING, PENDING_WAIT);
+    struct pending *p = pending_new(conn, PROTO_OP_PING, PENDING_WAIT, NULL);
     if (!p)
-        return -ENOMEM;
-    if ((r = pending_submit(conn, p)) == 0)
+        return pending_new_error(conn);
+    struct proto_msg req = { .op = PROTO_OP_PING };
+    if ((r = pending_submit_msg(conn, p, &req)) == 0)
         r = pending_wait(conn, p, pending_budget(conn, 0));
     pending_free(conn, p);
     return r;

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: MIT */
+/* handle.h: libshmref's buffer handles: a lease or acquire reply turned into a mapped
+ * handle (its fd checked before mmap), a handle's local half forgotten or dropped, a
+ * handle held busy by a request in flight, local sharing of an acquired handle, and what
+ * a reply nobody will have brings given back. Above transport and the mapping cache. */
+#ifndef SHMREF_HANDLE_H
+#define SHMREF_HANDLE_H
+
+#include "conn.h"
+
+/* lease_take: turn a lease or acquire reply's fields and fd into a handle (linked into
+ * the connection). The fd must be a regular file covering capacity bytes (else -EBADF,
+ * nothing mapped). On failure the daemon's handle is released and the fd closed. */
+int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t size, uint64_t capacity,
+               const uint8_t *token, const uint8_t *meta, uint32_t meta_len, uint32_t flags, int fd,
+               bool writable, bool require_sealed, shmref_buf **ret_buf);
+/* lease_forget: a handle's local half (list, mapping use, memory). Returns the daemon
+ * handle to release, or 0 when another local handle still shares it or it is a forked
+ * child's inherited copy. */
+uint64_t lease_forget(shmref_buf *buf);
+/* lease_drop: lease_forget, then a one-way release of the daemon handle if it was the
+ * last local one (nothing is sent in a forked child or on a broken connection). */
+void lease_drop(shmref_buf *buf);
+/* lease_hold: a request in flight refers to buf: it stays valid (shmref_release only
+ * marks it) until lease_unhold. lease_unhold: that request ended; returns buf, or NULL
+ * when it was released meanwhile and is gone now. */
+void lease_hold(shmref_buf *buf);
+shmref_buf *lease_unhold(shmref_buf *buf);
+/* lease_release_busy: shmref_release of a busy handle: marked, released when the last
+ * request that refers to it ends. */
+void lease_release_busy(shmref_buf *buf);
+/* lease_share: a new local handle sharing the daemon handle of a live acquired handle of
+ * desc on conn (no round trip; found in a tree, not by a scan), or NULL. */
+shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned flags);
+/* lease_uncacheable: buf's mapping is unmapped when its last user goes instead of being
+ * kept idle (the daemon retires the buffer when this handle is released: the acquire
+ * reply's flag, protocol 3). */
+void lease_uncacheable(shmref_buf *buf);
+/* lease_inherit: a forked child: every handle is its parent's (never released, never
+ * unmapped, never shared with the child's own). */
+void lease_inherit(shmref_conn *conn);
+/* lease_undo_reply: a lease, acquire or lease_many reply whose handles nobody will have:
+ * released, and the fds that came (or were meant to come) with them forgotten. Any other
+ * reply: its fds closed. Also conn->on_stray. */
+void lease_undo_reply(shmref_conn *conn, const struct proto_msg *rep, int *fds, unsigned nfds, bool lost);
+/* lease_lost: a reply whose fds this process could not receive (at its open-file limit):
+ * undone, p fails with -EMFILE and the limit in its message. */
+void lease_lost(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds);
+
+#endif
