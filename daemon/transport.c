@@ -65,6 +65,8 @@ struct transport {
     bool room_wanted;        /* the owner was told no room with nothing of ours unread (the
                               * daemon's budget): the timer looks again */
     bool paused;             /* not polled at all: a cap or fd_wait; the timer resumes it */
+    bool hung_up;            /* the peer is gone: what it sent is still handled, replies
+                              * go nowhere (hang_up) */
     int handles;             /* open libuv handles; the last close callback frees t */
 };
 
@@ -288,6 +290,8 @@ static bool shared_full(const struct transport *t)
  * connections hoard fds goes on, one fd at most in flight). */
 static bool fd_blocked(const struct transport *t)
 {
+    if (t->hung_up)
+        return false; /* no reply reaches it any more: nothing to cap */
     return (t->fd_cap && t->fd_unread >= t->fd_cap) || (t->fd_unread && shared_full(t)) ||
            (t->fd_unread && budget_soft && fds_in_flight >= budget_soft);
 }
@@ -430,11 +434,33 @@ static void sent_fds(struct transport *t, unsigned n)
     arm_recheck(t, false);
 }
 
+static void set_events(struct transport *t);
+
+/* peer_gone: the peer closed (a send said EPIPE, or its hang-up was seen). What it sent
+ * before it went is still read and handled, in order, up to its EOF: a one-way publish or
+ * release written just before exit must not be lost. Its replies go nowhere: the queue
+ * is dropped, later sends are no-ops, and no fd cap applies (fd_blocked). */
+static void peer_gone(struct transport *t)
+{
+    t->hung_up = true;
+    while (t->out_head) {
+        struct transport_out *o = t->out_head;
+        t->out_head = o->next;
+        for (unsigned i = 0; i < o->nfds; i++)
+            close(o->fds[i]);
+        free(o);
+    }
+    t->out_tail = NULL;
+    t->out_count = 0;
+    t->room_wait = false;
+    set_events(t); /* reading again, if a cap or the queue had stopped it */
+}
+
 /* send_failed: a send error ends the transport; a peer that went away is no news. */
 static void send_failed(struct transport *t, ssize_t n)
 {
     if (n == -EPIPE || n == -ECONNRESET)
-        end(t, TRANSPORT_END_PEER, NULL);
+        peer_gone(t);
     else
         end(t, TRANSPORT_END_FAILED, "send failed");
 }
@@ -480,6 +506,8 @@ int transport_send_fds(struct transport *t, const uint8_t *data, size_t len, con
 {
     if (t->closing)
         return -EPIPE;
+    if (t->hung_up)
+        return 0; /* the peer is gone: its replies go nowhere (hang_up) */
     if (nfds > TRANSPORT_MAX_FDS)
         return -EINVAL;
     if (!t->out_head && fd_room(t, nfds)) {
@@ -495,7 +523,7 @@ int transport_send_fds(struct transport *t, const uint8_t *data, size_t len, con
             too_many_refs(t);
         } else if (n != -EAGAIN) {
             send_failed(t, n);
-            return (int)n;
+            return t->hung_up ? 0 : (int)n;
         }
     }
     return enqueue(t, data, len, fds, nfds);
@@ -573,6 +601,22 @@ static void on_recheck(uv_timer_t *h)
     resume(t);
 }
 
+static int read_batch(struct transport *t, unsigned max);
+static void drain(struct transport *t);
+
+/* hang_up: a paused peer is gone. What it sent before it went is still handled, in
+ * order (requests held at a cap, then those still in the socket: a one-way publish or
+ * release written just before exit must not be lost); their replies go nowhere, so no cap
+ * applies. Then the transport ends. Bounded: the socket holds what the peer sent, no more. */
+static void hang_up(struct transport *t)
+{
+    peer_gone(t);
+    drain(t);
+    for (int i = 0; i < 1024 && !t->closing && read_batch(t, TRANSPORT_BATCH); i++)
+        ;
+    end(t, TRANSPORT_END_PEER, NULL);
+}
+
 /* on_watch: edges from the watch: a peer read something of ours, or hung up. A paused
  * transport is not polled by the loop, so its peer's death is seen here, at once. */
 static void on_watch(uv_poll_t *p, int status, int events)
@@ -590,7 +634,7 @@ static void on_watch(uv_poll_t *p, int status, int events)
                 continue;
             if (ev[i].events & (EPOLLHUP | EPOLLERR)) {
                 if (t->paused || t->room_wait)
-                    end(t, TRANSPORT_END_PEER, NULL); /* polled, the loop sees it itself */
+                    hang_up(t); /* polled, the loop sees it itself */
                 continue;
             }
             refresh_unread(t);
@@ -753,8 +797,12 @@ static int read_batch(struct transport *t, unsigned max)
         n = recvmmsg(t->fd, mm, max, MSG_DONTWAIT | MSG_CMSG_CLOEXEC, NULL);
     while (n < 0 && errno == EINTR);
     if (n < 0) {
-        if (errno == ECONNRESET)
-            end(t, TRANSPORT_END_PEER, NULL);
+        /* ECONNRESET: the peer closed with replies of ours unread. The error comes once,
+         * before what it sent last: that is still read (hang_up). */
+        if (errno == ECONNRESET && !t->hung_up)
+            hang_up(t);
+        else if (errno == ECONNRESET)
+            return 1; /* reported once (the socket's error is cleared): read on */
         else if (errno != EAGAIN)
             end(t, TRANSPORT_END_FAILED, "receive failed");
         return 0;
@@ -769,8 +817,8 @@ static void on_poll(uv_poll_t *p, int status, int events)
     struct transport *t = p->data;
     if (t->closing)
         return;
-    if (status < 0) {
-        end(t, TRANSPORT_END_PEER, NULL);
+    if (status < 0) { /* EPOLLERR: the peer closed with replies of ours unread */
+        hang_up(t);
         return;
     }
     /* Nothing here frees t: a close only marks it, and frees it from the loop. */
