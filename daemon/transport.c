@@ -507,7 +507,7 @@ int transport_send_fds(struct transport *t, const uint8_t *data, size_t len, con
     if (t->closing)
         return -EPIPE;
     if (t->hung_up)
-        return 0; /* the peer is gone: its replies go nowhere (hang_up) */
+        return -EPIPE; /* the peer is gone: its replies go nowhere (peer_gone) */
     if (nfds > TRANSPORT_MAX_FDS)
         return -EINVAL;
     if (!t->out_head && fd_room(t, nfds)) {
@@ -523,7 +523,7 @@ int transport_send_fds(struct transport *t, const uint8_t *data, size_t len, con
             too_many_refs(t);
         } else if (n != -EAGAIN) {
             send_failed(t, n);
-            return t->hung_up ? 0 : (int)n;
+            return (int)n;
         }
     }
     return enqueue(t, data, len, fds, nfds);
