@@ -7,11 +7,13 @@
  * libshmref keeps a closed connection's socket and the unit's mapping for the exports, and
  * their release callbacks may then run on any thread, with no lock (pyarrow, polars and
  * duckdb free arrays from their own threads, without the GIL). */
-#include "shmrefpy.h"
+#include "batch.h"
+
+#include "ref.h"
 
 #include <unistd.h>
 
-#define MSG_MAX 640
+#define MSG_MAX SHMREFPY_MSG_MAX
 
 /* ---- _Unit: a published producer unit, held by its Client ---- */
 
@@ -99,7 +101,7 @@ static PyObject *without_views(PyObject *obj)
     return res;
 }
 
-PyObject *batch_publish(ConnObject *conn, PyObject *obj, unsigned long keep_ms, PyObject **ret_unit)
+PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, PyObject **ret_unit)
 {
     PyObject *keep;
     struct ArrowSchema *schema;
@@ -107,7 +109,7 @@ PyObject *batch_publish(ConnObject *conn, PyObject *obj, unsigned long keep_ms, 
     struct ArrowArrayStream *stream;
     if (arrow_input(obj, &keep, &schema, &array, &stream) < 0)
         return NULL;
-    uint32_t keep32 = keep_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)keep_ms;
+    uint32_t keep32 = keep_ms;
     shmref_unit *u = NULL;
     shmref_desc d;
     char msg[MSG_MAX] = "";

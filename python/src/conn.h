@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: MIT */
+/* conn.h: _Conn, one libshmref connection shared by a Client, the buffers and Batches it
+ * handed out, with the lock that serialises its use and the releases queued while it was
+ * busy. Lifetimes: every Buffer and Batch holds a reference to its Conn, so the connection
+ * and the mappings stay while any of them exists, even after Client.close(). */
+#ifndef SHMREFPY_CONN_H
+#define SHMREFPY_CONN_H
+
+#include <pthread.h>
+
+#include "errors.h"
+
+/* A release that found the connection busy (another thread waits on it): done by
+ * whoever holds the lock, before it lets go. */
+struct conn_pending {
+    shmref_buf *buf;
+    shmref_unit *unit;          /* or a unit (a producer's lease, a consumer's reference) */
+    struct conn_pending *next;
+};
+
+typedef struct ConnObject {
+    PyObject_HEAD
+    shmref_conn *c;             /* NULL once closed for a forked child */
+    pid_t pid;                  /* the process that connected */
+    pthread_mutex_t lock;       /* serialises every use of c */
+    pthread_mutex_t plock;      /* guards pending; never held across a wait */
+    struct conn_pending *pending;
+    struct ConnObject *prev, *next; /* every live Conn, for the fork hook */
+    PyObject *socket;           /* str: the path connected to */
+} ConnObject;
+
+extern PyTypeObject Conn_Type;
+
+/* conn_new: connect to path (a str) (timeout_ms as shmref_connect_timeout), the GIL released
+ * while it waits. New reference, or NULL with the error set. */
+ConnObject *conn_new(PyObject *path, int timeout_ms);
+/* conn_forked: raise ChildProcessError if conn belongs to another process (or was
+ * closed for a forked child). Returns -1 with the error set, else 0. */
+int conn_forked(ConnObject *conn);
+/* conn_lock_nogil / conn_unlock_nogil: take / let go of the connection, called without
+ * the GIL; unlock first does the releases that queued up meanwhile. */
+void conn_lock_nogil(ConnObject *conn);
+void conn_unlock_nogil(ConnObject *conn);
+/* conn_release_buf: drop buf now if the connection is free, else queue it (one-way
+ * messages only). GIL held; never waits for another thread's call. */
+void conn_release_buf(ConnObject *conn, shmref_buf *buf);
+/* conn_release_unit: the same for a unit handle. */
+void conn_release_unit(ConnObject *conn, shmref_unit *unit);
+/* conn_after_fork_child: every Conn is closed for the child (mappings kept). */
+void conn_after_fork_child(void);
+
+#endif
