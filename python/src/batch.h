@@ -12,7 +12,7 @@ extern PyTypeObject Batch_Type, Unit_Type;
  * published with keep_ms of retention; the Ref, with *ret_unit (a _Unit holding the
  * lease) for the client to keep. */
 PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, PyObject **ret_unit);
-/* batch_acquire: a Batch for ref, acquired on a connection of its own to socket. */
-PyObject *batch_acquire(PyObject *socket, int timeout_ms, PyObject *ref);
+/* batch_acquire: a Batch for ref, acquired on conn (the Client's), which it keeps. */
+PyObject *batch_acquire(ConnObject *conn, PyObject *ref);
 
 #endif

@@ -641,9 +641,9 @@ static PyObject *Client_acquire_batch(ClientObject *self, PyObject *ref)
     ConnObject *conn = client_conn(self);
     if (!conn)
         return NULL;
-    int ms = shmref_get_timeout(conn->c);
+    PyObject *b = batch_acquire(conn, ref);
     Py_DECREF(conn);
-    return batch_acquire(self->socket, ms, ref);
+    return b;
 }
 
 static PyObject *Client_ping(ClientObject *self, PyObject *unused)
@@ -863,8 +863,9 @@ static PyMethodDef Client_methods[] = {
       "acquire_batch($self, ref, /)\n--\n\n"
       "A shmref.Batch of a unit published by publish_batch (or libshmref's shmref_unit_*): its "
       "manifest is checked against the buffer first (ValueError naming the array and field "
-      "otherwise). The Batch gives zero-copy Arrow data through the PyCapsule interface; it "
-      "acquires on a connection of its own, so it and its arrays outlive this client." },
+      "otherwise). The Batch gives zero-copy Arrow data through the PyCapsule interface. It "
+      "shares this client's connection (any number of Batches: one connection) and keeps it, "
+      "so it and its arrays outlive close(); their releases, from any thread, never wait." },
     { "ping", (PyCFunction)Client_ping, METH_NOARGS, "ping($self, /)\n--\n\nOne round trip to the daemon." },
     { "status", (PyCFunction)Client_status, METH_NOARGS,
       "status($self, /)\n--\n\nThe daemon's status snapshot (the keys of `shmrefctl status --json`)." },

@@ -3,103 +3,181 @@
  * busy, the fork hook, and a close that never blocks. */
 #include "conn.h"
 
+#include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 static ConnObject *all_conns; /* guarded by the GIL */
 
-/* ---- Conn ---- */
+/* ---- the core: lock and queue ---- */
 
-static void drain(ConnObject *conn)
+struct conn_pending {
+    void (*fn)(void *);
+    void *arg;
+    struct conn_pending *next;
+};
+
+struct conn_core {
+    pthread_mutex_t lock;       /* serialises every use of the connection */
+    pthread_mutex_t plock;      /* guards pending; never held across a wait */
+    struct conn_pending *pending;
+    pthread_t owner;            /* the thread holding lock, while owned */
+    atomic_bool owned;
+    atomic_bool closed;         /* shmref_close done (or a forked child's) */
+    atomic_int refs;
+};
+
+static struct conn_core *core_new(void)
+{
+    struct conn_core *k = calloc(1, sizeof(*k));
+    if (!k)
+        return NULL;
+    pthread_mutex_init(&k->lock, NULL);
+    pthread_mutex_init(&k->plock, NULL);
+    atomic_init(&k->owned, false);
+    atomic_init(&k->closed, false);
+    atomic_init(&k->refs, 1);
+    return k;
+}
+
+struct conn_core *conn_core_ref(struct conn_core *k)
+{
+    atomic_fetch_add(&k->refs, 1);
+    return k;
+}
+
+void conn_core_unref(struct conn_core *k)
+{
+    if (atomic_fetch_sub(&k->refs, 1) != 1)
+        return;
+    for (struct conn_pending *p = k->pending, *n; p; p = n) { /* none: drained at close */
+        n = p->next;
+        free(p);
+    }
+    pthread_mutex_destroy(&k->lock);
+    pthread_mutex_destroy(&k->plock);
+    free(k);
+}
+
+static void took(struct conn_core *k)
+{
+    k->owner = pthread_self();
+    atomic_store(&k->owned, true);
+}
+
+static bool mine(struct conn_core *k)
+{
+    return atomic_load(&k->owned) && pthread_equal(k->owner, pthread_self());
+}
+
+static void drain(struct conn_core *k)
 {
     for (;;) {
-        pthread_mutex_lock(&conn->plock);
-        struct conn_pending *p = conn->pending;
-        conn->pending = NULL;
-        pthread_mutex_unlock(&conn->plock);
+        pthread_mutex_lock(&k->plock);
+        struct conn_pending *p = k->pending;
+        k->pending = NULL;
+        pthread_mutex_unlock(&k->plock);
         if (!p)
             return;
         while (p) {
             struct conn_pending *next = p->next;
-            if (conn->c && p->buf)
-                shmref_release(p->buf);
-            else if (conn->c)
-                shmref_unit_release(p->unit);
+            p->fn(p->arg);
             free(p);
             p = next;
         }
     }
 }
 
-/* unlock: the queued releases first; one queued after our last look is picked up by
- * its own trylock, or by us here. */
-static void unlock(ConnObject *conn)
+/* unlock: the queued work first; work queued after our last look is picked up by its
+ * own trylock, or by us here. */
+static void unlock(struct conn_core *k)
 {
     for (;;) {
-        drain(conn);
-        pthread_mutex_unlock(&conn->lock);
-        pthread_mutex_lock(&conn->plock);
-        bool more = conn->pending != NULL;
-        pthread_mutex_unlock(&conn->plock);
-        if (!more || pthread_mutex_trylock(&conn->lock) != 0)
+        drain(k);
+        atomic_store(&k->owned, false);
+        pthread_mutex_unlock(&k->lock);
+        pthread_mutex_lock(&k->plock);
+        bool more = k->pending != NULL;
+        pthread_mutex_unlock(&k->plock);
+        if (!more || pthread_mutex_trylock(&k->lock) != 0)
             return;
+        took(k);
     }
 }
 
+int conn_core_run(struct conn_core *k, void (*fn)(void *), void *arg)
+{
+    if (mine(k) || atomic_load(&k->closed)) {
+        fn(arg);
+        return 0;
+    }
+    if (pthread_mutex_trylock(&k->lock) == 0) {
+        took(k);
+        fn(arg);
+        unlock(k);
+        return 0;
+    }
+    struct conn_pending *p = malloc(sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    p->fn = fn;
+    p->arg = arg;
+    pthread_mutex_lock(&k->plock);
+    p->next = k->pending;
+    k->pending = p;
+    pthread_mutex_unlock(&k->plock);
+    if (pthread_mutex_trylock(&k->lock) == 0) {
+        took(k);
+        unlock(k);
+    }
+    return 0;
+}
+
+/* ---- Conn ---- */
+
 void conn_lock_nogil(ConnObject *conn)
 {
-    pthread_mutex_lock(&conn->lock);
+    pthread_mutex_lock(&conn->core->lock);
+    took(conn->core);
 }
 
 void conn_unlock_nogil(ConnObject *conn)
 {
-    unlock(conn);
+    unlock(conn->core);
 }
 
-static void release_now(shmref_buf *buf, shmref_unit *unit)
+static void release_buf(void *buf)
 {
-    if (buf)
-        shmref_release(buf);
-    else
-        shmref_unit_release(unit);
+    shmref_release(buf);
 }
 
-static void conn_release(ConnObject *conn, shmref_buf *buf, shmref_unit *unit)
+static void release_unit(void *unit)
+{
+    shmref_unit_release(unit);
+}
+
+static void conn_release(ConnObject *conn, void (*fn)(void *), void *arg)
 {
     if (!conn->c || getpid() != conn->pid)
         return; /* a forked child: the parent's handle is not ours to drop */
-    if (pthread_mutex_trylock(&conn->lock) == 0) {
-        release_now(buf, unit);
-        unlock(conn);
+    if (conn_core_run(conn->core, fn, arg) == 0)
         return;
-    }
-    struct conn_pending *p = malloc(sizeof(*p));
-    if (!p) {
-        Py_BEGIN_ALLOW_THREADS
-        pthread_mutex_lock(&conn->lock);
-        release_now(buf, unit);
-        unlock(conn);
-        Py_END_ALLOW_THREADS
-        return;
-    }
-    p->buf = buf;
-    p->unit = unit;
-    pthread_mutex_lock(&conn->plock);
-    p->next = conn->pending;
-    conn->pending = p;
-    pthread_mutex_unlock(&conn->plock);
-    if (pthread_mutex_trylock(&conn->lock) == 0)
-        unlock(conn);
+    Py_BEGIN_ALLOW_THREADS /* out of memory: wait for the lock, without the GIL */
+    conn_lock_nogil(conn);
+    fn(arg);
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
 }
 
 void conn_release_buf(ConnObject *conn, shmref_buf *buf)
 {
-    conn_release(conn, buf, NULL);
+    conn_release(conn, release_buf, buf);
 }
 
 void conn_release_unit(ConnObject *conn, shmref_unit *unit)
 {
-    conn_release(conn, NULL, unit);
+    conn_release(conn, release_unit, unit);
 }
 
 static void conn_unlist(ConnObject *c)
@@ -116,7 +194,8 @@ static void conn_unlist(ConnObject *c)
 /* close_nowait: shmref_close bounded to about a millisecond (it waits only for replies
  * already on their way, so that the daemon counts a clean close; what has not come by
  * then ends with the connection anyway), the GIL released: a destructor never blocks
- * the interpreter, whatever the daemon does (stopped, paused at its fd cap). */
+ * the interpreter, whatever the daemon does (stopped, paused at its fd cap). Conn_dealloc
+ * does the same under the core's lock. */
 static void close_nowait(shmref_conn *c)
 {
     shmref_set_timeout(c, 1);
@@ -128,36 +207,45 @@ static void close_nowait(shmref_conn *c)
 static void Conn_dealloc(ConnObject *self)
 {
     conn_unlist(self);
+    struct conn_core *k = self->core;
     if (self->c) {
-        drain(self);
-        if (self->pid == getpid())
-            close_nowait(self->c);
-        else
+        /* The lock, without the GIL: an export's release may be running on another
+         * thread (they never wait, so neither do we, for long). */
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&k->lock);
+        took(k);
+        drain(k);
+        if (self->pid == getpid()) {
+            shmref_set_timeout(self->c, 1);
+            shmref_close(self->c);
+        } else {
             shmref_close(self->c); /* a forked child: its copy of the socket only, no message */
+        }
+        atomic_store(&k->closed, true);
+        unlock(k);
+        Py_END_ALLOW_THREADS
     }
-    for (struct conn_pending *p = self->pending, *n; p; p = n) {
-        n = p->next;
-        free(p);
-    }
+    conn_core_unref(k);
     Py_XDECREF(self->socket);
-    pthread_mutex_destroy(&self->lock);
-    pthread_mutex_destroy(&self->plock);
     PyObject_Free(self);
 }
 
 void conn_after_fork_child(void)
 {
     for (ConnObject *c = all_conns; c; c = c->next) {
-        pthread_mutex_init(&c->lock, NULL); /* another thread may have held it at fork */
-        pthread_mutex_init(&c->plock, NULL);
-        for (struct conn_pending *p = c->pending, *n; p; p = n) {
+        struct conn_core *k = c->core;
+        pthread_mutex_init(&k->lock, NULL); /* another thread may have held it at fork */
+        pthread_mutex_init(&k->plock, NULL);
+        atomic_store(&k->owned, false);
+        for (struct conn_pending *p = k->pending, *n; p; p = n) { /* the parent's work */
             n = p->next;
             free(p);
         }
-        c->pending = NULL;
+        k->pending = NULL;
         if (c->c)
             shmref_close(c->c); /* the child's copy of the socket; mappings stay */
         c->c = NULL;
+        atomic_store(&k->closed, true);
     }
 }
 
@@ -184,15 +272,16 @@ ConnObject *conn_new(PyObject *socket, int timeout_ms)
     if (r < 0)
         return (ConnObject *)shmrefpy_raise(r, msg);
     ConnObject *conn = PyObject_New(ConnObject, &Conn_Type);
-    if (!conn) {
+    struct conn_core *k = conn ? core_new() : NULL;
+    if (!k) {
+        if (conn)
+            PyObject_Free(conn);
         close_nowait(c);
-        return NULL;
+        return (ConnObject *)PyErr_NoMemory();
     }
     conn->c = c;
     conn->pid = getpid();
-    pthread_mutex_init(&conn->lock, NULL);
-    pthread_mutex_init(&conn->plock, NULL);
-    conn->pending = NULL;
+    conn->core = k;
     Py_INCREF(socket);
     conn->socket = socket;
     conn->prev = NULL;

@@ -10,23 +10,18 @@
 
 #include "errors.h"
 
-/* A release that found the connection busy (another thread waits on it): done by
- * whoever holds the lock, before it lets go. */
-struct conn_pending {
-    shmref_buf *buf;
-    shmref_unit *unit;          /* or a unit (a producer's lease, a consumer's reference) */
-    struct conn_pending *next;
-};
+/* The connection's lock and the work queued while it was busy, in a block of its own:
+ * Arrow structures exported from a Batch keep it (not the Python object) and release
+ * through it from any thread, without the GIL, also after the Conn is gone. */
+struct conn_core;
 
 typedef struct ConnObject {
     PyObject_HEAD
     shmref_conn *c;             /* NULL once closed for a forked child */
     pid_t pid;                  /* the process that connected */
-    pthread_mutex_t lock;       /* serialises every use of c */
-    pthread_mutex_t plock;      /* guards pending; never held across a wait */
-    struct conn_pending *pending;
-    struct ConnObject *prev, *next; /* every live Conn, for the fork hook */
+    struct conn_core *core;     /* the lock serialising every use of c, and the queue */
     PyObject *socket;           /* str: the path connected to */
+    struct ConnObject *prev, *next; /* every live Conn, for the fork hook */
 } ConnObject;
 
 extern PyTypeObject Conn_Type;
@@ -47,6 +42,15 @@ void conn_release_buf(ConnObject *conn, shmref_buf *buf);
 /* conn_release_unit: the same for a unit handle. */
 void conn_release_unit(ConnObject *conn, shmref_unit *unit);
 /* conn_after_fork_child: every Conn is closed for the child (mappings kept). */
+/* conn_core_ref / conn_core_unref: a reference to a Conn's core (atomic; no GIL needed). */
+struct conn_core *conn_core_ref(struct conn_core *core);
+void conn_core_unref(struct conn_core *core);
+/* conn_core_run: fn(arg) serialised with every other use of the connection, from any
+ * thread, with or without the GIL, never waiting: at once if the lock is free (or this
+ * thread holds it) or the connection is closed (libshmref's calls on a closed connection
+ * are thread-safe), else queued and run by the thread holding the lock before it lets
+ * go. -ENOMEM when it could be neither (nothing run). */
+int conn_core_run(struct conn_core *core, void (*fn)(void *), void *arg);
 void conn_after_fork_child(void);
 
 #endif

@@ -404,3 +404,66 @@ def test_refusals_are_oserror_subclasses(tmp_path):
     finally:
         d.stop()
     assert issubclass(shmref.PoolFull, shmref.Refused) and issubclass(shmref.LimitReached, OSError)
+
+
+# ---- 7. Batches share their Client's connection ----
+
+def test_six_hundred_batches_use_one_connection(client, daemon):
+    """Each acquire_batch used to open a connection of its own for the Batch's life: 512
+    live Batches made a non-root uid hit EUSERS. Now they all use the client's."""
+    pa = pytest.importorskip("pyarrow")
+    ref = client.publish_batch(pa.record_batch({"x": pa.array(range(100), pa.int64())}))
+    clients = daemon.status()["daemon"]["clients"]
+    batches = [client.acquire_batch(ref) for _ in range(600)]
+    assert daemon.status()["daemon"]["clients"] == clients
+    tables = [b.to_pyarrow() for b in batches[:50]]
+    assert all(t.column(0)[99].as_py() == 99 for t in tables)
+    del batches, tables
+    client.ping()
+    assert daemon.status()["daemon"]["clients"] == clients
+
+
+def test_exports_released_from_threads_while_the_connection_works(client, daemon):
+    """pyarrow frees exported arrays from any thread, without the GIL: their releases go
+    through the connection's lock (queued while another call holds it), so nothing is
+    lost or done twice: every lease and acquire comes back."""
+    pa = pytest.importorskip("pyarrow")
+    client.ping()
+    before = daemon.status()["buffers"]["leases"]
+    ref = client.publish_batch(pa.table({"x": pa.array(range(10_000), pa.float64()),
+                                         "s": pa.array([str(i) for i in range(10_000)])}))
+    stop = threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            client.ping()
+
+    def consume():
+        for _ in range(200):
+            t = client.acquire_batch(ref).to_pyarrow()
+            assert t.num_rows == 10_000
+            del t           # the Batch went first: the table's release is the last
+
+    workers = [threading.Thread(target=busy)] + [threading.Thread(target=consume) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers[1:]:
+        w.join()
+    stop.set()
+    workers[0].join()
+    client.release(ref)
+    client.ping()
+    assert daemon.wait_status("buffers.leases", before) == before
+
+
+def test_batch_outlives_its_client(daemon):
+    pa = pytest.importorskip("pyarrow")
+    c = shmref.connect(daemon.socket)
+    ref = c.publish_batch(pa.record_batch({"x": pa.array([1, 2, 3])}), keep=30.0)
+    b = c.acquire_batch(ref)
+    t = b.to_pyarrow()
+    c.close()
+    assert t.column(0).to_pylist() == [1, 2, 3]
+    del b
+    assert t.column(0).to_pylist() == [1, 2, 3]
+    del t
