@@ -33,6 +33,7 @@ returns a :class:`Batch` that pyarrow, polars, duckdb, nanoarrow and daft read z
 """
 from __future__ import annotations
 
+import base64 as _base64
 import binascii as _binascii
 import errno as _errno
 import math as _math
@@ -277,7 +278,7 @@ except ImportError:  # pragma: no cover - pybase64 is optional
         return _binascii.b2a_base64(a.data if a.flags.c_contiguous else a.tobytes(), newline=False).decode("ascii")
 
     def _b64decode(text: str) -> bytes:
-        return _binascii.a2b_base64(text, strict_mode=True)
+        return _base64.b64decode(text, validate=True)  # binascii's strict_mode is 3.11+
 
 _json_names: dict = {}   # _np.dtype -> its name in tesseract's array JSON
 _json_dtypes: dict = {}  # that name -> the little-endian _np.dtype the bytes are read as
