@@ -228,6 +228,8 @@ def test_array_pickled_to_a_file_loads_after_its_producer_exited(daemon, tmp_pat
         d = pickle.load(f)
     assert d["a"].tolist() == [[7] * 4] * 3 and d["s"].tolist() == [[14] * 4] * 3
     assert d["v"].tolist() == [[7, 7]] * 2
+    for x in d.values():                     # the bytes themselves, no buffer behind them
+        assert type(x) is np.ndarray and shmref._shmref._buffer_info(x) is None
 
 
 def test_a_pickle_naming_a_socket_is_not_followed(client, daemon, tmp_path):
@@ -240,16 +242,22 @@ def test_a_pickle_naming_a_socket_is_not_followed(client, daemon, tmp_path):
     lst.settimeout(0.3)
     a = client.empty(8, "int64")
     a[:] = 4
-    with shmref.by_reference():
-        _, args = shmref._reduce_by_reference(a)
-    crafted = pickle.dumps(shmref._rebuild, 0)  # make sure the name is picklable
-    payload = pickle.dumps(_Crafted(args + (fake,)))
-    b = pickle.loads(payload)
-    assert b.tolist() == [4] * 8
-    with pytest.raises(socketlib.timeout):
-        lst.accept()                         # nobody connected to the fake daemon
-    lst.close()
-    assert crafted
+    ref = client.publish(a, keep=30.0)
+    # The first releases' form: (text, dtype, shape, strides, offset, socket).
+    payload = pickle.dumps(_Crafted((str(ref), a.dtype.str, a.shape, a.strides, 0, fake)))
+    try:
+        b = pickle.loads(payload)
+        assert b.tolist() == [4] * 8         # acquired through this process's own default
+    finally:
+        lst.settimeout(0.3)
+        try:
+            conn, _ = lst.accept()
+            conn.close()
+            connected = True
+        except socketlib.timeout:
+            connected = False
+        lst.close()
+    assert not connected, "unpickling connected to the socket the pickle named"
 
 
 class _Crafted:
