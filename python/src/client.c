@@ -814,7 +814,7 @@ static PyMethodDef Client_methods[] = {
       "A writable numpy array (a shmref.SharedArray) backed by a new lease (contents unspecified). "
       "dtype None means float64. Fill it, then publish() it." },
     { "publish", (PyCFunction)(void (*)(void))Client_publish, METH_VARARGS | METH_KEYWORDS,
-      "publish($self, /, array, *, keep=0.0, max_acquires=0, meta=None)\n--\n\n"
+      "publish($self, /, array, *, keep=0.0, max_acquires=0, meta=None, keep_ms=None)\n--\n\n"
       "Publishes an array from empty() (the whole array or a contiguous view of it) and returns "
       "its Ref: dtype, shape, order and offset travel in the metadata (proto/METADATA.md), meta "
       "(bytes) as its user value. The buffer becomes read-only for every view, those made "
@@ -827,7 +827,7 @@ static PyMethodDef Client_methods[] = {
     { "_publish_raw", (PyCFunction)Client_publish_raw, METH_VARARGS,
       "_publish_raw(array, meta, keep=0.0) -> Ref: publish with these metadata bytes, as they are." },
     { "share", (PyCFunction)(void (*)(void))Client_share, METH_VARARGS | METH_KEYWORDS,
-      "share($self, /, obj, *, keep=0.0, max_acquires=1, meta=None)\n--\n\n"
+      "share($self, /, obj, *, keep=0.0, max_acquires=1, meta=None, keep_ms=None)\n--\n\n"
       "Copies any array-like (numpy array, torch CPU tensor, bytes, any buffer) once into a "
       "lease, publishes it and returns its Ref. The client holds the copy until release(ref) or "
       "close(); after that the daemon keeps it for keep seconds, ended by the first "
@@ -851,7 +851,7 @@ static PyMethodDef Client_methods[] = {
     { "_release", (PyCFunction)Client_release_held, METH_VARARGS,
       "_release(array, allowed) -> None: release() for a caller holding `allowed` references (private)." },
     { "publish_batch", (PyCFunction)(void (*)(void))Client_publish_batch, METH_VARARGS | METH_KEYWORDS,
-      "publish_batch($self, /, obj, *, keep=0.0)\n--\n\n"
+      "publish_batch($self, /, obj, *, keep=0.0, keep_ms=None)\n--\n\n"
       "Copies any Arrow data (an object with __arrow_c_array__, e.g. a pyarrow RecordBatch or "
       "struct array, or __arrow_c_stream__: pyarrow Table, polars DataFrame, duckdb result, "
       "nanoarrow stream) once into one lease, as a unit of work with its manifest, publishes it "
@@ -895,7 +895,7 @@ PyTypeObject Client_Type = {
     .tp_name = "shmref.Client",
     .tp_basicsize = sizeof(ClientObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Client(socket=None, timeout=None)\n--\n\n"
+    .tp_doc = "Client(socket=None, timeout=None, *, timeout_ms=None)\n--\n\n"
               "A connection to shmrefd; use shmref.connect(). Safe to share between threads "
               "(calls are serialised; the GIL is released while one waits). Bound to the process "
               "that made it: in a forked child every call raises ChildProcessError. timeout: float "
