@@ -68,8 +68,17 @@ PICKLE_KEEP = 60.0
 #: Retention (seconds) of the buffers :func:`encode` publishes: the JSON's only holder
 #: until the decoder acquires; the first acquire ends it.
 ENCODE_KEEP = 60.0
-PICKLE_KEEP_MS = 60_000  # deprecated (milliseconds): PICKLE_KEEP
-ENCODE_KEEP_MS = 60_000  # deprecated (milliseconds): ENCODE_KEEP
+_DEPRECATED = {"PICKLE_KEEP_MS": ("PICKLE_KEEP", 60_000), "ENCODE_KEEP_MS": ("ENCODE_KEEP", 60_000)}
+
+
+def __getattr__(name: str) -> Any:
+    """The first API's millisecond constants, with a DeprecationWarning."""
+    if name in _DEPRECATED:
+        import warnings
+        new, value = _DEPRECATED[name]
+        warnings.warn(f"shmref.{name} is deprecated: use shmref.{new} (seconds)", DeprecationWarning, stacklevel=2)
+        return value
+    raise AttributeError(f"module 'shmref' has no attribute {name!r}")
 
 
 def connect(socket: Optional[str] = None, *, timeout: Optional[float] = None) -> Client:
