@@ -8,10 +8,12 @@ import ast
 import gc
 import os
 import pickle
+import shutil
 import signal
 import socket as socketlib
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -485,3 +487,59 @@ def test_batch_outlives_its_client(daemon):
     del b
     assert t.column(0).to_pylist() == [1, 2, 3]
     del t
+
+
+ATTACKER = r"""
+import os, pickle, socket, sys
+d = sys.argv[1]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(os.path.join(d, "evil.sock"))
+s.listen(8)
+
+class R:                                   # pickles as shmref._rebuild(..., evil socket)
+    def __reduce__(self):
+        return (Fake, (sys.argv[2], "<i8", (8,), (8,), 0, os.path.join(d, "evil.sock")))
+
+class Fake:
+    pass
+Fake.__module__, Fake.__qualname__ = "shmref", "_rebuild"
+import types
+sys.modules["shmref"] = types.SimpleNamespace(_rebuild=Fake)
+with open(os.path.join(d, "evil.pickle"), "wb") as f:
+    pickle.dump(R(), f, protocol=2)
+print("ready", flush=True)
+s.settimeout(5)
+try:
+    c, _ = s.accept()
+    print("connected", flush=True)
+except socket.timeout:
+    print("nobody", flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"), reason="needs root and setpriv")
+def test_another_uids_pickle_cannot_pick_the_daemon(client, tmp_path):
+    """Another uid (nobody) writes a by-reference pickle naming a socket it listens on;
+    the process that loads it acquires through its own default daemon and never connects
+    to the attacker's socket."""
+    a = client.empty(8, "int64")
+    a[:] = 9
+    ref = client.publish(a)
+    d = Path(tempfile.mkdtemp(prefix="shmref-evil-"))
+    os.chmod(d, 0o777)
+    p = subprocess.Popen(["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                          "/usr/bin/python3", "-c", ATTACKER, str(d), str(ref)],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        os.environ.setdefault("SHMREFD_SOCKET", client.socket)
+        with open(d / "evil.pickle", "rb") as f:
+            b = pickle.load(f)
+        assert b.tolist() == [9] * 8
+        out = p.communicate(timeout=30)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        shutil.rmtree(d, ignore_errors=True)
+    assert "nobody" in out and "connected" not in out
