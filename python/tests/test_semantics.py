@@ -75,7 +75,7 @@ CLOSE_CHILD = """
 def test_close_never_blocks_on_a_stopped_daemon(own_daemon, how):
     """With the daemon stopped (SIGSTOP) and stock refills outstanding, close() (or the
     last reference going) returns within 100 ms and another Python thread keeps running
-    meanwhile (no gap of 100 ms in its iterations). Before: shmref_close's 2 s drain, with
+    meanwhile (no gap of 500 ms in its iterations). Before: shmref_close's 2 s drain, with
     the GIL held."""
     r = run_child(CLOSE_CHILD, env={"SOCK": own_daemon.socket, "DAEMON_PID": str(own_daemon.proc.pid),
                                     "HOW": how, "SHMREF_STOCK": "2"})
@@ -83,7 +83,9 @@ def test_close_never_blocks_on_a_stopped_daemon(own_daemon, how):
     assert r.returncode == 0, r.stderr
     took, gap = (float(x) for x in r.stdout.split())
     assert took < 0.1, f"close took {took * 1000:.0f} ms"
-    assert gap < 0.1, f"the other thread stood still for {gap * 1000:.0f} ms"
+    # Before: the thread stood still for the whole 2 s drain (the GIL held). The bound
+    # leaves room for a loaded 2-core machine's scheduling, not for a wait.
+    assert gap < 0.5, f"the other thread stood still for {gap * 1000:.0f} ms"
 
 
 # ---- 2. publishing freezes the buffer for every view ----
