@@ -3,15 +3,18 @@
  * __arrow_c_array__ / __arrow_c_stream__ once into one lease (shmref_unit_import_*) and
  * publishes it; the client holds the lease in a _Unit. Client.acquire_batch gives a Batch,
  * whose capsules ("arrow_schema", "arrow_array", "arrow_array_stream") carry libshmref's
- * zero-copy exports. A Batch acquires on a connection of its own that is closed at once:
- * libshmref keeps a closed connection's socket and the unit's mapping for the exports, and
- * their release callbacks may then run on any thread, with no lock (pyarrow, polars and
- * duckdb free arrays from their own threads, without the GIL). */
-#include "shmrefpy.h"
+ * zero-copy exports. A Batch acquires on its Client's connection and keeps it (a Conn
+ * reference): the capsules' structures release through the connection's core
+ * (exports.c), so pyarrow, polars and duckdb may free them from their own threads,
+ * without the GIL, while the connection serves other calls. */
+#include "batch.h"
+
+#include "exports.h"
+#include "ref.h"
 
 #include <unistd.h>
 
-#define MSG_MAX 640
+#define MSG_MAX SHMREFPY_MSG_MAX
 
 /* ---- _Unit: a published producer unit, held by its Client ---- */
 
@@ -99,7 +102,7 @@ static PyObject *without_views(PyObject *obj)
     return res;
 }
 
-PyObject *batch_publish(ConnObject *conn, PyObject *obj, unsigned long keep_ms, PyObject **ret_unit)
+PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, PyObject **ret_unit)
 {
     PyObject *keep;
     struct ArrowSchema *schema;
@@ -107,7 +110,7 @@ PyObject *batch_publish(ConnObject *conn, PyObject *obj, unsigned long keep_ms, 
     struct ArrowArrayStream *stream;
     if (arrow_input(obj, &keep, &schema, &array, &stream) < 0)
         return NULL;
-    uint32_t keep32 = keep_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)keep_ms;
+    uint32_t keep32 = keep_ms;
     shmref_unit *u = NULL;
     shmref_desc d;
     char msg[MSG_MAX] = "";
@@ -161,7 +164,7 @@ PyObject *batch_publish(ConnObject *conn, PyObject *obj, unsigned long keep_ms, 
 typedef struct {
     PyObject_HEAD
     shmref_unit *u;     /* NULL once released */
-    shmref_conn *c;     /* closed at acquire; kept for its error messages */
+    ConnObject *conn;   /* the Client's connection, kept while the Batch lives */
     pid_t pid;
     shmref_desc desc;
     const char *data;
@@ -184,41 +187,33 @@ static int batch_live(BatchObject *self)
 
 static PyObject *batch_fail(BatchObject *self, int r)
 {
-    return shmrefpy_raise(r, shmref_errmsg(self->c));
+    return shmrefpy_raise(r, shmref_errmsg(self->conn->c));
 }
 
-PyObject *batch_acquire(PyObject *socket, int timeout_ms, PyObject *refobj)
+PyObject *batch_acquire(ConnObject *conn, PyObject *refobj)
 {
     shmref_desc d;
     if (ref_parse(refobj, &d) < 0)
         return NULL;
-    const char *path = PyUnicode_AsUTF8(socket);
-    if (!path)
-        return NULL;
     char msg[MSG_MAX] = "";
-    shmref_conn *c = NULL;
     shmref_unit *u = NULL;
     int r;
     Py_BEGIN_ALLOW_THREADS
-    r = shmref_connect_timeout(path, timeout_ms, msg, sizeof(msg), &c);
-    if (r >= 0) {
-        if ((r = shmref_unit_acquire(c, &d, &u)) < 0) {
-            snprintf(msg, sizeof(msg), "%s", shmref_errmsg(c));
-            shmref_close(c);
-        } else {
-            shmref_close(c); /* kept open by libshmref for u and its exports */
-        }
-    }
+    conn_lock_nogil(conn);
+    if ((r = shmref_unit_acquire(conn->c, &d, &u)) < 0)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    conn_unlock_nogil(conn);
     Py_END_ALLOW_THREADS
     if (r < 0)
         return r == -EBADMSG ? PyErr_Format(PyExc_ValueError, "%s", msg) : shmrefpy_raise(r, msg);
     BatchObject *b = PyObject_New(BatchObject, &Batch_Type);
     if (!b) {
-        shmref_unit_release(u);
+        conn_release_unit(conn, u);
         return NULL;
     }
     b->u = u;
-    b->c = c;
+    Py_INCREF(conn);
+    b->conn = conn;
     b->pid = getpid();
     b->desc = d;
     b->data = shmref_unit_data(u);
@@ -230,15 +225,16 @@ static void batch_drop(BatchObject *self)
 {
     shmref_unit *u = self->u;
     self->u = NULL;
-    /* A forked child leaves the parent's reference alone (its release would go out on
-     * the parent's socket). */
-    if (u && self->pid == getpid())
-        shmref_unit_release(u); /* one-way send, no wait; the exports keep theirs */
+    /* A forked child leaves the parent's reference alone (conn_release_unit sends
+     * nothing there). One-way, never waiting; the exports keep theirs. */
+    if (u)
+        conn_release_unit(self->conn, u);
 }
 
 static void Batch_dealloc(BatchObject *self)
 {
     batch_drop(self);
+    Py_XDECREF(self->conn);
     PyObject_Free(self);
 }
 
@@ -325,6 +321,11 @@ static PyObject *Batch_arrow_c_stream(BatchObject *self, PyObject *args, PyObjec
         free(st);
         return batch_fail(self, r);
     }
+    if (exports_wrap_stream(self->conn->core, st) < 0) {
+        st->release(st);
+        free(st);
+        return PyErr_NoMemory();
+    }
     PyObject *cap = PyCapsule_New(st, "arrow_array_stream", stream_capsule_free);
     if (!cap) {
         st->release(st);
@@ -350,6 +351,11 @@ static PyObject *Batch_arrow_c_array(BatchObject *self, PyObject *args, PyObject
     int r = shmref_unit_export_batch(self->u, 0, &s, &a);
     if (r < 0)
         return batch_fail(self, r);
+    if (exports_wrap_array(self->conn->core, &a) < 0) {
+        s.release(&s);
+        a.release(&a);
+        return PyErr_NoMemory();
+    }
     PyObject *sc = schema_capsule(&s);
     if (!sc) {
         a.release(&a);

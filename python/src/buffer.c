@@ -1,11 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /* buffer.c: the owner object behind every array shmref hands out. It holds the C
  * buffer handle and a reference to the connection, exports its bytes (read-only unless
- * it is a lease not yet published) and drops the daemon's reference only when the last
- * view of it is gone: numpy arrays keep it as their .base, memoryviews count exports. */
+ * it is a lease not yet published) and drops the daemon's reference when the last view
+ * of it is gone, or at Client.release when nothing else uses it: numpy arrays keep it as
+ * their .base, memoryviews count exports. Publishing freezes it (buffer_freeze). */
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL shmrefpy_ARRAY_API
-#include "shmrefpy.h"
+#include "buffer.h"
+
+#include "ref.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <numpy/arrayobject.h>
 /* numpy 1.x (Debian 12: 1.24) has no accessor: the field is public there. (numpy 2's
@@ -14,7 +20,20 @@
 #define PyDataType_ELSIZE(descr) ((descr)->elsize)
 #endif
 
-BufferObject *buffer_new(ConnObject *conn, shmref_buf *buf, bool lease, PyObject *socket)
+static PyObject *array_type; /* shmref.SharedArray, set at import */
+
+int buffer_set_array_type(PyObject *type)
+{
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyArray_Type)) {
+        PyErr_SetString(PyExc_TypeError, "expected a subclass of numpy.ndarray");
+        return -1;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(array_type, type);
+    return 0;
+}
+
+BufferObject *buffer_new(ConnObject *conn, shmref_buf *buf, bool lease)
 {
     BufferObject *b = PyObject_New(BufferObject, &Buffer_Type);
     if (!b) {
@@ -27,23 +46,132 @@ BufferObject *buffer_new(ConnObject *conn, shmref_buf *buf, bool lease, PyObject
     b->data = shmref_buf_data(buf);
     b->size = shmref_buf_size(buf);
     b->lease = lease;
-    b->published = b->released = b->has_desc = false;
+    b->published = b->frozen = b->protected_ = b->released = b->has_desc = false;
     b->layout = b->user = NULL;
-    Py_XINCREF(socket);
-    b->socket = socket;
     b->exports = 0;
     return b;
 }
 
+/* protect: the mapping read-only (ro) or writable again, page by page. A mapping that
+ * cannot be (huge pages of another alignment) keeps its protection: numpy's flags and
+ * the read-only exports still hold. */
+static void protect(BufferObject *self, bool ro)
+{
+    if (!self->buf)
+        return;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), cap = shmref_buf_capacity(self->buf);
+    uintptr_t start = (uintptr_t)self->data;
+    if (!cap || start % page)
+        return;
+    size_t len = (cap + page - 1) / page * page;
+    if (mprotect(self->data, len, ro ? PROT_READ : PROT_READ | PROT_WRITE) == 0)
+        self->protected_ = ro;
+}
+
+/* give_up: the daemon's reference goes (one-way); a lease's mapping is writable again
+ * first, since the library may keep it cached for a later lease of the same buffer. */
+static void give_up(BufferObject *self)
+{
+    shmref_buf *buf = self->buf;
+    if (!buf)
+        return;
+    if (self->protected_)
+        protect(self, false);
+    self->buf = NULL;
+    self->released = true;
+    conn_release_buf(self->conn, buf);
+}
+
 static void Buffer_dealloc(BufferObject *self)
 {
-    if (self->buf)
-        conn_release_buf(self->conn, self->buf);
+    give_up(self);
     Py_XDECREF(self->conn);
     Py_XDECREF(self->layout);
     Py_XDECREF(self->user);
-    Py_XDECREF(self->socket);
     PyObject_Free(self);
+}
+
+static bool writable(BufferObject *self)
+{
+    return self->lease && !self->published && !self->frozen && self->buf;
+}
+
+void buffer_freeze(BufferObject *owner, PyObject *array)
+{
+    for (int i = 0; array && PyArray_Check(array) && i < 64; i++) {
+        PyArray_CLEARFLAGS((PyArrayObject *)array, NPY_ARRAY_WRITEABLE);
+        array = PyArray_BASE((PyArrayObject *)array);
+    }
+    if (owner->frozen || !owner->lease)
+        return;
+    owner->frozen = true;
+    if (owner->buf && getpid() == owner->conn->pid)
+        protect(owner, true);
+}
+
+/* The items of 0-d arrays neutered by a release point here (read as zeros). */
+static _Alignas(64) const char zeros[4096];
+
+/* neuter: a released array reads as empty: no dimension lets numpy touch the memory
+ * that went back to the daemon (a 0-d array reads zeros instead). */
+static void neuter(PyArrayObject *a)
+{
+    PyArrayObject_fields *f = (PyArrayObject_fields *)a;
+    PyArray_CLEARFLAGS(a, NPY_ARRAY_WRITEABLE);
+    if (f->nd == 0) {
+        f->data = (char *)zeros;
+        return;
+    }
+    for (int i = 0; i < f->nd; i++)
+        f->dimensions[i] = 0;
+}
+
+int buffer_release(BufferObject *owner, PyObject *array, Py_ssize_t allowed_first)
+{
+    if (!owner->buf)
+        return 0; /* given up already */
+    /* The chain from the array passed up to the owner: the one the caller passed may be
+     * held by the caller and by the call; every array between it and the owner only by
+     * the view below it; the owner only by the top one. Anything more is a user of the
+     * memory (a view, a memoryview, another name): memoryview.release's rule. */
+    PyObject *chain[64];
+    int n = 0;
+    Py_ssize_t extra_views = 0;
+    for (PyObject *o = array; o && o != (PyObject *)owner && n < 64;) {
+        chain[n] = o;
+        Py_ssize_t allowed = n == 0 ? allowed_first : 1;
+        if (Py_REFCNT(o) > allowed)
+            extra_views += Py_REFCNT(o) - allowed;
+        if (PyArray_Check(o))
+            o = PyArray_BASE((PyArrayObject *)o);
+        else if (PyMemoryView_Check(o))
+            o = PyMemoryView_GET_BUFFER(o)->obj;
+        else
+            o = NULL;
+        n++;
+    }
+    Py_ssize_t others = Py_REFCNT(owner) - 1 - owner->exports;
+    if (extra_views > 0 || owner->exports > 0 || others > 0) {
+        PyErr_Format(PyExc_BufferError,
+                     "cannot release: the buffer (%zu bytes) is still in use: %zd more reference(s) to the "
+                     "array or the arrays it views (views of it, memoryviews, other names), %zd memoryview(s) "
+                     "of the buffer, %zd other array(s) over it; drop them first (the buffer then goes "
+                     "with the last of them)", owner->size, extra_views, owner->exports, others);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (PyArray_Check(chain[i]) && PyArray_NDIM((PyArrayObject *)chain[i]) == 0 &&
+            PyArray_ITEMSIZE((PyArrayObject *)chain[i]) > (npy_intp)sizeof(zeros)) {
+            PyErr_Format(PyExc_BufferError, "cannot release a 0-d array of %zd-byte items: drop it instead",
+                         (Py_ssize_t)PyArray_ITEMSIZE((PyArrayObject *)chain[i]));
+            return -1;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (PyArray_Check(chain[i]))
+            neuter((PyArrayObject *)chain[i]);
+    give_up(owner);
+    return 0;
 }
 
 BufferObject *buffer_of(PyObject *obj)
@@ -63,7 +191,11 @@ BufferObject *buffer_of(PyObject *obj)
 
 static int Buffer_getbuffer(BufferObject *self, Py_buffer *view, int flags)
 {
-    int readonly = !(self->lease && !self->published);
+    if (!self->buf) {
+        PyErr_SetString(PyExc_BufferError, "the buffer was released");
+        return -1;
+    }
+    int readonly = !writable(self);
     if (PyBuffer_FillInfo(view, (PyObject *)self, self->data, (Py_ssize_t)self->size, readonly, flags) < 0)
         return -1;
     self->exports++;
@@ -160,8 +292,12 @@ PyObject *buffer_array(BufferObject *owner, PyObject *dtype, int ndim, const Py_
         return PyErr_Format(PyExc_ValueError, "the array (dtype %R, %d dimensions, offset %zu) does not lie "
                             "within the buffer's %zu bytes", (PyObject *)descr, ndim, offset, owner->size);
     }
-    int flags = owner->lease && !owner->published ? NPY_ARRAY_WRITEABLE : 0;
-    PyTypeObject *type = shmrefpy_array_type ? (PyTypeObject *)shmrefpy_array_type : &PyArray_Type;
+    if (!owner->buf) {
+        Py_DECREF(descr);
+        return PyErr_Format(PyExc_BufferError, "the buffer was released");
+    }
+    int flags = writable(owner) ? NPY_ARRAY_WRITEABLE : 0;
+    PyTypeObject *type = array_type ? (PyTypeObject *)array_type : &PyArray_Type;
     npy_intp dims[SHMREF_META_MAX_DIMS], st[SHMREF_META_MAX_DIMS];
     for (int i = 0; i < ndim; i++) {
         dims[i] = shape[i];
@@ -186,9 +322,8 @@ static PyObject *Buffer_repr(BufferObject *self)
     return PyUnicode_FromFormat("<shmref.Buffer %s of %zu bytes%s%s%s%s%s>",
                                 self->lease ? "lease" : "acquired", self->size,
                                 self->has_desc ? " " : "", text,
-                                self->lease ? (self->published ? ", published" : ", writable") : "",
-                                self->released ? ", released (when its last view goes)" : "",
-                                self->buf ? "" : ", gone");
+                                self->lease ? (self->published ? ", published" : writable(self) ? ", writable" : ", read-only") : "",
+                                self->released ? ", released" : "", "");
 }
 
 static PyObject *Buffer_get_ref(BufferObject *self, void *c)
@@ -208,7 +343,7 @@ static PyObject *Buffer_get_nbytes(BufferObject *self, void *c)
 static PyObject *Buffer_get_flag(BufferObject *self, void *c)
 {
     const char *which = c;
-    bool v = which[0] == 'l' ? self->lease : which[0] == 'p' ? self->published : self->released;
+    bool v = which[0] == 'l' ? self->lease : which[0] == 'p' ? self->published : which[0] == 'f' ? self->frozen : self->released;
     return PyBool_FromLong(v);
 }
 
@@ -223,7 +358,8 @@ static PyGetSetDef Buffer_getset[] = {
     { "nbytes", (getter)Buffer_get_nbytes, NULL, "The usable bytes of the buffer.", NULL },
     { "lease", (getter)Buffer_get_flag, NULL, "Whether this is a lease (a producer's buffer).", "lease" },
     { "published", (getter)Buffer_get_flag, NULL, "Whether the lease has been published.", "published" },
-    { "released", (getter)Buffer_get_flag, NULL, "Whether release() was asked.", "released" },
+    { "released", (getter)Buffer_get_flag, NULL, "Whether the buffer was given up (Client.release).", "released" },
+    { "frozen", (getter)Buffer_get_flag, NULL, "Whether the bytes are read-only for every view (published, or a shared() copy).", "frozen" },
     { "exports", (getter)Buffer_get_exports, NULL, "Live buffer-protocol exports (memoryviews).", NULL },
     { NULL }
 };
@@ -236,7 +372,9 @@ PyTypeObject Buffer_Type = {
     .tp_doc = "The owner of one shmref buffer: the .base of the arrays shmref hands out. It keeps "
               "the mapping (and the daemon's reference) while any view of it exists, exports its "
               "bytes through the buffer protocol (read-only once published, and for acquired "
-              "buffers), and releases when the last view is gone. Not created directly.",
+              "buffers), and releases when the last view is gone or at Client.release() when no "
+              "other view exists. Publishing makes the bytes read-only for every view, the ones "
+              "made before included (the mapping is made read-only). Not created directly.",
     .tp_dealloc = (destructor)Buffer_dealloc,
     .tp_repr = (reprfunc)Buffer_repr,
     .tp_as_buffer = &Buffer_as_buffer,

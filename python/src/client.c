@@ -5,7 +5,7 @@
  * the library's timeout bounds the wait. */
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL shmrefpy_ARRAY_API
-#include "shmrefpy.h"
+#include "client.h"
 
 #include <numpy/arrayobject.h>
 /* numpy 1.x (Debian 12: 1.24) has no accessor: the field is public there. (numpy 2's
@@ -15,162 +15,86 @@
 #endif
 #include <unistd.h>
 
-#define MSG_MAX 640
+#define MSG_MAX SHMREFPY_MSG_MAX
 
-static ConnObject *all_conns; /* guarded by the GIL */
-
-/* ---- Conn ---- */
-
-static void drain(ConnObject *conn)
+/* seconds_to_ms: a duration in float seconds (the standard library's unit) as the C
+ * library's milliseconds: None -> dflt, inf -> inf_ms, else rounded up, at least 1 ms for
+ * anything > 0 and at most UINT32_MAX. -1 with ValueError/TypeError. */
+static int seconds_to_ms(PyObject *v, const char *what, long long dflt, long long inf_ms, bool zero_ok,
+                         long long *ret)
 {
-    for (;;) {
-        pthread_mutex_lock(&conn->plock);
-        struct pending *p = conn->pending;
-        conn->pending = NULL;
-        pthread_mutex_unlock(&conn->plock);
-        if (!p)
-            return;
-        while (p) {
-            struct pending *next = p->next;
-            if (conn->c && p->buf)
-                shmref_release(p->buf);
-            else if (conn->c)
-                shmref_unit_release(p->unit);
-            free(p);
-            p = next;
+    if (!v || v == Py_None) {
+        *ret = dflt;
+        return 0;
+    }
+    double s = PyFloat_AsDouble(v);
+    if (s == -1.0 && PyErr_Occurred())
+        return -1;
+    if (s != s || s < 0 || (!zero_ok && s == 0)) {
+        PyErr_Format(PyExc_ValueError, "%s must be %s seconds (a float), not %R", what, zero_ok ? ">= 0" : "> 0", v);
+        return -1;
+    }
+    if (s == Py_HUGE_VAL) {
+        *ret = inf_ms;
+        return 0;
+    }
+    double ms = s * 1000.0;
+    *ret = ms >= (double)UINT32_MAX ? (long long)UINT32_MAX : (long long)ms + ((double)(long long)ms < ms);
+    if (*ret == 0 && s > 0)
+        *ret = 1;
+    return 0;
+}
+
+/* keep_arg: keep= (float seconds) or its deprecated form keep_ms= (int milliseconds). */
+static int keep_arg(PyObject *keep, PyObject *keep_ms, uint32_t *ret)
+{
+    long long ms = 0;
+    if (keep_ms && keep_ms != Py_None) {
+        if (keep && keep != Py_None) {
+            PyErr_SetString(PyExc_TypeError, "give keep= (seconds) or keep_ms= (deprecated), not both");
+            return -1;
         }
-    }
-}
-
-/* unlock: the queued releases first; one queued after our last look is picked up by
- * its own trylock, or by us here. */
-static void unlock(ConnObject *conn)
-{
-    for (;;) {
-        drain(conn);
-        pthread_mutex_unlock(&conn->lock);
-        pthread_mutex_lock(&conn->plock);
-        bool more = conn->pending != NULL;
-        pthread_mutex_unlock(&conn->plock);
-        if (!more || pthread_mutex_trylock(&conn->lock) != 0)
-            return;
-    }
-}
-
-void conn_lock_nogil(ConnObject *conn)
-{
-    pthread_mutex_lock(&conn->lock);
-}
-
-void conn_unlock_nogil(ConnObject *conn)
-{
-    unlock(conn);
-}
-
-static void release_now(shmref_buf *buf, shmref_unit *unit)
-{
-    if (buf)
-        shmref_release(buf);
-    else
-        shmref_unit_release(unit);
-}
-
-static void conn_release(ConnObject *conn, shmref_buf *buf, shmref_unit *unit)
-{
-    if (!conn->c || getpid() != conn->pid)
-        return; /* a forked child: the parent's handle is not ours to drop */
-    if (pthread_mutex_trylock(&conn->lock) == 0) {
-        release_now(buf, unit);
-        unlock(conn);
-        return;
-    }
-    struct pending *p = malloc(sizeof(*p));
-    if (!p) {
-        Py_BEGIN_ALLOW_THREADS
-        pthread_mutex_lock(&conn->lock);
-        release_now(buf, unit);
-        unlock(conn);
-        Py_END_ALLOW_THREADS
-        return;
-    }
-    p->buf = buf;
-    p->unit = unit;
-    pthread_mutex_lock(&conn->plock);
-    p->next = conn->pending;
-    conn->pending = p;
-    pthread_mutex_unlock(&conn->plock);
-    if (pthread_mutex_trylock(&conn->lock) == 0)
-        unlock(conn);
-}
-
-void conn_release_buf(ConnObject *conn, shmref_buf *buf)
-{
-    conn_release(conn, buf, NULL);
-}
-
-void conn_release_unit(ConnObject *conn, shmref_unit *unit)
-{
-    conn_release(conn, NULL, unit);
-}
-
-static void conn_unlist(ConnObject *c)
-{
-    if (c->prev)
-        c->prev->next = c->next;
-    else if (all_conns == c)
-        all_conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = c->next = NULL;
-}
-
-static void Conn_dealloc(ConnObject *self)
-{
-    conn_unlist(self);
-    if (self->c) {
-        drain(self);
-        shmref_close(self->c); /* in a forked child: its copy of the socket only */
-    }
-    for (struct pending *p = self->pending, *n; p; p = n) {
-        n = p->next;
-        free(p);
-    }
-    pthread_mutex_destroy(&self->lock);
-    pthread_mutex_destroy(&self->plock);
-    PyObject_Free(self);
-}
-
-void conn_after_fork_child(void)
-{
-    for (ConnObject *c = all_conns; c; c = c->next) {
-        pthread_mutex_init(&c->lock, NULL); /* another thread may have held it at fork */
-        pthread_mutex_init(&c->plock, NULL);
-        for (struct pending *p = c->pending, *n; p; p = n) {
-            n = p->next;
-            free(p);
+        if (PyErr_WarnEx(PyExc_DeprecationWarning, "keep_ms= is deprecated: use keep= in seconds (a float)", 2) < 0)
+            return -1;
+        ms = PyLong_AsLongLong(keep_ms);
+        if (ms == -1 && PyErr_Occurred())
+            return -1;
+        if (ms < 0) {
+            PyErr_SetString(PyExc_ValueError, "keep_ms must be >= 0");
+            return -1;
         }
-        c->pending = NULL;
-        if (c->c)
-            shmref_close(c->c); /* the child's copy of the socket; mappings stay */
-        c->c = NULL;
+        *ret = ms > (long long)UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
+        return 0;
     }
+    if (seconds_to_ms(keep, "keep", 0, UINT32_MAX, true, &ms) < 0)
+        return -1;
+    *ret = (uint32_t)ms;
+    return 0;
 }
 
-PyTypeObject Conn_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmref._Conn",
-    .tp_basicsize = sizeof(ConnObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One connection to shmrefd, shared by a Client and the buffers it handed out.",
-    .tp_dealloc = (destructor)Conn_dealloc,
-};
+static int max_acquires_arg(PyObject *v, uint32_t dflt, uint32_t *ret)
+{
+    if (!v || v == Py_None) {
+        *ret = dflt;
+        return 0;
+    }
+    long long n = PyLong_AsLongLong(v);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    if (n < 0 || n > (long long)UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "max_acquires must be 0 (no cap) or a count up to %u", UINT32_MAX);
+        return -1;
+    }
+    *ret = (uint32_t)n;
+    return 0;
+}
 
 /* ---- Client ---- */
 
 typedef struct {
     PyObject_HEAD
     ConnObject *conn;   /* NULL once closed */
-    PyObject *socket;   /* str */
+    PyObject *socket;   /* str: the path connected to */
     PyObject *shares;   /* dict: Ref -> the array share() copied into */
 } ClientObject;
 
@@ -181,7 +105,7 @@ static ConnObject *client_conn(ClientObject *self)
         PyErr_SetString(PyExc_ValueError, "shmref.Client is closed");
         return NULL;
     }
-    if (shmrefpy_forked(conn) < 0)
+    if (conn_forked(conn) < 0)
         return NULL;
     Py_INCREF(conn);
     return conn;
@@ -198,15 +122,28 @@ static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 
 static int Client_init(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = { "socket", "timeout_ms", NULL };
-    PyObject *sock = Py_None;
-    int timeout_ms = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Oi:Client", names, &sock, &timeout_ms))
+    static char *names[] = { "socket", "timeout", "timeout_ms", NULL };
+    PyObject *sock = Py_None, *timeout = Py_None, *timeout_ms = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO$O:Client", names, &sock, &timeout, &timeout_ms))
         return -1;
     if (self->conn) {
         PyErr_SetString(PyExc_RuntimeError, "Client already connected");
         return -1;
     }
+    long long ms = -1;
+    if (timeout_ms != Py_None) { /* the first API's milliseconds */
+        if (timeout != Py_None) {
+            PyErr_SetString(PyExc_TypeError, "give timeout= (seconds) or timeout_ms=, not both");
+            return -1;
+        }
+        ms = PyLong_AsLongLong(timeout_ms);
+        if (ms == -1 && PyErr_Occurred())
+            return -1;
+    } else if (seconds_to_ms(timeout, "timeout", -1, 0, false, &ms) < 0) {
+        return -1;
+    }
+    if (ms > INT32_MAX)
+        ms = INT32_MAX;
     PyObject *path = NULL;
     if (sock == Py_None) {
         PyObject *m = PyImport_ImportModule("shmref._shmref");
@@ -224,39 +161,12 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw)
             PyErr_SetString(PyExc_TypeError, "socket must be a path");
         return -1;
     }
-    const char *p = PyUnicode_AsUTF8(path);
-    if (!p) {
-        Py_DECREF(path);
-        return -1;
-    }
-    char msg[MSG_MAX] = "";
-    shmref_conn *c = NULL;
-    int r;
-    Py_BEGIN_ALLOW_THREADS
     /* No socket named: libshmref's default, which may start a private daemon. */
-    r = shmref_connect_timeout(sock == Py_None ? NULL : p, timeout_ms, msg, sizeof(msg), &c);
-    Py_END_ALLOW_THREADS
-    if (r < 0) {
-        Py_DECREF(path);
-        shmrefpy_raise(r, msg);
-        return -1;
-    }
-    ConnObject *conn = PyObject_New(ConnObject, &Conn_Type);
+    ConnObject *conn = conn_new(path, (int)ms, sock != Py_None);
     if (!conn) {
-        shmref_close(c);
         Py_DECREF(path);
         return -1;
     }
-    conn->c = c;
-    conn->pid = getpid();
-    pthread_mutex_init(&conn->lock, NULL);
-    pthread_mutex_init(&conn->plock, NULL);
-    conn->pending = NULL;
-    conn->prev = NULL;
-    conn->next = all_conns;
-    if (all_conns)
-        all_conns->prev = conn;
-    all_conns = conn;
     self->conn = conn;
     Py_XSETREF(self->socket, path);
     return 0;
@@ -321,7 +231,7 @@ static PyObject *lease_array(ClientObject *self, ConnObject *conn, PyArray_Descr
     Py_END_ALLOW_THREADS
     if (r < 0)
         return shmrefpy_raise(r, msg);
-    BufferObject *owner = buffer_new(conn, buf, true, self->socket);
+    BufferObject *owner = buffer_new(conn, buf, true);
     if (!owner)
         return NULL;
     PyObject *ts = typestr(descr), *tshape = PyTuple_New(ndim);
@@ -362,8 +272,8 @@ static PyObject *Client_empty(ClientObject *self, PyObject *args, PyObject *kw)
 }
 
 /* publish_array: publish the lease behind arr, which must be contiguous. */
-static PyObject *publish_array(ClientObject *self, PyObject *obj, unsigned long keep_ms, PyObject *user,
-                               PyObject *raw)
+static PyObject *publish_array(ClientObject *self, PyObject *obj, uint32_t keep, uint32_t max_acquires,
+                               PyObject *user, PyObject *raw)
 {
     if (!PyArray_Check(obj))
         return PyErr_Format(PyExc_TypeError, "publish takes a numpy array from Client.empty(), not %.100s",
@@ -431,10 +341,12 @@ static PyObject *publish_array(ClientObject *self, PyObject *obj, unsigned long 
     int r;
     if (len == 0)
         len = 1; /* an empty array still names a buffer; its metadata says 0 elements */
-    uint32_t keep = keep_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)keep_ms;
+    /* The bytes are read-only for every view before anyone else can read them. */
+    buffer_freeze(owner, obj);
     Py_BEGIN_ALLOW_THREADS
     conn_lock_nogil(conn);
-    r = shmref_publish(owner->buf, len, keep, meta, (size_t)mlen, &d);
+    r = max_acquires ? shmref_publish_ex(owner->buf, len, keep, max_acquires, 0, meta, (size_t)mlen, &d)
+                     : shmref_publish(owner->buf, len, keep, meta, (size_t)mlen, &d); /* one-way */
     if (r < 0)
         snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
     conn_unlock_nogil(conn);
@@ -447,37 +359,42 @@ static PyObject *publish_array(ClientObject *self, PyObject *obj, unsigned long 
     owner->desc = d;
     if (user != Py_None)
         Py_XSETREF(owner->user, PyBytes_FromObject(user));
-    PyArray_CLEARFLAGS(arr, NPY_ARRAY_WRITEABLE); /* the producer must not write any more */
     return ref_new(&d);
 }
 
 static PyObject *Client_publish(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = { "array", "keep_ms", "meta", NULL };
-    PyObject *arr, *meta = Py_None;
-    unsigned long keep_ms = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$kO:publish", names, &arr, &keep_ms, &meta))
+    static char *names[] = { "array", "keep", "max_acquires", "meta", "keep_ms", NULL };
+    PyObject *arr, *meta = Py_None, *keep = NULL, *keep_ms = NULL, *maxa = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOOO:publish", names, &arr, &keep, &maxa, &meta, &keep_ms))
         return NULL;
-    return publish_array(self, arr, keep_ms, meta, NULL);
+    uint32_t k, n;
+    if (keep_arg(keep, keep_ms, &k) < 0 || max_acquires_arg(maxa, 0, &n) < 0)
+        return NULL;
+    return publish_array(self, arr, k, n, meta, NULL);
 }
 
-/* _publish_raw(array, meta, keep_ms=0): publish with metadata bytes given as they are
+/* _publish_raw(array, meta, keep=0.0): publish with metadata bytes given as they are
  * (another convention, or, in tests, a hostile producer). */
 static PyObject *Client_publish_raw(ClientObject *self, PyObject *args)
 {
-    PyObject *arr, *raw;
-    unsigned long keep_ms = 0;
-    if (!PyArg_ParseTuple(args, "OO!|k:_publish_raw", &arr, &PyBytes_Type, &raw, &keep_ms))
+    PyObject *arr, *raw, *keep = NULL;
+    if (!PyArg_ParseTuple(args, "OO!|O:_publish_raw", &arr, &PyBytes_Type, &raw, &keep))
         return NULL;
-    return publish_array(self, arr, keep_ms, Py_None, raw);
+    uint32_t k;
+    if (keep_arg(keep, NULL, &k) < 0)
+        return NULL;
+    return publish_array(self, arr, k, 0, Py_None, raw);
 }
 
 static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = { "obj", "keep_ms", "meta", NULL };
-    PyObject *obj, *meta = Py_None;
-    unsigned long keep_ms = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$kO:share", names, &obj, &keep_ms, &meta))
+    static char *names[] = { "obj", "keep", "max_acquires", "meta", "keep_ms", NULL };
+    PyObject *obj, *meta = Py_None, *keep = NULL, *keep_ms = NULL, *maxa = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOOO:share", names, &obj, &keep, &maxa, &meta, &keep_ms))
+        return NULL;
+    uint32_t k, n;
+    if (keep_arg(keep, keep_ms, &k) < 0 || max_acquires_arg(maxa, 1, &n) < 0)
         return NULL;
     PyObject *src;
     if (PyArray_Check(obj)) {
@@ -505,7 +422,7 @@ static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
     Py_DECREF(conn);
     if (!dst || PyArray_CopyInto((PyArrayObject *)dst, (PyArrayObject *)src) < 0)
         goto done;
-    res = publish_array(self, dst, keep_ms, meta, NULL);
+    res = publish_array(self, dst, k, n, meta, NULL);
     if (res && PyDict_SetItem(self->shares, res, dst) < 0)
         Py_CLEAR(res);
 done:
@@ -539,7 +456,7 @@ static BufferObject *acquire(ClientObject *self, PyObject *refobj, shmref_meta_a
         Py_DECREF(conn);
         return (BufferObject *)shmrefpy_raise(r, msg);
     }
-    BufferObject *owner = buffer_new(conn, buf, false, self->socket);
+    BufferObject *owner = buffer_new(conn, buf, false);
     Py_DECREF(conn);
     if (!owner)
         return NULL;
@@ -633,7 +550,7 @@ static PyObject *Client_acquire_view(ClientObject *self, PyObject *args)
     return arr;
 }
 
-static PyObject *Client_release(ClientObject *self, PyObject *obj)
+static PyObject *release(ClientObject *self, PyObject *obj, Py_ssize_t allowed)
 {
     if (PyObject_TypeCheck(obj, &Ref_Type) || PyUnicode_Check(obj)) {
         shmref_desc d;
@@ -666,13 +583,12 @@ static PyObject *Client_release(ClientObject *self, PyObject *obj)
         return PyErr_Format(PyExc_ValueError, "not an array from shmref");
     if (owner->conn != self->conn)
         return PyErr_Format(PyExc_ValueError, "this array belongs to another client");
-    owner->released = true;
-    if (owner->has_desc) { /* a share()d copy goes with it */
+    if (owner->has_desc) { /* a share()d copy: the client's hold goes first */
         PyObject *key = ref_new(&owner->desc);
         if (!key)
             return NULL;
         PyObject *arr = PyDict_GetItemWithError(self->shares, key);
-        if (arr && buffer_of(arr) == owner && PyDict_DelItem(self->shares, key) < 0) {
+        if (arr && buffer_of(arr) == owner && arr != obj && PyDict_DelItem(self->shares, key) < 0) {
             Py_DECREF(key);
             return NULL;
         }
@@ -680,20 +596,40 @@ static PyObject *Client_release(ClientObject *self, PyObject *obj)
         if (PyErr_Occurred())
             return NULL;
     }
+    if (buffer_release(owner, obj, allowed) < 0)
+        return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *Client_release(ClientObject *self, PyObject *obj)
+{
+    return release(self, obj, 2); /* the caller's reference and the call's */
+}
+
+/* _release(obj, allowed): release for callers that hold more references themselves
+ * (the context managers of shmref's arrays). */
+static PyObject *Client_release_held(ClientObject *self, PyObject *args)
+{
+    PyObject *obj;
+    Py_ssize_t allowed;
+    if (!PyArg_ParseTuple(args, "On:_release", &obj, &allowed))
+        return NULL;
+    return release(self, obj, allowed + 1); /* + the argument tuple's */
 }
 
 static PyObject *Client_publish_batch(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = { "obj", "keep_ms", NULL };
-    PyObject *obj;
-    unsigned long keep_ms = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$k:publish_batch", names, &obj, &keep_ms))
+    static char *names[] = { "obj", "keep", "keep_ms", NULL };
+    PyObject *obj, *keep = NULL, *keep_ms = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OO:publish_batch", names, &obj, &keep, &keep_ms))
+        return NULL;
+    uint32_t k;
+    if (keep_arg(keep, keep_ms, &k) < 0)
         return NULL;
     ConnObject *conn = client_conn(self);
     if (!conn)
         return NULL;
-    PyObject *unit = NULL, *ref = batch_publish(conn, obj, keep_ms, &unit);
+    PyObject *unit = NULL, *ref = batch_publish(conn, obj, k, &unit);
     Py_DECREF(conn);
     if (ref && PyDict_SetItem(self->shares, ref, unit) < 0)
         Py_CLEAR(ref);
@@ -706,9 +642,9 @@ static PyObject *Client_acquire_batch(ClientObject *self, PyObject *ref)
     ConnObject *conn = client_conn(self);
     if (!conn)
         return NULL;
-    int ms = shmref_get_timeout(conn->c);
+    PyObject *b = batch_acquire(conn, ref);
     Py_DECREF(conn);
-    return batch_acquire(self->socket, ms, ref);
+    return b;
 }
 
 static PyObject *Client_ping(ClientObject *self, PyObject *unused)
@@ -879,19 +815,25 @@ static PyMethodDef Client_methods[] = {
       "A writable numpy array (a shmref.SharedArray) backed by a new lease (contents unspecified). "
       "dtype None means float64. Fill it, then publish() it." },
     { "publish", (PyCFunction)(void (*)(void))Client_publish, METH_VARARGS | METH_KEYWORDS,
-      "publish($self, /, array, *, keep_ms=0, meta=None)\n--\n\n"
+      "publish($self, /, array, *, keep=0.0, max_acquires=0, meta=None, keep_ms=None)\n--\n\n"
       "Publishes an array from empty() (the whole array or a contiguous view of it) and returns "
-      "its Ref: dtype, "
-      "shape, order and offset travel in the metadata (proto/METADATA.md), meta (bytes) as "
-      "its user value. The array becomes read-only. keep_ms: the daemon keeps the buffer that "
-      "long with no holder, until the first acquire (so the producer may drop it first). The "
-      "producer's lease stays while the array (or any view) lives." },
+      "its Ref: dtype, shape, order and offset travel in the metadata (proto/METADATA.md), meta "
+      "(bytes) as its user value. The buffer becomes read-only for every view, those made "
+      "before included: numpy refuses writes through the array and the arrays it views, and "
+      "the mapping itself is made read-only, so a write through any other view made earlier "
+      "faults (SIGSEGV) instead of changing what consumers read. keep (float seconds): the "
+      "daemon keeps the buffer that long with no holder, for every consumer that comes within "
+      "it, until max_acquires acquires were made (0: no cap). The producer's lease stays while "
+      "the array (or any view) lives. keep_ms= (milliseconds) is a deprecated alias of keep." },
     { "_publish_raw", (PyCFunction)Client_publish_raw, METH_VARARGS,
-      "_publish_raw(array, meta, keep_ms=0) -> Ref: publish with these metadata bytes, as they are." },
+      "_publish_raw(array, meta, keep=0.0) -> Ref: publish with these metadata bytes, as they are." },
     { "share", (PyCFunction)(void (*)(void))Client_share, METH_VARARGS | METH_KEYWORDS,
-      "share($self, /, obj, *, keep_ms=0, meta=None)\n--\n\n"
+      "share($self, /, obj, *, keep=0.0, max_acquires=1, meta=None, keep_ms=None)\n--\n\n"
       "Copies any array-like (numpy array, torch CPU tensor, bytes, any buffer) once into a "
-      "lease, publishes it and returns its Ref. The client holds the copy until release(ref) or close()." },
+      "lease, publishes it and returns its Ref. The client holds the copy until release(ref) or "
+      "close(); after that the daemon keeps it for keep seconds, ended by the first "
+      "max_acquires acquires (default 1: one consumer; 0: every consumer within keep). So a "
+      "loop of share/release cannot fill a quota with buffers nobody will read." },
     { "acquire", (PyCFunction)Client_acquire, METH_O,
       "acquire($self, ref, /)\n--\n\n"
       "A read-only, zero-copy numpy array (a shmref.SharedArray) of a published buffer (a Ref or its text), with the "
@@ -901,31 +843,38 @@ static PyMethodDef Client_methods[] = {
       "_acquire_view(ref, dtype, shape, strides, offset) -> numpy.ndarray (private)" },
     { "release", (PyCFunction)Client_release, METH_O,
       "release($self, array_or_ref, /)\n--\n\n"
-      "Gives up an array (from empty() or acquire()) or a Ref from share() or publish_batch(). The daemon's "
-      "reference is dropped once no view of the buffer remains (at once if none does); views "
-      "that still exist stay valid and mapped." },
+      "Gives up an array (from empty() or acquire()) now, or a Ref from share() or publish_batch() "
+      "(the client's hold of it). An array: the daemon's reference is dropped at once and the "
+      "array (with the arrays it is a view of) reads as empty from then on; BufferError, "
+      "naming what still uses the buffer, while anything else does: a view of it, a "
+      "memoryview, another array over the buffer, another name for the array (memoryview."
+      "release's rule: drop them first, or let the last of them go). Releasing twice is harmless." },
+    { "_release", (PyCFunction)Client_release_held, METH_VARARGS,
+      "_release(array, allowed) -> None: release() for a caller holding `allowed` references (private)." },
     { "publish_batch", (PyCFunction)(void (*)(void))Client_publish_batch, METH_VARARGS | METH_KEYWORDS,
-      "publish_batch($self, /, obj, *, keep_ms=0)\n--\n\n"
+      "publish_batch($self, /, obj, *, keep=0.0, keep_ms=None)\n--\n\n"
       "Copies any Arrow data (an object with __arrow_c_array__, e.g. a pyarrow RecordBatch or "
       "struct array, or __arrow_c_stream__: pyarrow Table, polars DataFrame, duckdb result, "
       "nanoarrow stream) once into one lease, as a unit of work with its manifest, publishes it "
-      "and returns its Ref. The client holds the lease until release(ref) or close(); keep_ms "
-      "as for publish(). View types (string/binary views, list views: polars' strings) are cast "
+      "and returns its Ref. The client holds the lease until release(ref) or close(); keep "
+      "(seconds) as for publish(). View types (string/binary views, list views: polars' strings) are cast "
       "by pyarrow to their large forms first (one more copy; needs pyarrow). OSError(ENOTSUP) "
       "for unions and run-end encoded arrays." },
     { "acquire_batch", (PyCFunction)Client_acquire_batch, METH_O,
       "acquire_batch($self, ref, /)\n--\n\n"
       "A shmref.Batch of a unit published by publish_batch (or libshmref's shmref_unit_*): its "
       "manifest is checked against the buffer first (ValueError naming the array and field "
-      "otherwise). The Batch gives zero-copy Arrow data through the PyCapsule interface; it "
-      "acquires on a connection of its own, so it and its arrays outlive this client." },
+      "otherwise). The Batch gives zero-copy Arrow data through the PyCapsule interface. It "
+      "shares this client's connection (any number of Batches: one connection) and keeps it, "
+      "so it and its arrays outlive close(); their releases, from any thread, never wait." },
     { "ping", (PyCFunction)Client_ping, METH_NOARGS, "ping($self, /)\n--\n\nOne round trip to the daemon." },
     { "status", (PyCFunction)Client_status, METH_NOARGS,
       "status($self, /)\n--\n\nThe daemon's status snapshot (the keys of `shmrefctl status --json`)." },
     { "close", (PyCFunction)Client_close, METH_NOARGS,
       "close($self, /)\n--\n\n"
       "Closes the client and drops what share() held. Arrays still alive keep the connection "
-      "(and their buffers) until they are gone; then it closes. Idempotent." },
+      "(and their buffers) until they are gone; then it closes. Never blocks: one-way "
+      "messages only, whatever the daemon does (stopped, slow). Idempotent." },
     { "__enter__", (PyCFunction)Client_enter, METH_NOARGS, "Returns the client." },
     { "__exit__", (PyCFunction)Client_exit, METH_VARARGS, "Closes the client." },
     { NULL }
@@ -947,10 +896,13 @@ PyTypeObject Client_Type = {
     .tp_name = "shmref.Client",
     .tp_basicsize = sizeof(ClientObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Client(socket=None, timeout_ms=-1)\n--\n\n"
+    .tp_doc = "Client(socket=None, timeout=None, *, timeout_ms=None)\n--\n\n"
               "A connection to shmrefd; use shmref.connect(). Safe to share between threads "
               "(calls are serialised; the GIL is released while one waits). Bound to the process "
-              "that made it: in a forked child every call raises ChildProcessError.",
+              "that made it: in a forked child every call raises ChildProcessError. timeout: float "
+              "seconds (math.inf: no limit; None: $SHMREF_TIMEOUT_MS, else 30 s). close() and the "
+              "last reference going never wait for the daemon (one-way messages; at most about a "
+              "millisecond, without the GIL, for replies already on their way).",
     .tp_init = (initproc)Client_init,
     .tp_new = Client_new,
     .tp_dealloc = (destructor)Client_dealloc,
@@ -959,14 +911,15 @@ PyTypeObject Client_Type = {
     .tp_getset = Client_getset,
 };
 
-/* _publish_buffer(buffer, keep_ms) -> Ref: publish a whole lease with the layout it was
- * made with (a pickle of an unpublished array from empty()). */
-PyObject *shmrefpy_publish_buffer(PyObject *m, PyObject *args)
+PyObject *client_publish_buffer(PyObject *m, PyObject *args)
 {
     (void)m;
     BufferObject *owner;
-    unsigned long keep_ms;
-    if (!PyArg_ParseTuple(args, "O!k:_publish_buffer", &Buffer_Type, &owner, &keep_ms))
+    PyObject *keep;
+    if (!PyArg_ParseTuple(args, "O!O:_publish_buffer", &Buffer_Type, &owner, &keep))
+        return NULL;
+    uint32_t keep_ms;
+    if (keep_arg(keep, NULL, &keep_ms) < 0)
         return NULL;
     if (owner->has_desc)
         return ref_new(&owner->desc);
@@ -989,9 +942,10 @@ PyObject *shmrefpy_publish_buffer(PyObject *m, PyObject *args)
     if (mlen < 0 || shmref_meta_array_nbytes(&a, &len) < 0)
         return PyErr_Format(PyExc_ValueError, "array metadata: %s", why);
     ConnObject *conn = owner->conn;
-    if (shmrefpy_forked(conn) < 0)
+    if (conn_forked(conn) < 0)
         return NULL;
     Py_INCREF(conn);
+    buffer_freeze(owner, NULL);
     shmref_desc d;
     char msg[MSG_MAX] = "";
     int r;
@@ -999,8 +953,7 @@ PyObject *shmrefpy_publish_buffer(PyObject *m, PyObject *args)
     conn_lock_nogil(conn);
     /* A pickle is unpickled once: its retention ends at the first acquire (max_acquires
      * 1), as it did before retention fanned out. */
-    r = shmref_publish_ex(owner->buf, len ? (size_t)len : 1, keep_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)keep_ms,
-                          1, 0, meta, (size_t)mlen, &d);
+    r = shmref_publish_ex(owner->buf, len ? (size_t)len : 1, keep_ms, 1, 0, meta, (size_t)mlen, &d);
     if (r < 0)
         snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
     conn_unlock_nogil(conn);

@@ -1,180 +1,17 @@
 /* SPDX-License-Identifier: MIT */
-/* module.c: shmref._shmref: errors, the Ref type, the fork hook, module setup. */
+/* module.c: shmref._shmref: module setup, the metadata helpers, the fork hook. The top
+ * layer: it includes every other module, none includes it. */
 #define PY_ARRAY_UNIQUE_SYMBOL shmrefpy_ARRAY_API
-#include "shmrefpy.h"
+#include "client.h"
 
 #include <numpy/arrayobject.h>
 #include <unistd.h>
 
-PyObject *shmrefpy_array_type;
-
-int shmrefpy_init_numpy(void)
+static int init_numpy(void)
 {
     import_array1(-1);
     return 0;
 }
-
-PyObject *shmrefpy_raise(int err, const char *msg)
-{
-    if (err < 0)
-        err = -err;
-    if (err == ENOMEM && (!msg || !*msg))
-        return PyErr_NoMemory();
-    PyObject *args = Py_BuildValue("(is)", err, msg && *msg ? msg : strerror(err));
-    if (args) {
-        PyErr_SetObject(PyExc_OSError, args);
-        Py_DECREF(args);
-    }
-    return NULL;
-}
-
-int shmrefpy_forked(ConnObject *conn)
-{
-    pid_t me = getpid();
-    if (conn->c && me == conn->pid)
-        return 0;
-    PyErr_Format(PyExc_ChildProcessError,
-                 "connection was opened by pid %d; this is pid %d: connect again in the child",
-                 (int)conn->pid, (int)me);
-    return -1;
-}
-
-/* ---- Ref ---- */
-
-PyObject *ref_new(const shmref_desc *desc)
-{
-    RefObject *r = PyObject_New(RefObject, &Ref_Type);
-    if (r)
-        r->desc = *desc;
-    return (PyObject *)r;
-}
-
-int ref_parse(PyObject *obj, shmref_desc *ret)
-{
-    if (PyObject_TypeCheck(obj, &Ref_Type)) {
-        *ret = ((RefObject *)obj)->desc;
-        return 0;
-    }
-    if (PyUnicode_Check(obj)) {
-        const char *s = PyUnicode_AsUTF8(obj);
-        if (!s)
-            return -1;
-        if (shmref_desc_from_text(s, ret) < 0) {
-            PyErr_Format(PyExc_ValueError, "not a shmref descriptor: %R", obj);
-            return -1;
-        }
-        return 0;
-    }
-    if (PyBytes_Check(obj)) {
-        if (shmref_desc_from_binary(PyBytes_AS_STRING(obj), (size_t)PyBytes_GET_SIZE(obj), ret) < 0) {
-            PyErr_SetString(PyExc_ValueError, "not a binary shmref descriptor");
-            return -1;
-        }
-        return 0;
-    }
-    PyErr_Format(PyExc_TypeError, "expected a shmref.Ref or its text, not %.100s", Py_TYPE(obj)->tp_name);
-    return -1;
-}
-
-static PyObject *Ref_new(PyTypeObject *type, PyObject *args, PyObject *kw)
-{
-    static char *names[] = { "descriptor", NULL };
-    PyObject *obj;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:Ref", names, &obj))
-        return NULL;
-    RefObject *r = (RefObject *)type->tp_alloc(type, 0);
-    if (r && ref_parse(obj, &r->desc) < 0)
-        Py_CLEAR(r);
-    return (PyObject *)r;
-}
-
-static PyObject *Ref_str(RefObject *self)
-{
-    char text[SHMREF_DESC_TEXT_MAX];
-    shmref_desc_to_text(&self->desc, text, sizeof(text));
-    return PyUnicode_FromString(text);
-}
-
-static PyObject *Ref_repr(RefObject *self)
-{
-    char text[SHMREF_DESC_TEXT_MAX];
-    shmref_desc_to_text(&self->desc, text, sizeof(text));
-    return PyUnicode_FromFormat("shmref.Ref('%s')", text);
-}
-
-static Py_hash_t Ref_hash(RefObject *self)
-{
-    Py_hash_t h = (Py_hash_t)_Py_HashBytes(self->desc.token, SHMREF_TOKEN_LEN) ^ (Py_hash_t)self->desc.size;
-    return h == -1 ? -2 : h;
-}
-
-static PyObject *Ref_richcompare(PyObject *a, PyObject *b, int op)
-{
-    if (!PyObject_TypeCheck(b, &Ref_Type) || (op != Py_EQ && op != Py_NE))
-        Py_RETURN_NOTIMPLEMENTED;
-    shmref_desc *x = &((RefObject *)a)->desc, *y = &((RefObject *)b)->desc;
-    int eq = x->size == y->size && memcmp(x->token, y->token, SHMREF_TOKEN_LEN) == 0;
-    return PyBool_FromLong(op == Py_EQ ? eq : !eq);
-}
-
-static PyObject *Ref_reduce(RefObject *self, PyObject *unused)
-{
-    (void)unused;
-    PyObject *text = Ref_str(self);
-    return text ? Py_BuildValue("(O(N))", (PyObject *)Py_TYPE(self), text) : NULL;
-}
-
-static PyObject *Ref_bytes(RefObject *self, PyObject *unused)
-{
-    (void)unused;
-    char b[SHMREF_DESC_BINARY_MAX];
-    int n = shmref_desc_to_binary(&self->desc, b, sizeof(b));
-    return n < 0 ? shmrefpy_raise(n, "") : PyBytes_FromStringAndSize(b, n);
-}
-
-static PyObject *Ref_get_size(RefObject *self, void *c)
-{
-    (void)c;
-    return PyLong_FromUnsignedLongLong(self->desc.size);
-}
-
-static PyObject *Ref_get_token(RefObject *self, void *c)
-{
-    (void)c;
-    return PyBytes_FromStringAndSize((const char *)self->desc.token, SHMREF_TOKEN_LEN);
-}
-
-static PyMethodDef Ref_methods[] = {
-    { "__reduce__", (PyCFunction)Ref_reduce, METH_NOARGS, "Pickles as its text form." },
-    { "__bytes__", (PyCFunction)Ref_bytes, METH_NOARGS, "The binary (msgpack) form of the descriptor." },
-    { NULL }
-};
-
-static PyGetSetDef Ref_getset[] = {
-    { "size", (getter)Ref_get_size, NULL, "The published size in bytes.", NULL },
-    { "token", (getter)Ref_get_token, NULL, "The 16-byte capability token: whoever knows it can acquire.", NULL },
-    { NULL }
-};
-
-PyTypeObject Ref_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmref.Ref",
-    .tp_basicsize = sizeof(RefObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Ref(descriptor)\n--\n\nA descriptor of a published buffer: a 128-bit capability token and a "
-              "size. str(ref) is the text form 'shmref1:<32 hex>:<size>'; Ref(text), Ref(bytes(ref)) "
-              "parse it back. Hashable, comparable, picklable (as its text). Hand it only to consumers: "
-              "knowing it is what lets a process acquire the buffer.",
-    .tp_new = Ref_new,
-    .tp_str = (reprfunc)Ref_str,
-    .tp_repr = (reprfunc)Ref_repr,
-    .tp_hash = (hashfunc)Ref_hash,
-    .tp_richcompare = Ref_richcompare,
-    .tp_methods = Ref_methods,
-    .tp_getset = Ref_getset,
-};
-
-/* ---- module ---- */
 
 static PyObject *mod_after_fork_child(PyObject *m, PyObject *unused)
 {
@@ -186,12 +23,8 @@ static PyObject *mod_after_fork_child(PyObject *m, PyObject *unused)
 static PyObject *mod_set_array_type(PyObject *m, PyObject *type)
 {
     (void)m;
-    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyArray_Type)) {
-        PyErr_SetString(PyExc_TypeError, "expected a subclass of numpy.ndarray");
+    if (buffer_set_array_type(type) < 0)
         return NULL;
-    }
-    Py_INCREF(type);
-    Py_XSETREF(shmrefpy_array_type, type);
     Py_RETURN_NONE;
 }
 
@@ -207,11 +40,39 @@ static PyObject *mod_buffer_info(PyObject *m, PyObject *array)
     Py_ssize_t off = 0;
     if (PyArray_Check(array))
         off = (char *)PyArray_DATA((PyArrayObject *)array) - b->data;
-    return Py_BuildValue("{s:O,s:N,s:n,s:n,s:O,s:O,s:O,s:O}", "buffer", (PyObject *)b, "ref", ref,
+    return Py_BuildValue("{s:O,s:N,s:n,s:n,s:O,s:O,s:O,s:O,s:O}", "buffer", (PyObject *)b, "ref", ref,
                          "offset", off, "size", (Py_ssize_t)b->size,
                          "lease", b->lease ? Py_True : Py_False,
                          "published", b->published ? Py_True : Py_False,
-                         "user", b->user ? b->user : Py_None, "socket", b->socket ? b->socket : Py_None);
+                         "frozen", b->frozen ? Py_True : Py_False,
+                         "user", b->user ? b->user : Py_None, "socket", b->conn->socket);
+}
+
+static PyObject *mod_freeze(PyObject *m, PyObject *array)
+{
+    (void)m;
+    BufferObject *b = buffer_of(array);
+    if (!b)
+        return PyErr_Format(PyExc_ValueError, "not an array from shmref");
+    buffer_freeze(b, array);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_release_array(PyObject *m, PyObject *args)
+{
+    (void)m;
+    PyObject *array;
+    Py_ssize_t allowed;
+    if (!PyArg_ParseTuple(args, "On:_release_array", &array, &allowed))
+        return NULL;
+    BufferObject *b = buffer_of(array);
+    if (!b)
+        return PyErr_Format(PyExc_ValueError, "not an array from shmref");
+    if (b->conn->pid != getpid())
+        Py_RETURN_NONE; /* a forked child leaves the parent's buffer alone */
+    if (buffer_release(b, array, allowed + 1) < 0) /* + the argument tuple's */
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyObject *mod_meta_encode(PyObject *m, PyObject *args)
@@ -301,12 +162,13 @@ static PyObject *mod_default_socket(PyObject *m, PyObject *unused)
     return PyUnicode_FromString("/run/shmrefd/shmrefd.sock");
 }
 
-PyObject *shmrefpy_publish_buffer(PyObject *m, PyObject *args);
-
 static PyMethodDef mod_methods[] = {
-    { "_publish_buffer", shmrefpy_publish_buffer, METH_VARARGS, "Publishes a whole lease with its layout." },
+    { "_publish_buffer", client_publish_buffer, METH_VARARGS, "Publishes a whole lease with its layout." },
     { "_after_fork_child", mod_after_fork_child, METH_NOARGS, "Closes every connection for a forked child." },
     { "_set_array_type", mod_set_array_type, METH_O, "The ndarray subclass arrays are made of." },
+    { "_release_array", mod_release_array, METH_VARARGS,
+      "_release_array(array, allowed): Client.release for an array's own buffer (the with block)." },
+    { "_freeze", mod_freeze, METH_O, "Makes an array's buffer read-only for every view (see buffer_freeze)." },
     { "_buffer_info", mod_buffer_info, METH_O, "What backs an array: a dict, or None if not shmref." },
     { "meta_encode", mod_meta_encode, METH_VARARGS,
       "meta_encode(dtype, shape, order, offset=0, user=None, /)\n--\n\n"
@@ -331,7 +193,7 @@ static struct PyModuleDef mod_def = {
 
 PyMODINIT_FUNC PyInit__shmref(void)
 {
-    if (shmrefpy_init_numpy() < 0)
+    if (init_numpy() < 0)
         return NULL;
     PyTypeObject *types[] = { &Conn_Type, &Buffer_Type, &Ref_Type, &Client_Type, &Batch_Type, &Unit_Type };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
@@ -340,10 +202,11 @@ PyMODINIT_FUNC PyInit__shmref(void)
     PyObject *m = PyModule_Create(&mod_def);
     if (!m)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Ref", (PyObject *)&Ref_Type) < 0 ||
-        PyModule_AddObjectRef(m, "Client", (PyObject *)&Client_Type) < 0 ||
-        PyModule_AddObjectRef(m, "Buffer", (PyObject *)&Buffer_Type) < 0 ||
-        PyModule_AddObjectRef(m, "Batch", (PyObject *)&Batch_Type) < 0 ||
+    if (errors_init(m) < 0 ||
+        shmrefpy_add_object(m, "Ref", (PyObject *)&Ref_Type) < 0 ||
+        shmrefpy_add_object(m, "Client", (PyObject *)&Client_Type) < 0 ||
+        shmrefpy_add_object(m, "Buffer", (PyObject *)&Buffer_Type) < 0 ||
+        shmrefpy_add_object(m, "Batch", (PyObject *)&Batch_Type) < 0 ||
         PyModule_AddIntConstant(m, "META_MAX", SHMREF_META_MAX) < 0 ||
         PyModule_AddIntConstant(m, "TIMEOUT_DEFAULT_MS", SHMREF_TIMEOUT_DEFAULT_MS) < 0) {
         Py_DECREF(m);

@@ -91,7 +91,7 @@ def publish_cases(socket, names):
     """In a producer process: publish every case (kept 60 s), return name -> ref text."""
     import shmref
     c = shmref.connect(socket)
-    out = {n: str(c.publish_batch(case(n), keep_ms=60_000)) for n in names}
+    out = {n: str(c.publish_batch(case(n), keep=60.0)) for n in names}
     c.close()
     return out
 
@@ -124,7 +124,7 @@ def publish_from(socket, producer):
         raise ValueError(producer)
     import shmref
     c = shmref.connect(socket)
-    ref = str(c.publish_batch(obj, keep_ms=60_000))
+    ref = str(c.publish_batch(obj, keep=60.0))
     c.close()
     return ref
 

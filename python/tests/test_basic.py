@@ -156,11 +156,11 @@ def test_acquire_unknown_is_enoent(client):
         client.acquire("shmref1:" + "ab" * 16 + ":8")
 
 
-def test_keep_ms_lets_the_producer_go(daemon):
+def test_keep_lets_the_producer_go(daemon):
     with shmref.connect(daemon.socket) as p:
         a = p.empty(1000, "int16")
         a[:] = 3
-        ref = p.publish(a, keep_ms=10_000)
+        ref = p.publish(a, keep=10.0)
     del a  # the producer's connection closes with its last array
     with shmref.connect(daemon.socket) as c:
         np.testing.assert_array_equal(c.acquire(ref), np.full(1000, 3, np.int16))

@@ -29,7 +29,7 @@ def test_producer_process_consumer_here(daemon):
         with shmref.connect(sys.argv[1]) as c:
             a = c.empty((500, 3), "float32")
             a[:] = np.arange(1500, dtype=np.float32).reshape(500, 3)
-            print(c.publish(a, keep_ms=30000, meta=b"from-child"))
+            print(c.publish(a, keep=30.0, meta=b"from-child"))
         """, daemon.socket).strip()
     with shmref.connect(daemon.socket) as c:
         b = c.acquire(text)
@@ -52,17 +52,21 @@ def test_producer_here_consumer_process(daemon):
 
 
 def test_pickle_is_a_reference(client):
+    """Inside by_reference() (multiprocessing's pickler always): a descriptor."""
     a = client.empty(100_000, "float64")
     a[:] = 1.5
-    p = pickle.dumps(a)
-    assert len(p) < 400, len(p)          # a descriptor, not 800 kB
-    assert not a.flags.writeable         # pickling published it
-    for proto in range(2, pickle.HIGHEST_PROTOCOL + 1):
-        assert len(pickle.dumps(a[:10], protocol=proto)) < 400
+    with shmref.by_reference():
+        p = pickle.dumps(a)
+        assert len(p) < 400, len(p)          # a descriptor, not 800 kB
+        assert not a.flags.writeable         # pickling published it
+        for proto in range(2, pickle.HIGHEST_PROTOCOL + 1):
+            assert len(pickle.dumps(a[:10], protocol=proto)) < 400
     b = pickle.loads(p)
     assert shmref._shmref._buffer_info(b) is not None
     np.testing.assert_array_equal(b, a)
-    v = pickle.loads(pickle.dumps(b[10:50:3]))   # a strided view travels as a view
+    with shmref.by_reference():
+        p = pickle.dumps(b[10:50:3])
+    v = pickle.loads(p)                          # a strided view travels as a view
     np.testing.assert_array_equal(v, a[10:50:3])
     plain = pickle.loads(pickle.dumps(a * 2))    # arithmetic results are plain arrays: by value
     assert type(plain) is np.ndarray and shmref._shmref._buffer_info(plain) is None

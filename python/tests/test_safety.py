@@ -24,35 +24,44 @@ def leases_held(daemon):
     return daemon.status()["buffers"]["leases"]
 
 
-def test_read_after_release_stays_valid(client):
+def test_views_keep_the_buffer_and_release_says_so(client):
+    """While views of an array live, release() refuses (BufferError, as
+    memoryview.release) and every view keeps reading the producer's bytes; once they
+    are gone, release() gives the buffer up and the array reads as empty."""
     a, ref = published(client, 100_000, 2.5)
     b = client.acquire(ref)
     view = b[::7]
     mv = memoryview(b)
-    client.release(b)
-    client.release(a)
+    with pytest.raises(BufferError, match="still in use"):
+        client.release(b)
     assert float(b.sum()) == 250_000.0        # still mapped, still the producer's bytes
     assert float(view.sum()) == pytest.approx(2.5 * len(view))
     assert mv.readonly and mv.nbytes == 800_000
-    client.release(b)                         # twice: harmless
-    del a, b
+    del view
     gc.collect()
     assert np.frombuffer(mv, np.float64)[-1] == 2.5   # the memoryview alone keeps it
+    mv.release()
+    client.release(b)
+    assert b.size == 0
+    client.release(b)                         # twice: harmless
+    client.release(a)
 
 
-def test_release_takes_effect_when_the_last_view_goes(client, daemon):
+def test_release_takes_effect_at_once(client, daemon):
     client.ping()
     before = leases_held(daemon)
     a, ref = published(client)
     b = client.acquire(ref)
     v = b[1:]
-    client.release(b)
-    del b
+    with pytest.raises(BufferError):
+        client.release(b)
     client.ping()
     assert leases_held(daemon) == before + 2   # v still holds the acquire
-    del v, a
+    del v
+    client.release(b)
+    client.release(a)
     client.ping()
-    assert daemon.wait_status("buffers.leases", before) == before
+    assert leases_held(daemon) == before       # both gone now, not at the next GC
 
 
 def test_read_after_close_stays_valid(daemon):
@@ -309,7 +318,7 @@ def test_random_sequences_never_crash(daemon):
                 alive.append((a, step % 100))
             elif op == 1 and alive:
                 a, v = rnd.choice(alive)
-                refs.append((c, c.publish(a, keep_ms=rnd.choice([0, 5000])), v))
+                refs.append((c, c.publish(a, keep=rnd.choice([0.0, 5.0])), v))
             elif op == 2 and refs:
                 _, ref, v = rnd.choice(refs)
                 alive.append((c.acquire(ref), v))
@@ -332,7 +341,7 @@ def test_random_sequences_never_crash(daemon):
                     c.release(ref)
             elif op == 8:
                 gc.collect()
-        except (OSError, ValueError):
+        except (OSError, ValueError, BufferError):
             pass   # refused (e.g. publish twice, acquire of a gone buffer): an exception, not a crash
         for a, v in alive[-5:]:
             assert a.size == 0 or (int(a.flat[0]) == v and int(a.flat[-1]) == v)

@@ -37,7 +37,8 @@ def test_frombuffer_on_an_acquired_array(client):
         t = torch.frombuffer(b, dtype=torch.int64)
     assert t.data_ptr() == b.ctypes.data
     assert int(t.sum()) == 999 * 1000 // 2
-    client.release(b)
+    with pytest.raises(BufferError):
+        client.release(b)                      # the tensor uses the buffer: refused, not freed
     del b
     assert int(t[-1]) == 999                   # the tensor keeps the mapping
 

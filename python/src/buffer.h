@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+/* buffer.h: shmref.Buffer, the owner object behind every array shmref hands out (their
+ * .base): the C buffer handle, its mapping and a reference to the connection. */
+#ifndef SHMREFPY_BUFFER_H
+#define SHMREFPY_BUFFER_H
+
+#include "conn.h"
+
+typedef struct {
+    PyObject_HEAD
+    ConnObject *conn;
+    shmref_buf *buf;            /* NULL once released */
+    char *data;
+    size_t size;
+    bool lease;                 /* writable until published or frozen */
+    bool published;
+    bool frozen;                /* read-only from now on (published, or a shared() copy) */
+    bool protected_;            /* the mapping is mprotect'ed read-only (restored at release) */
+    bool released;              /* given up (Client.release) */
+    bool has_desc;
+    shmref_desc desc;
+    PyObject *layout;           /* (dtype str, shape, order) the buffer was made for, or NULL */
+    PyObject *user;             /* the user metadata, or NULL */
+    Py_ssize_t exports;         /* live buffer-protocol exports (memoryviews) */
+} BufferObject;
+
+extern PyTypeObject Buffer_Type;
+
+/* buffer_new: an owner for buf (reference to conn taken). On failure buf is released. */
+BufferObject *buffer_new(ConnObject *conn, shmref_buf *buf, bool lease);
+/* buffer_of: the Buffer behind a numpy array or memoryview (following .base), or NULL
+ * (no error set). */
+BufferObject *buffer_of(PyObject *array);
+/* buffer_array: an ndarray over owner's bytes at offset, with dtype / shape / strides
+ * (strides NULL: contiguous in order 'C' or 'F'); checked to lie within the buffer.
+ * Writable only for a lease neither published nor frozen. New reference, or NULL. */
+PyObject *buffer_array(BufferObject *owner, PyObject *dtype, int ndim, const Py_ssize_t *shape,
+                       const Py_ssize_t *strides, char order, size_t offset);
+/* buffer_freeze: the buffer read-only for every view: the array given and each array
+ * it is a view of lose NPY_ARRAY_WRITEABLE, later exports and views are read-only, and
+ * the mapping is made read-only (mprotect) so that no view made writable before can
+ * change the bytes (a write through one faults). array may be NULL. */
+void buffer_freeze(BufferObject *owner, PyObject *array);
+/* buffer_release: Client.release's work: give the buffer up now, or BufferError naming
+ * what still uses it. array: the array (or memoryview) the caller passed, which may hold
+ * `allowed` references (the caller's name and the call's own: 2); every array between it
+ * and the owner may be held only by the view below it, the owner only by the top one.
+ * The arrays of that chain then read as empty. 0, or -1 with the error set. */
+int buffer_release(BufferObject *owner, PyObject *array, Py_ssize_t allowed);
+/* buffer_set_array_type: the ndarray subclass arrays are made of (shmref.SharedArray). */
+int buffer_set_array_type(PyObject *type);
+
+#endif

@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: MIT */
+/* errors.c: libshmref's -errno and message as Python exceptions. */
+#include "errors.h"
+
+#include <errno.h>
+#include <string.h>
+
+PyObject *shmrefpy_Refused, *shmrefpy_QuotaExceeded, *shmrefpy_PoolFull, *shmrefpy_LimitReached;
+
+int shmrefpy_add_object(PyObject *m, const char *name, PyObject *value)
+{
+    Py_INCREF(value);
+    if (PyModule_AddObject(m, name, value) < 0) {
+        Py_DECREF(value);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *new_class(PyObject *m, const char *name, PyObject *base, const char *doc)
+{
+    char full[128];
+    snprintf(full, sizeof(full), "shmref.%s", name);
+    PyObject *cls = PyErr_NewExceptionWithDoc(full, doc, base, NULL);
+    if (cls && shmrefpy_add_object(m, name, cls) < 0)
+        Py_CLEAR(cls);
+    return cls;
+}
+
+int errors_init(PyObject *m)
+{
+    if (shmrefpy_Refused)
+        return shmrefpy_add_object(m, "Refused", shmrefpy_Refused) < 0 ||
+                       shmrefpy_add_object(m, "QuotaExceeded", shmrefpy_QuotaExceeded) < 0 ||
+                       shmrefpy_add_object(m, "PoolFull", shmrefpy_PoolFull) < 0 ||
+                       shmrefpy_add_object(m, "LimitReached", shmrefpy_LimitReached) < 0
+                   ? -1
+                   : 0;
+    shmrefpy_Refused = new_class(m, "Refused", PyExc_OSError,
+                                 "The daemon refused a request for a limit of its policy (an OSError: errno "
+                                 "and the daemon's message with its numbers). Subclasses: QuotaExceeded, "
+                                 "PoolFull, LimitReached.");
+    if (!shmrefpy_Refused)
+        return -1;
+    shmrefpy_QuotaExceeded = new_class(m, "QuotaExceeded", shmrefpy_Refused,
+                                       "errno EDQUOT: the tenant's quota (bytes or buffers) would be exceeded.");
+    shmrefpy_PoolFull = new_class(m, "PoolFull", shmrefpy_Refused,
+                                  "errno ENOSPC: the daemon's pool has no room for the buffer.");
+    shmrefpy_LimitReached = new_class(m, "LimitReached", shmrefpy_Refused,
+                                      "errno EUSERS, EMFILE, ENFILE, ETOOMANYREFS or ENOBUFS: a count limit "
+                                      "(connections per uid, descriptors, queued requests) was reached.");
+    return shmrefpy_QuotaExceeded && shmrefpy_PoolFull && shmrefpy_LimitReached ? 0 : -1;
+}
+
+PyObject *shmrefpy_raise(int err, const char *msg)
+{
+    if (err < 0)
+        err = -err;
+    if (err == ENOMEM && (!msg || !*msg))
+        return PyErr_NoMemory();
+    PyObject *cls = PyExc_OSError;
+    switch (err) {
+    case EDQUOT:
+        cls = shmrefpy_QuotaExceeded;
+        break;
+    case ENOSPC:
+        cls = shmrefpy_PoolFull;
+        break;
+    case EUSERS:
+    case EMFILE:
+    case ENFILE:
+    case ETOOMANYREFS:
+    case ENOBUFS:
+        cls = shmrefpy_LimitReached;
+        break;
+    }
+    if (!cls)
+        cls = PyExc_OSError;
+    PyObject *args = Py_BuildValue("(is)", err, msg && *msg ? msg : strerror(err));
+    if (args) {
+        PyErr_SetObject(cls, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}

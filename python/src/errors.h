@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: MIT */
+/* errors.h: the bottom layer of shmref._shmref: the headers every module needs (Python,
+ * libshmref's public API) and how errors become Python exceptions. Includes no other
+ * module of the extension. */
+#ifndef SHMREFPY_ERRORS_H
+#define SHMREFPY_ERRORS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "shmref/shmref.h"
+
+#define SHMREFPY_MSG_MAX 640
+
+/* The extension's OSError subclasses, made by errors_init: Refused(OSError) and under it
+ * QuotaExceeded (EDQUOT), PoolFull (ENOSPC) and LimitReached (EUSERS, EMFILE, ENFILE,
+ * ETOOMANYREFS, ENOBUFS). */
+extern PyObject *shmrefpy_Refused, *shmrefpy_QuotaExceeded, *shmrefpy_PoolFull, *shmrefpy_LimitReached;
+
+/* errors_init: create the exception classes and add them to module m. -1 with an error. */
+int errors_init(PyObject *m);
+
+/* shmrefpy_raise: an OSError(-err, msg): one of the classes above for the daemon's
+ * refusals, else Python picks the subclass (TimeoutError, FileNotFoundError,
+ * ConnectionResetError ...). msg "" means strerror. Returns NULL. */
+PyObject *shmrefpy_raise(int err, const char *msg);
+
+/* shmrefpy_add_object: PyModule_AddObjectRef's contract on every Python from 3.9 on (value
+ * borrowed). */
+int shmrefpy_add_object(PyObject *m, const char *name, PyObject *value);
+
+#endif

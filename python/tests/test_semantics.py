@@ -1,0 +1,547 @@
+# SPDX-License-Identifier: MIT
+"""The Python binding's semantics (issue 16 item 4-6, issue 17 item 5): destructors that
+never block, publish freezing the buffer for every view, release that gives the buffer
+up now or says what still uses it, pickles by reference only through multiprocessing or
+by_reference() and naming no socket, retention that ends with its consumer, a clean
+namespace, seconds and OSError subclasses. Real daemons, real processes."""
+import ast
+import gc
+import os
+import pickle
+import shutil
+import signal
+import socket as socketlib
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import warnings
+from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shmref
+from conftest import Daemon
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_child(code, env=None, timeout=120):
+    """code in a fresh interpreter (shmref importable as here); its CompletedProcess."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True, text=True,
+                          timeout=timeout, cwd=HERE)
+
+
+# ---- 1. destructors never block ----
+
+CLOSE_CHILD = """
+    import os, signal, sys, threading, time
+    import shmref
+    c = shmref.connect(os.environ["SOCK"], timeout=30)
+    arrays = [c.empty(1000) for _ in range(3)]   # the stock asks for more in the background
+    os.kill(int(os.environ["DAEMON_PID"]), signal.SIGSTOP)
+    del arrays
+    stamps = []
+    stop = False
+    def spin():                  # another Python thread: when did it run?
+        while not stop:
+            stamps.append(time.monotonic())
+            time.sleep(0.001)
+    t = threading.Thread(target=spin)
+    t.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    if os.environ["HOW"] == "close":
+        c.close()
+    else:
+        del c                    # the last reference: the same destructor
+    t1 = time.monotonic()
+    time.sleep(0.05)
+    stop = True
+    t.join()
+    window = [s for s in stamps if t0 - 0.02 <= s <= t1 + 0.05]
+    gap = max(b - a for a, b in zip(window, window[1:]))
+    print(t1 - t0, gap)
+"""
+
+
+@pytest.mark.parametrize("how", ["close", "dealloc"])
+def test_close_never_blocks_on_a_stopped_daemon(own_daemon, how):
+    """With the daemon stopped (SIGSTOP) and stock refills outstanding, close() (or the
+    last reference going) returns within 100 ms and another Python thread keeps running
+    meanwhile (no gap of 500 ms in its iterations). Before: shmref_close's 2 s drain, with
+    the GIL held."""
+    r = run_child(CLOSE_CHILD, env={"SOCK": own_daemon.socket, "DAEMON_PID": str(own_daemon.proc.pid),
+                                    "HOW": how, "SHMREF_STOCK": "2"})
+    os.kill(own_daemon.proc.pid, signal.SIGCONT)
+    assert r.returncode == 0, r.stderr
+    took, gap = (float(x) for x in r.stdout.split())
+    assert took < 0.1, f"close took {took * 1000:.0f} ms"
+    # Before: the thread stood still for the whole 2 s drain (the GIL held). The bound
+    # leaves room for a loaded 2-core machine's scheduling, not for a wait.
+    assert gap < 0.5, f"the other thread stood still for {gap * 1000:.0f} ms"
+
+
+# ---- 2. publishing freezes the buffer for every view ----
+
+def test_publish_makes_the_base_array_read_only(client):
+    a = client.empty(10, "int64")
+    a[:] = 1
+    client.publish(a[2:5])                      # a slice of it
+    with pytest.raises(ValueError, match="read-only"):
+        a[0] = 7                                # the base array
+    with pytest.raises(ValueError, match="read-only"):
+        a[2:5][0] = 7                           # a new view of it
+    with pytest.raises(ValueError):
+        a.flags.writeable = True                # and numpy cannot make it writable again
+    mv = memoryview(shmref._shmref._buffer_info(a)["buffer"])
+    assert mv.readonly                          # the exporter too
+    assert shmref._shmref._buffer_info(a)["frozen"]
+
+
+def test_pickling_a_slice_by_reference_freezes_the_base(client):
+    a = client.empty(10, "float64")
+    a[:] = 3.0
+    with shmref.by_reference():
+        p = pickle.dumps(a[2:5])
+    with pytest.raises(ValueError, match="read-only"):
+        a[0] = 1.0
+    b = pickle.loads(p)
+    assert b.tolist() == [3.0, 3.0, 3.0]
+
+
+def test_a_view_made_writable_before_publish_cannot_change_the_bytes(daemon, tmp_path):
+    """A sibling view made before publish is not reachable from the published array: the
+    mapping itself is read-only, so the write faults (SIGSEGV) and the consumer keeps
+    reading what was published."""
+    r = run_child(f"""
+        import os, sys, faulthandler
+        import shmref
+        faulthandler.disable()
+        c = shmref.connect({daemon.socket!r})
+        a = c.empty(1000, "uint8")
+        a[:] = 5
+        w = a[2:5]                     # a writable view, made before publish
+        ref = c.publish(a, keep=30.0)
+        print(ref, flush=True)
+        assert w.flags.writeable       # numpy does not know: the mapping does
+        w[0] = 99                      # must not reach the consumer
+        print("wrote", flush=True)
+    """)
+    assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stdout, r.stderr)
+    ref = r.stdout.split()[0]
+    assert "wrote" not in r.stdout
+    b = shmref.connect(daemon.socket).acquire(ref)
+    assert b.tolist() == [5] * 1000
+
+
+def test_shared_copies_are_read_only_for_every_view(daemon):
+    s = shmref.shared(np.arange(10.0))
+    for x in (s, s[1:], s.reshape(2, 5)):
+        with pytest.raises(ValueError, match="read-only"):
+            x[0] = 1.0
+
+
+# ---- 3. release gives the buffer up now, or says what uses it ----
+
+def test_release_with_live_views_raises_and_names_them(client, daemon):
+    client.ping()
+    before = daemon.status()["buffers"]["leases"]
+    a = client.empty(100)
+    v = a[10:20]
+    with pytest.raises(BufferError, match=r"1 more reference"):
+        client.release(a)
+    m = memoryview(a)
+    with pytest.raises(BufferError, match=r"2 more reference"):
+        client.release(a)
+    del v, m
+    client.release(a)                       # now: given up at once
+    client.ping()
+    assert daemon.status()["buffers"]["leases"] == before
+    assert a.size == 0 and a.shape == (0,)  # reads as empty, never the memory that went back
+    client.release(a)                       # twice: harmless
+
+
+def test_release_of_an_acquired_array_with_a_memoryview_of_the_buffer(client):
+    a = client.empty(10)
+    ref = client.publish(a)
+    b = client.acquire(ref)
+    mv = memoryview(shmref._shmref._buffer_info(b)["buffer"])
+    with pytest.raises(BufferError, match=r"1 memoryview"):
+        client.release(b)
+    mv.release()
+    client.release(b)
+    assert b.size == 0
+
+
+def test_with_block_releases_at_its_end(client, daemon):
+    client.ping()
+    before = daemon.status()["buffers"]["leases"]
+    with client.empty(1000) as a:
+        a[:] = 2.0
+        ref = client.publish(a)
+        with client.acquire(ref) as b:
+            assert float(b.sum()) == 2000.0
+        assert b.size == 0
+    client.ping()
+    assert daemon.status()["buffers"]["leases"] == before
+    with pytest.raises(BufferError):
+        with client.empty(10) as c2:
+            keep = c2[1:]                   # a view outlives the block: refused, not freed under it
+    assert keep.size == 9
+    del keep, c2
+
+
+# ---- 4. pickling: by reference only where the receiver can acquire ----
+
+def test_plain_pickle_holds_the_bytes_and_forking_pickler_the_reference(client):
+    a = client.empty(100_000)
+    a[:] = 1.5
+    plain = pickle.dumps(a)
+    assert len(plain) > 800_000
+    assert type(pickle.loads(plain)) is np.ndarray
+    fp = bytes(ForkingPickler.dumps(a))
+    assert len(fp) < 400
+    with shmref.by_reference():
+        assert len(pickle.dumps(a[10:20])) < 400
+    assert len(pickle.dumps(a[10:20])) > 80     # by value again outside the block
+    b = pickle.loads(fp)
+    assert shmref._shmref._buffer_info(b) is not None and float(b.sum()) == 150_000.0
+
+
+def test_array_pickled_to_a_file_loads_after_its_producer_exited(daemon, tmp_path):
+    path = tmp_path / "a.pickle"
+    r = run_child(f"""
+        import pickle, shmref
+        c = shmref.connect({daemon.socket!r})
+        a = c.empty((3, 4), "int32")
+        a[:] = 7
+        s = shmref.shared(a * 2)
+        with open({str(path)!r}, "wb") as f:
+            pickle.dump({{"a": a, "s": s, "v": a[1:, ::2]}}, f)
+    """)
+    assert r.returncode == 0, r.stderr
+    gc.collect()
+    with open(path, "rb") as f:
+        d = pickle.load(f)
+    assert d["a"].tolist() == [[7] * 4] * 3 and d["s"].tolist() == [[14] * 4] * 3
+    assert d["v"].tolist() == [[7, 7]] * 2
+    for x in d.values():                     # the bytes themselves, no buffer behind them
+        assert type(x) is np.ndarray and shmref._shmref._buffer_info(x) is None
+
+
+def test_a_pickle_naming_a_socket_is_not_followed(client, daemon, tmp_path):
+    """Pickles of the first releases named the sender's socket; one naming a socket that
+    is not this process's default must not make it connect there."""
+    fake = str(tmp_path / "fake.sock")
+    lst = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    lst.bind(fake)
+    lst.listen(8)
+    lst.settimeout(0.3)
+    a = client.empty(8, "int64")
+    a[:] = 4
+    ref = client.publish(a, keep=30.0)
+    # The first releases' form: (text, dtype, shape, strides, offset, socket).
+    payload = pickle.dumps(_Crafted((str(ref), a.dtype.str, a.shape, a.strides, 0, fake)))
+    try:
+        b = pickle.loads(payload)
+        assert b.tolist() == [4] * 8         # acquired through this process's own default
+    finally:
+        lst.settimeout(0.3)
+        try:
+            conn, _ = lst.accept()
+            conn.close()
+            connected = True
+        except socketlib.timeout:
+            connected = False
+        lst.close()
+    assert not connected, "unpickling connected to the socket the pickle named"
+
+
+class _Crafted:
+    def __init__(self, args):
+        self.args = args
+
+    def __reduce__(self):
+        return (shmref._rebuild, self.args)
+
+
+def test_two_hundred_pickles_leave_no_fd_open(client):
+    a = client.empty(1000)
+    a[:] = 1.0
+    client.publish(a)
+    shmref.default_client().ping()
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(200):
+        b = pickle.loads(ForkingPickler.dumps(a[::2]))
+        assert b.shape == (500,)
+        del b
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+# ---- 5. retention that ends with its consumer ----
+
+@pytest.fixture(scope="module")
+def quota_daemon():
+    d = Daemon("--pool-size", "4G", "--tenant-quota", "2G")
+    yield d
+    d.stop()
+
+
+def test_encode_decode_loop_does_not_fill_the_quota(quota_daemon):
+    """200 encode/decode rounds of a 1e7 float64 array (80 MB each, 16 GB in all) under a
+    2 GiB quota: each encode's retention ends with its decode."""
+    x = np.random.default_rng(1).random(10_000_000)
+    with shmref.connect(quota_daemon.socket, timeout=30) as c:
+        t0 = time.monotonic()
+        for i in range(200):
+            y = shmref.decode(shmref.encode({"x": x}, c), c)["x"]
+            assert y[i] == x[i]
+            del y
+        per_call = (time.monotonic() - t0) / 200
+    print(f"encode+decode of 1e7 float64: {per_call * 1000:.1f} ms per round")
+
+
+def test_shared_loop_does_not_fill_the_quota(quota_daemon):
+    x = np.ones(10_000_000)
+    c = shmref.connect(quota_daemon.socket, timeout=30)
+    for i in range(200):
+        s = shmref.shared(x, client=c)
+        assert s[i] == 1.0
+        del s
+    held = quota_daemon.status()["buffers"]["leases"]
+    assert held <= 2
+    c.close()
+
+
+def test_share_retention_ends_at_the_first_acquire(client, daemon):
+    ref = client.share(np.arange(100.0), keep=30.0)
+    client.release(ref)
+    other = shmref.connect(daemon.socket)
+    b = other.acquire(ref)
+    assert float(b[99]) == 99.0
+    del b
+    other.ping()
+    with pytest.raises(FileNotFoundError):
+        other.acquire(ref)                  # retention ended with its consumer
+    ref2 = client.share(np.arange(10.0), keep=30.0, max_acquires=0)
+    client.release(ref2)
+    for _ in range(3):                      # max_acquires=0: every consumer within keep
+        b = other.acquire(ref2)
+        del b
+        other.ping()
+    other.close()
+
+
+# ---- 6. namespace, stubs, seconds, exceptions ----
+
+def test_all_is_clean():
+    public = {n for n in dir(shmref) if not n.startswith("_")}
+    modules = {n for n in public if type(getattr(shmref, n)).__name__ == "module"}
+    assert set(shmref.__all__) <= public
+    leaked = public - set(shmref.__all__) - modules
+    assert not leaked, f"public names outside __all__: {sorted(leaked)}"
+    for n in modules:                       # only shmref's own submodules
+        assert getattr(shmref, n).__name__.startswith("shmref."), n
+    with pytest.warns(DeprecationWarning):
+        assert shmref.PICKLE_KEEP_MS == 60_000    # the first API's name, still there
+
+
+def _stub_names(tree):
+    names, classes = set(), {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names.add(node.name)
+            classes[node.name] = {m.name for m in node.body if isinstance(m, (ast.FunctionDef, ast.AnnAssign))
+                                  for m in [m] if not isinstance(m, ast.AnnAssign)} | \
+                {m.target.id for m in node.body if isinstance(m, ast.AnnAssign)}
+        elif isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign):
+            names.add(node.target.id)
+    return names, classes
+
+
+def test_stub_matches_the_extension():
+    stub = Path(shmref.__file__).with_name("_shmref.pyi")
+    names, classes = _stub_names(ast.parse(stub.read_text()))
+    mod = shmref._shmref
+    actual = {n for n in dir(mod) if not n.startswith("__")}
+    assert names - {"_RefLike", "_Shape"} == actual, \
+        (sorted(names - actual), sorted(actual - names))
+    for cls, members in classes.items():
+        obj = getattr(mod, cls)
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            continue
+        real = {m for m in dir(obj) if not m.startswith("__") or m in members}
+        real -= {m for m in dir(object)}
+        declared = {m for m in members if not m.startswith("__") or m in dir(obj)}
+        assert declared <= set(dir(obj)), (cls, sorted(declared - set(dir(obj))))
+        assert {m for m in real if not m.startswith("__")} <= members, (cls, sorted(real - members))
+
+
+def test_stubtest():
+    """mypy's stubtest: the stub's signatures, defaults and finality match the runtime."""
+    pytest.importorskip("mypy.stubtest")
+    r = subprocess.run([sys.executable, "-m", "mypy.stubtest", "shmref._shmref"], capture_output=True, text=True,
+                       timeout=600, cwd=HERE)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_seconds_everywhere(client):
+    a = client.empty(4)
+    ref = client.publish(a, keep=0.5)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        b = client.empty(4)
+        client.publish(b, keep_ms=500)      # the deprecated alias still works
+    assert any(issubclass(x.category, DeprecationWarning) for x in w)
+    with pytest.raises(TypeError):
+        client.publish(client.empty(1), keep=1.0, keep_ms=1000)
+    with pytest.raises(ValueError):
+        client.publish(client.empty(1), keep=-1.0)
+    assert ref.size == 32
+    c = shmref.Client(client.socket, 2.5)
+    assert c.timeout == 2.5
+    c.close()
+
+
+def test_refusals_are_oserror_subclasses(tmp_path):
+    d = Daemon("--pool-size", "64M", "--tenant-quota", "16M")
+    try:
+        c = shmref.connect(d.socket)
+        with pytest.raises(shmref.QuotaExceeded) as e:
+            c.empty(32 * 1024 * 1024, "uint8")
+        assert isinstance(e.value, OSError) and isinstance(e.value, shmref.Refused)
+        assert e.value.errno == __import__("errno").EDQUOT and "16" in str(e.value)
+        c.close()
+    finally:
+        d.stop()
+    assert issubclass(shmref.PoolFull, shmref.Refused) and issubclass(shmref.LimitReached, OSError)
+
+
+# ---- 7. Batches share their Client's connection ----
+
+def test_six_hundred_batches_use_one_connection(client, daemon):
+    """Each acquire_batch used to open a connection of its own for the Batch's life: 512
+    live Batches made a non-root uid hit EUSERS. Now they all use the client's."""
+    pa = pytest.importorskip("pyarrow")
+    ref = client.publish_batch(pa.record_batch({"x": pa.array(range(100), pa.int64())}))
+    clients = daemon.status()["daemon"]["clients"]
+    batches = [client.acquire_batch(ref) for _ in range(600)]
+    assert daemon.status()["daemon"]["clients"] == clients
+    tables = [b.to_pyarrow() for b in batches[:50]]
+    assert all(t.column(0)[99].as_py() == 99 for t in tables)
+    del batches, tables
+    client.ping()
+    assert daemon.status()["daemon"]["clients"] == clients
+
+
+def test_exports_released_from_threads_while_the_connection_works(client, daemon):
+    """pyarrow frees exported arrays from any thread, without the GIL: their releases go
+    through the connection's lock (queued while another call holds it), so nothing is
+    lost or done twice: every lease and acquire comes back."""
+    pa = pytest.importorskip("pyarrow")
+    client.ping()
+    before = daemon.status()["buffers"]["leases"]
+    ref = client.publish_batch(pa.table({"x": pa.array(range(10_000), pa.float64()),
+                                         "s": pa.array([str(i) for i in range(10_000)])}))
+    stop = threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            client.ping()
+
+    def consume():
+        for _ in range(200):
+            t = client.acquire_batch(ref).to_pyarrow()
+            assert t.num_rows == 10_000
+            del t           # the Batch went first: the table's release is the last
+
+    workers = [threading.Thread(target=busy)] + [threading.Thread(target=consume) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers[1:]:
+        w.join()
+    stop.set()
+    workers[0].join()
+    client.release(ref)
+    client.ping()
+    assert daemon.wait_status("buffers.leases", before) == before
+
+
+def test_batch_outlives_its_client(daemon):
+    pa = pytest.importorskip("pyarrow")
+    c = shmref.connect(daemon.socket)
+    ref = c.publish_batch(pa.record_batch({"x": pa.array([1, 2, 3])}), keep=30.0)
+    b = c.acquire_batch(ref)
+    t = b.to_pyarrow()
+    c.close()
+    assert t.column(0).to_pylist() == [1, 2, 3]
+    del b
+    assert t.column(0).to_pylist() == [1, 2, 3]
+    del t
+
+
+ATTACKER = r"""
+import os, pickle, socket, sys
+d = sys.argv[1]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(os.path.join(d, "evil.sock"))
+s.listen(8)
+
+class R:                                   # pickles as shmref._rebuild(..., evil socket)
+    def __reduce__(self):
+        return (Fake, (sys.argv[2], "<i8", (8,), (8,), 0, os.path.join(d, "evil.sock")))
+
+class Fake:
+    pass
+Fake.__module__, Fake.__qualname__ = "shmref", "_rebuild"
+import types
+sys.modules["shmref"] = types.SimpleNamespace(_rebuild=Fake)
+with open(os.path.join(d, "evil.pickle"), "wb") as f:
+    pickle.dump(R(), f, protocol=2)
+print("ready", flush=True)
+s.settimeout(5)
+try:
+    c, _ = s.accept()
+    print("connected", flush=True)
+except socket.timeout:
+    print("nobody", flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"), reason="needs root and setpriv")
+def test_another_uids_pickle_cannot_pick_the_daemon(client, tmp_path):
+    """Another uid (nobody) writes a by-reference pickle naming a socket it listens on;
+    the process that loads it acquires through its own default daemon and never connects
+    to the attacker's socket."""
+    a = client.empty(8, "int64")
+    a[:] = 9
+    ref = client.publish(a)
+    d = Path(tempfile.mkdtemp(prefix="shmref-evil-"))
+    os.chmod(d, 0o777)
+    p = subprocess.Popen(["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                          "/usr/bin/python3", "-c", ATTACKER, str(d), str(ref)],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        os.environ.setdefault("SHMREFD_SOCKET", client.socket)
+        with open(d / "evil.pickle", "rb") as f:
+            b = pickle.load(f)
+        assert b.tolist() == [9] * 8
+        out = p.communicate(timeout=30)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        shutil.rmtree(d, ignore_errors=True)
+    assert "nobody" in out and "connected" not in out
