@@ -41,7 +41,7 @@ fi
 check "scripts/dist made an sdist" test -n "$sdist"
 [ -n "$sdist" ] || { test_end; exit 1; }
 tar -tzf "$sdist" >"$tmp/list"
-for f in LICENSE pyproject.toml CMakeLists.txt csrc/client-lib/client.c csrc/client-lib/autostart.c \
+for f in LICENSE pyproject.toml CMakeLists.txt csrc/client-lib/session.c csrc/client-lib/autostart.c \
          csrc/client-lib/include/shmref/shmref.h csrc/proto/proto.c csrc/daemon/main.c csrc/tools/shmrefctl.c; do
     check "the sdist holds $f" grep -qx "shmref-[0-9.]*/$f" "$tmp/list"
 done
