@@ -75,7 +75,8 @@ static void send_buffer(struct broker_peer *p, uint32_t id, uint64_t handle, str
         r.op = PROTO_OP_ACQUIRE + PROTO_OP_REPLY;
         r.u.acquire_reply.meta = b->meta;
         r.u.acquire_reply.meta_len = b->meta_len;
-        r.u.acquire_reply.flags = b->pb->sealed ? PROTO_BUF_SEALED : 0;
+        r.u.acquire_reply.flags = (b->pb->sealed ? PROTO_BUF_SEALED : 0) |
+                                  (p->uid != b->tenant ? PROTO_BUF_FOREIGN : 0);
     }
     p->ops->reply(p, &r, fd);
 }
