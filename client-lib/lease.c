@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "desc.h"
+
 
 static void link_buf(shmref_conn *conn, shmref_buf *b)
 {
@@ -273,7 +275,7 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
      * the buffer cannot be recycled under a mapping: a new handle may share it. */
     for (shmref_buf *src = conn->bufs; src; src = src->next) {
         if (src->writable || src->pinned || !src->data || src->size != desc->size ||
-            memcmp(src->token, desc->token, SHMREF_TOKEN_LEN) != 0 ||
+            !desc_token_equal(src->token, desc->token) ||
             ((flags & SHMREF_ACQUIRE_SEALED) && !src->sealed))
             continue;
         shmref_buf *b = calloc(1, sizeof(*b));
