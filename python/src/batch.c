@@ -99,7 +99,7 @@ static PyObject *without_views(PyObject *obj)
     return res;
 }
 
-PyObject *batch_publish(ConnObject *conn, PyObject *obj, unsigned long keep_ms, PyObject **ret_unit)
+PyObject *batch_publish(ConnObject *conn, PyObject *obj, unsigned long keep_ms, unsigned flags, PyObject **ret_unit)
 {
     PyObject *keep;
     struct ArrowSchema *schema;
@@ -117,7 +117,7 @@ PyObject *batch_publish(ConnObject *conn, PyObject *obj, unsigned long keep_ms, 
     Py_BEGIN_ALLOW_THREADS
     conn_lock_nogil(conn);
     r = stream ? shmref_unit_import_stream(conn->c, stream, &u) : shmref_unit_import_array(conn->c, schema, array, &u);
-    if (r >= 0 && (r = shmref_unit_publish(u, keep32, &d)) < 0) {
+    if (r >= 0 && (r = shmref_unit_publish_ex(u, keep32, 0, flags, &d)) < 0) {
         snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
         shmref_unit_release(u);
         u = NULL;
@@ -132,7 +132,7 @@ PyObject *batch_publish(ConnObject *conn, PyObject *obj, unsigned long keep_ms, 
         PyObject *plain = without_views(obj);
         if (!plain)
             return NULL;
-        PyObject *ref = plain == Py_None ? NULL : batch_publish(conn, plain, keep_ms, ret_unit);
+        PyObject *ref = plain == Py_None ? NULL : batch_publish(conn, plain, keep_ms, flags, ret_unit);
         Py_DECREF(plain);
         if (ref || PyErr_Occurred())
             return ref;
@@ -187,7 +187,7 @@ static PyObject *batch_fail(BatchObject *self, int r)
     return shmrefpy_raise(r, shmref_errmsg(self->c));
 }
 
-PyObject *batch_acquire(PyObject *socket, int timeout_ms, PyObject *refobj)
+PyObject *batch_acquire(PyObject *socket, int timeout_ms, PyObject *refobj, unsigned flags)
 {
     shmref_desc d;
     if (ref_parse(refobj, &d) < 0)
@@ -202,7 +202,7 @@ PyObject *batch_acquire(PyObject *socket, int timeout_ms, PyObject *refobj)
     Py_BEGIN_ALLOW_THREADS
     r = shmref_connect_timeout(path, timeout_ms, msg, sizeof(msg), &c);
     if (r >= 0) {
-        if ((r = shmref_unit_acquire(c, &d, &u)) < 0) {
+        if ((r = shmref_unit_acquire_ex(c, &d, flags, &u)) < 0) {
             snprintf(msg, sizeof(msg), "%s", shmref_errmsg(c));
             shmref_close(c);
         } else {

@@ -684,15 +684,16 @@ static PyObject *Client_release(ClientObject *self, PyObject *obj)
 
 static PyObject *Client_publish_batch(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = { "obj", "keep_ms", NULL };
+    static char *names[] = { "obj", "keep_ms", "sealed", NULL };
     PyObject *obj;
     unsigned long keep_ms = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$k:publish_batch", names, &obj, &keep_ms))
+    int sealed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$kp:publish_batch", names, &obj, &keep_ms, &sealed))
         return NULL;
     ConnObject *conn = client_conn(self);
     if (!conn)
         return NULL;
-    PyObject *unit = NULL, *ref = batch_publish(conn, obj, keep_ms, &unit);
+    PyObject *unit = NULL, *ref = batch_publish(conn, obj, keep_ms, sealed ? SHMREF_PUBLISH_SEALED : 0, &unit);
     Py_DECREF(conn);
     if (ref && PyDict_SetItem(self->shares, ref, unit) < 0)
         Py_CLEAR(ref);
@@ -700,14 +701,20 @@ static PyObject *Client_publish_batch(ClientObject *self, PyObject *args, PyObje
     return ref;
 }
 
-static PyObject *Client_acquire_batch(ClientObject *self, PyObject *ref)
+static PyObject *Client_acquire_batch(ClientObject *self, PyObject *args, PyObject *kw)
 {
+    static char *names[] = { "ref", "sealed", "trust_producer", NULL };
+    PyObject *ref;
+    int sealed = 0, trust = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$pp:acquire_batch", names, &ref, &sealed, &trust))
+        return NULL;
+    unsigned flags = (sealed ? SHMREF_ACQUIRE_SEALED : 0) | (trust ? SHMREF_ACQUIRE_TRUST_PRODUCER : 0);
     ConnObject *conn = client_conn(self);
     if (!conn)
         return NULL;
     int ms = shmref_get_timeout(conn->c);
     Py_DECREF(conn);
-    return batch_acquire(self->socket, ms, ref);
+    return batch_acquire(self->socket, ms, ref, flags);
 }
 
 static PyObject *Client_ping(ClientObject *self, PyObject *unused)
@@ -904,20 +911,24 @@ static PyMethodDef Client_methods[] = {
       "reference is dropped once no view of the buffer remains (at once if none does); views "
       "that still exist stay valid and mapped." },
     { "publish_batch", (PyCFunction)(void (*)(void))Client_publish_batch, METH_VARARGS | METH_KEYWORDS,
-      "publish_batch($self, /, obj, *, keep_ms=0)\n--\n\n"
+      "publish_batch($self, /, obj, *, keep_ms=0, sealed=False)\n--\n\n"
       "Copies any Arrow data (an object with __arrow_c_array__, e.g. a pyarrow RecordBatch or "
       "struct array, or __arrow_c_stream__: pyarrow Table, polars DataFrame, duckdb result, "
       "nanoarrow stream) once into one lease, as a unit of work with its manifest, publishes it "
       "and returns its Ref. The client holds the lease until release(ref) or close(); keep_ms "
       "as for publish(). View types (string/binary views, list views: polars' strings) are cast "
       "by pyarrow to their large forms first (one more copy; needs pyarrow). OSError(ENOTSUP) "
-      "for unions and run-end encoded arrays." },
-    { "acquire_batch", (PyCFunction)Client_acquire_batch, METH_O,
-      "acquire_batch($self, ref, /)\n--\n\n"
+      "for unions and run-end encoded arrays. sealed=True seals the unit (a daemon with a memfd "
+      "pool, shmrefd --memfd; OSError(EOPNOTSUPP) otherwise): nobody, its producer included, can "
+      "change it any more, as consumers of another uid require." },
+    { "acquire_batch", (PyCFunction)(void (*)(void))Client_acquire_batch, METH_VARARGS | METH_KEYWORDS,
+      "acquire_batch($self, /, ref, *, sealed=False, trust_producer=False)\n--\n\n"
       "A shmref.Batch of a unit published by publish_batch (or libshmref's shmref_unit_*): its "
       "manifest is checked against the buffer first (ValueError naming the array and field "
       "otherwise). The Batch gives zero-copy Arrow data through the PyCapsule interface; it "
-      "acquires on a connection of its own, so it and its arrays outlive this client." },
+      "acquires on a connection of its own, so it and its arrays outlive this client. A unit of "
+      "another uid that is not sealed is refused (PermissionError: its producer could rewrite it "
+      "after the check) unless trust_producer=True; sealed=True refuses any unsealed unit." },
     { "ping", (PyCFunction)Client_ping, METH_NOARGS, "ping($self, /)\n--\n\nOne round trip to the daemon." },
     { "status", (PyCFunction)Client_status, METH_NOARGS,
       "status($self, /)\n--\n\nThe daemon's status snapshot (the keys of `shmrefctl status --json`)." },

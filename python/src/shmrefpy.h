@@ -93,9 +93,10 @@ int ref_parse(PyObject *obj, shmref_desc *ret);
 
 /* batch_publish: publish_batch's work on conn: obj's Arrow data copied into one unit and
  * published; the Ref, with *ret_unit (a _Unit holding the lease) for the client to keep. */
-PyObject *batch_publish(ConnObject *conn, PyObject *obj, unsigned long keep_ms, PyObject **ret_unit);
-/* batch_acquire: a Batch for ref, acquired on a connection of its own to socket. */
-PyObject *batch_acquire(PyObject *socket, int timeout_ms, PyObject *ref);
+PyObject *batch_publish(ConnObject *conn, PyObject *obj, unsigned long keep_ms, unsigned flags, PyObject **ret_unit);
+/* batch_acquire: a Batch for ref, acquired on a connection of its own to socket, with
+ * shmref_unit_acquire_ex's flags (SHMREF_ACQUIRE_SEALED, SHMREF_ACQUIRE_TRUST_PRODUCER). */
+PyObject *batch_acquire(PyObject *socket, int timeout_ms, PyObject *ref, unsigned flags);
 
 int shmrefpy_init_numpy(void);
 
