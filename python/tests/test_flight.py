@@ -280,7 +280,11 @@ def test_abandoned_streams_leave_nothing_held_in_the_daemon(daemon, client):
 
 
 def test_streams_are_bounded_per_caller(daemon, client):
-    t = pa.table({"x": pa.array(range(8_000_000), pa.int64())})  # 64 MB: more than gRPC buffers, so unread calls stay open
+    # 64 batches of 256 kB: an unread client takes the first one (its pending read), then
+    # flow control stops the server, so the call stays open (one big batch would be read
+    # whole by that pending read, and the call would end)
+    one = pa.record_batch({"x": pa.array(range(32_768), pa.int64())})
+    t = pa.Table.from_batches([one] * 64)
     ref = client.publish_batch(t)
     server = shmref.flight.Server(socket=daemon.socket, max_streams=100, max_streams_per_caller=3)
     try:
