@@ -290,6 +290,7 @@ def test_streams_are_bounded_per_caller(daemon, client):
     try:
         with flight.connect(server.location) as fc:
             readers = [fc.do_get(flight.Ticket(str(ref).encode())) for _ in range(3)]
+            assert server.streams_open == 3, f"{server.streams_open} of the 3 unread calls are still open"
             with pytest.raises(flight.FlightUnavailableError, match="uid 0 has 3 streams open, at most 3"):
                 fc.do_get(flight.Ticket(str(ref).encode())).read_all()
             assert readers[0].read_all().equals(t)       # read to its end: its slot is free again
