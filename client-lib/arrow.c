@@ -420,7 +420,7 @@ static int64_t rd_off(const void *p, unsigned w, int64_t i)
 static bool inside(const shmref_unit *u, const void *p, size_t n)
 {
     const uint8_t *b = p;
-    return u && b >= u->base && b <= u->base + u->used && n <= (size_t)(u->base + u->used - b) &&
+    return u && u->base && b >= u->base && b <= u->base + u->used && n <= (size_t)(u->base + u->used - b) &&
            (size_t)(b - u->base) % SHMREF_UNIT_ALIGN == 0;
 }
 

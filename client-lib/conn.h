@@ -32,6 +32,7 @@ struct shmref_buf {
     bool writable, published;
     bool pinned;            /* held by a unit's exports: outlives shmref_close */
     bool sealed;                /* an acquired sealed buffer, its seals checked */
+    bool foreign;               /* acquired: the producer is another uid (or the daemon cannot say) */
     struct client_share *share; /* an acquired handle shared locally, else NULL */
     unsigned busy;          /* outstanding requests that refer to this handle */
     bool doomed;            /* released while busy: freed when the last such request ends */

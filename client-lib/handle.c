@@ -131,6 +131,7 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
     if (!(b = calloc(1, sizeof(*b))))
         goto fail;
     b->sealed = sealed;
+    b->foreign = !writable && ((flags & PROTO_BUF_FOREIGN) || !(conn->features & PROTO_FEAT_FOREIGN));
     b->handle = handle;
     b->buf_id = buf_id;
     b->size = size;
@@ -266,6 +267,7 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
         b->size = src->size;
         b->capacity = src->capacity;
         b->sealed = src->sealed;
+        b->foreign = src->foreign;
         memcpy(b->token, src->token, SHMREF_TOKEN_LEN);
         if (src->meta_len)
             memcpy(b->meta, src->meta, src->meta_len);

@@ -290,7 +290,7 @@ static int hello(shmref_conn *conn, int64_t deadline)
     }
     struct proto_msg req = { .op = PROTO_OP_HELLO };
     req.u.hello.version = PROTO_VERSION;
-    req.u.hello.features = PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED;
+    req.u.hello.features = PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN;
     req.u.hello.name = name;
     req.u.hello.name_len = (uint32_t)strlen(name);
     struct pending *p = pending_new(conn, PROTO_OP_HELLO, PENDING_WAIT, &hello_ops);

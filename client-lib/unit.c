@@ -66,6 +66,8 @@ int shmref_unit_claim(shmref_unit *u, size_t len, uint64_t *ret_offset, void **r
         return -EINVAL;
     if (u->published)
         return client_fail(u->conn, -EPERM, "unit_claim: the unit is published");
+    if (!u->base)
+        return client_fail(u->conn, -EPERM, "unit_claim: the unit's mapping is gone (a sealed publish failed)");
     size_t at = ALIGN_UP(u->used);
     if (at > u->size || len > u->size - at)
         return client_fail(u->conn, -ENOSPC, "unit of %zu bytes is full: %zu used, %zu more asked",
@@ -233,10 +235,23 @@ static int build(shmref_unit *u)
 
 int shmref_unit_publish(shmref_unit *u, uint32_t keep_ms, shmref_desc *ret_desc)
 {
+    return shmref_unit_publish_ex(u, keep_ms, 0, 0, ret_desc);
+}
+
+int shmref_unit_publish_ex(shmref_unit *u, uint32_t keep_ms, uint32_t max_acquires, unsigned flags,
+                           shmref_desc *ret_desc)
+{
     if (!u || !u->producer || !ret_desc)
         return -EINVAL;
+    if (flags & ~SHMREF_PUBLISH_SEALED)
+        return client_fail(u->conn, -EINVAL, "unit_publish: unknown flags %#x", flags & ~SHMREF_PUBLISH_SEALED);
     if (u->published)
         return client_fail(u->conn, -EALREADY, "unit_publish: the unit is published already");
+    if (!u->base)
+        return client_fail(u->conn, -EPERM, "unit_publish: the unit's mapping is gone (a sealed publish failed)");
+    bool sealed = flags & SHMREF_PUBLISH_SEALED;
+    if (sealed && !(u->conn->features & PROTO_FEAT_SEALED))
+        return client_fail(u->conn, -EOPNOTSUPP, "this shmrefd does not take sealed publishes");
     int r = build(u);
     if (r < 0)
         return r;
@@ -265,10 +280,14 @@ int shmref_unit_publish(shmref_unit *u, uint32_t keep_ms, shmref_desc *ret_desc)
         }
     }
     free(mb);
-    r = shmref_publish(u->buf, u->used, keep_ms, env, elen, ret_desc);
+    r = shmref_publish_ex(u->buf, u->used, keep_ms, max_acquires, flags, env, elen, ret_desc);
     free(env);
-    if (r == 0)
+    if (sealed && !shmref_buf_data(u->buf))
+        u->base = NULL; /* unmapped for the seal, whether it held or not */
+    if (r == 0) {
         u->published = true;
+        u->sealed = sealed;
+    }
     return r;
 }
 
@@ -312,18 +331,41 @@ static int load(shmref_conn *conn, shmref_buf *buf, struct manifest **ret)
     return 0;
 }
 
+/* refuse_unsealed: another uid's unsealed unit, unless the caller trusts its producer:
+ * that producer keeps write access, so whatever load() checks now it may change later
+ * (an offsets buffer rewritten after the check sends an Arrow reader outside the
+ * mapping). Same-uid producers are not refused: they could ptrace the consumer anyway. */
+static int refuse_unsealed(shmref_conn *conn, const shmref_buf *buf, unsigned flags)
+{
+    if (buf->sealed || !buf->foreign || (flags & SHMREF_ACQUIRE_TRUST_PRODUCER))
+        return 0;
+    if (!(conn->features & PROTO_FEAT_FOREIGN))
+        return client_fail(conn, -EPERM, "the unit is not sealed and this shmrefd does not say whose it is: "
+                           "an unsealed unit of another uid can be rewritten by its producer after it is checked "
+                           "(publish it sealed on a memfd pool, or acquire with SHMREF_ACQUIRE_TRUST_PRODUCER)");
+    return client_fail(conn, -EPERM, "the unit is another uid's and not sealed: its producer can rewrite it after "
+                       "it is checked (publish it with SHMREF_PUBLISH_SEALED on a memfd pool, shmrefd --memfd; or "
+                       "acquire with SHMREF_ACQUIRE_TRUST_PRODUCER if you trust that producer)");
+}
+
 int shmref_unit_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_unit **ret_unit)
 {
+    return shmref_unit_acquire_ex(conn, desc, 0, ret_unit);
+}
+
+int shmref_unit_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags, shmref_unit **ret_unit)
+{
+    const unsigned known = SHMREF_ACQUIRE_SEALED | SHMREF_ACQUIRE_TRUST_PRODUCER;
     if (!conn)
         return -EINVAL;
-    if (!desc || !ret_unit)
-        return client_fail(conn, -EINVAL, "unit_acquire: desc and ret_unit must not be NULL");
+    if (!desc || !ret_unit || (flags & ~known))
+        return client_fail(conn, -EINVAL, "unit_acquire: desc and ret_unit must not be NULL, flags known");
     shmref_buf *buf;
     struct manifest *m = NULL;
-    int r = shmref_acquire(conn, desc, &buf);
+    int r = shmref_acquire_ex(conn, desc, flags & SHMREF_ACQUIRE_SEALED, &buf);
     if (r < 0)
         return r;
-    if ((r = load(conn, buf, &m)) < 0) {
+    if ((r = refuse_unsealed(conn, buf, flags)) < 0 || (r = load(conn, buf, &m)) < 0) {
         char keep[sizeof(conn->errmsg)];
         memcpy(keep, conn->errmsg, sizeof(keep));
         shmref_release(buf);
@@ -406,6 +448,13 @@ const void *shmref_unit_data(const shmref_unit *u)
 size_t shmref_unit_size(const shmref_unit *u)
 {
     return !u ? 0 : u->producer ? u->size : u->h->len;
+}
+
+int shmref_unit_sealed(const shmref_unit *u)
+{
+    if (!u)
+        return -EINVAL;
+    return u->producer ? u->sealed : shmref_buf_sealed(u->h->buf);
 }
 
 int shmref_unit_release(shmref_unit *u)

@@ -33,6 +33,7 @@ struct shmref_unit {
     uint8_t *base;
     size_t size, used;
     bool published;
+    bool sealed;                  /* published sealed (base is NULL from the publish on) */
     struct manifest *m;           /* arena for fields and arrays; columns set at publish */
     struct manifest_field **fields;
     uint32_t n_fields, cap_fields;

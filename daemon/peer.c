@@ -52,7 +52,8 @@ void peer_send_buffer(struct broker_peer *p, uint32_t id, uint64_t handle, struc
         r.op = PROTO_OP_ACQUIRE + PROTO_OP_REPLY;
         r.u.acquire_reply.meta = b->meta;
         r.u.acquire_reply.meta_len = b->meta_len;
-        r.u.acquire_reply.flags = b->pb->sealed ? PROTO_BUF_SEALED : 0;
+        r.u.acquire_reply.flags = (b->pb->sealed ? PROTO_BUF_SEALED : 0) |
+                                  (p->uid != b->tenant ? PROTO_BUF_FOREIGN : 0);
         /* Retired at its last release (pool_put): the client should not cache it. */
         if (b->pb->sealed || b->pb->foreign)
             r.u.acquire_reply.flags |= PROTO_BUF_RETIRE;

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "desc.h"
+
 #define NO_SLOT UINT32_MAX
 #define TOKEN_STOCK 64 /* tokens drawn by one getrandom */
 
@@ -361,7 +363,7 @@ int registry_publish(struct registry *r, struct registry_buf *b, uint64_t size, 
 static struct registry_buf *lookup(const struct registry *r, const uint8_t *token)
 {
     struct registry_buf *b = r->buckets[bucket_of(r, token)];
-    while (b && memcmp(b->token, token, PROTO_TOKEN_LEN) != 0)
+    while (b && !desc_token_equal(b->token, token))
         b = b->hnext;
     return b;
 }

@@ -14,7 +14,7 @@
 #include "log.h"
 #include "text.h"
 
-#define FEATURES (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED)
+#define FEATURES (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN)
 
 static uint8_t wbuf[PROTO_MAX_REPLY];              /* one encoded reply (one loop thread) */
 static uint8_t status_body[PROTO_MAX_REPLY - 64];  /* a status map, before its envelope */

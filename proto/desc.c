@@ -115,3 +115,12 @@ out:
     msgpack_unpacked_destroy(&up);
     return r;
 }
+
+int desc_token_equal(const uint8_t *a, const uint8_t *b)
+{
+    /* volatile: the compiler may not turn the loop into an early-exit memcmp */
+    volatile uint8_t diff = 0;
+    for (size_t i = 0; i < PROTO_TOKEN_LEN; i++)
+        diff |= a[i] ^ b[i];
+    return diff == 0;
+}

@@ -35,4 +35,9 @@ int desc_from_text(const char *text, size_t len, struct desc *ret);
 int desc_pack(const struct desc *d, uint8_t *buf, size_t cap);
 int desc_unpack(const uint8_t *buf, size_t len, struct desc *ret);
 
+/* desc_token_equal: whether two tokens are equal, in a time that does not depend on
+ * where they differ (a token is a capability: a compare that stops at the first
+ * difference tells a prober how many leading bytes it has right). 1 or 0. */
+int desc_token_equal(const uint8_t *a, const uint8_t *b);
+
 #endif

@@ -55,6 +55,12 @@
  * only when the daemon agreed to this bit in hello, so an older daemon is never asked. */
 #define PROTO_FEAT_SEALED (1u << 2)
 
+/* The daemon marks acquire replies of a buffer whose producer is another tenant
+ * (PROTO_BUF_FOREIGN), so a client can refuse another uid's unsealed unit; without this
+ * bit the client cannot tell and treats every unsealed unit as another uid's. (A high
+ * bit: other additions take the next free ones.) */
+#define PROTO_FEAT_FOREIGN (1u << 6)
+
 /* Flags of a publish request. */
 #define PROTO_PUBLISH_SEALED (1u << 0)  /* add F_SEAL_WRITE: publish-once, never recycled */
 #define PROTO_PUBLISH_NOREPLY (1u << 1) /* no reply on success (the client knows the token
@@ -73,6 +79,7 @@
  * reserve's largest class; refused EAGAIN otherwise (the client then leases plainly when
  * a caller asks). Counted as stock until the client publishes it. Version 3. */
 #define PROTO_LEASE_STOCK (1u << 0)
+#define PROTO_BUF_FOREIGN (1u << 6) /* acquire: the producer is another tenant (uid) than the caller */
 
 /* Flags of a release or release_many request. */
 #define PROTO_RELEASE_NOREPLY (1u << 0) /* no reply on success; an error still replies */

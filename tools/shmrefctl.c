@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /* shmrefctl.c: the operators' and scripts' tool, built on the public libshmref API only.
  * Commands: status [--json] [--buffers], top, metrics [--output FILE], put [--keep-ms N] [--max-gets N] [--sealed]
- * FILE|-, get DESCRIPTOR [-o FILE], ping.
+ * FILE|-, get -|@FILE [-o FILE] (the descriptor from stdin or a file), ping.
  * Exit status: 0 done, 1 the daemon or the system refused, 2 usage error. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +36,11 @@ static const char usage[] =
     "                                  print its descriptor; the daemon keeps it N ms\n"
     "                                  (default 300000) for every get, or until N gets;\n"
     "                                  --sealed: nobody can change it (a memfd pool)\n"
-    "  get DESCRIPTOR [-o FILE]        write a published buffer to FILE (default stdout)\n"
+    "  get -|@FILE [-o FILE]           write a published buffer to FILE (default stdout);\n"
+    "                                  its descriptor is read from stdin (-) or from a\n"
+    "                                  file (@FILE, or --descriptor-file FILE); one given\n"
+    "                                  as the argument works, with a warning: every user\n"
+    "                                  can read it in /proc/PID/cmdline\n"
     "  metrics [--output FILE]         the status in Prometheus text format (for\n"
     "                                  node_exporter's textfile collector); --output\n"
     "                                  replaces FILE atomically, with shmref_up 0 when\n"
@@ -366,23 +371,78 @@ static int write_all(int fd, const char *p, size_t len)
     return 0;
 }
 
+/* read_descriptor: the descriptor's text from stdin ("-") or a file, into buf (cap
+ * bytes, NUL-terminated). A descriptor is a bearer capability: on the command line it
+ * would be readable by every user in /proc/PID/cmdline. 0, or 2 (usage) with a message. */
+static int read_descriptor(const char *path, char *buf, size_t cap)
+{
+    bool from_stdin = strcmp(path, "-") == 0;
+    int fd = from_stdin ? STDIN_FILENO : open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "shmrefctl get: %s: %s\n", path, strerror(errno));
+        return 2;
+    }
+    size_t len = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf + len, cap - 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            fprintf(stderr, "shmrefctl get: reading %s: %s\n", from_stdin ? "stdin" : path, strerror(errno));
+            if (!from_stdin)
+                close(fd);
+            return 2;
+        }
+        len += (size_t)n;
+        if (n == 0 || len == cap - 1)
+            break;
+    }
+    char extra;
+    bool more = len == cap - 1 && read(fd, &extra, 1) == 1;
+    if (!from_stdin)
+        close(fd);
+    buf[len] = '\0';
+    if (more) {
+        fprintf(stderr, "shmrefctl get: %s holds more than a descriptor (over %zu bytes)\n",
+                from_stdin ? "stdin" : path, cap - 1);
+        return 2;
+    }
+    return 0;
+}
+
 static int cmd_get(int argc, char **argv)
 {
     const char *out = NULL;
-    const char *text = NULL;
+    const char *text = NULL, *from = NULL;
+    char read_text[128];
     for (int i = 1; i < argc; i++) {
         if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc)
             out = argv[++i];
-        else if (!text)
+        else if (strcmp(argv[i], "--descriptor-file") == 0 && i + 1 < argc && !text && !from)
+            from = argv[++i];
+        else if (!text && !from && argv[i][0] == '@' && argv[i][1])
+            from = argv[i] + 1;
+        else if (!text && !from && strcmp(argv[i], "-") == 0)
+            from = "-";
+        else if (!text && !from)
             text = argv[i];
         else {
             fprintf(stderr, "shmrefctl get: unexpected argument '%s'\n", argv[i]);
             return 2;
         }
     }
+    if (from) {
+        if (read_descriptor(from, read_text, sizeof(read_text)))
+            return 2;
+        text = read_text;
+    } else if (text) {
+        fprintf(stderr, "shmrefctl get: warning: a descriptor on the command line can be read by every user "
+                "(/proc/PID/cmdline): pass it on stdin (get -) or in a file (get @FILE)\n");
+    }
     shmref_desc desc;
     if (!text || shmref_desc_from_text(text, &desc) < 0) {
-        fprintf(stderr, "shmrefctl get: expects a descriptor like shmref1:<32 hex digits>:<size>\n");
+        fprintf(stderr, "shmrefctl get: expects a descriptor like shmref1:<32 hex digits>:<size>, on stdin (-), "
+                "in a file (@FILE, --descriptor-file FILE) or as an argument\n");
         return 2;
     }
     shmref_conn *conn;

@@ -102,7 +102,7 @@ static PyObject *without_views(PyObject *obj)
     return res;
 }
 
-PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, PyObject **ret_unit)
+PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, unsigned flags, PyObject **ret_unit)
 {
     PyObject *keep;
     struct ArrowSchema *schema;
@@ -120,7 +120,7 @@ PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, PyObj
     Py_BEGIN_ALLOW_THREADS
     conn_lock_nogil(conn);
     r = stream ? shmref_unit_import_stream(conn->c, stream, &u) : shmref_unit_import_array(conn->c, schema, array, &u);
-    if (r >= 0 && (r = shmref_unit_publish(u, keep32, &d)) < 0) {
+    if (r >= 0 && (r = shmref_unit_publish_ex(u, keep32, 0, flags, &d)) < 0) {
         snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
         shmref_unit_release(u);
         u = NULL;
@@ -135,7 +135,7 @@ PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, PyObj
         PyObject *plain = without_views(obj);
         if (!plain)
             return NULL;
-        PyObject *ref = plain == Py_None ? NULL : batch_publish(conn, plain, keep_ms, ret_unit);
+        PyObject *ref = plain == Py_None ? NULL : batch_publish(conn, plain, keep_ms, flags, ret_unit);
         Py_DECREF(plain);
         if (ref || PyErr_Occurred())
             return ref;
@@ -190,7 +190,7 @@ static PyObject *batch_fail(BatchObject *self, int r)
     return shmrefpy_raise(r, shmref_errmsg(self->conn->c));
 }
 
-PyObject *batch_acquire(ConnObject *conn, PyObject *refobj)
+PyObject *batch_acquire(ConnObject *conn, PyObject *refobj, unsigned flags)
 {
     shmref_desc d;
     if (ref_parse(refobj, &d) < 0)
@@ -200,7 +200,7 @@ PyObject *batch_acquire(ConnObject *conn, PyObject *refobj)
     int r;
     Py_BEGIN_ALLOW_THREADS
     conn_lock_nogil(conn);
-    if ((r = shmref_unit_acquire(conn->c, &d, &u)) < 0)
+    if ((r = shmref_unit_acquire_ex(conn->c, &d, flags, &u)) < 0)
         snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
     conn_unlock_nogil(conn);
     Py_END_ALLOW_THREADS

@@ -619,9 +619,10 @@ static PyObject *Client_release_held(ClientObject *self, PyObject *args)
 
 static PyObject *Client_publish_batch(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = { "obj", "keep", "keep_ms", NULL };
+    static char *names[] = { "obj", "keep", "keep_ms", "sealed", NULL };
     PyObject *obj, *keep = NULL, *keep_ms = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OO:publish_batch", names, &obj, &keep, &keep_ms))
+    int sealed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOp:publish_batch", names, &obj, &keep, &keep_ms, &sealed))
         return NULL;
     uint32_t k;
     if (keep_arg(keep, keep_ms, &k) < 0)
@@ -629,7 +630,7 @@ static PyObject *Client_publish_batch(ClientObject *self, PyObject *args, PyObje
     ConnObject *conn = client_conn(self);
     if (!conn)
         return NULL;
-    PyObject *unit = NULL, *ref = batch_publish(conn, obj, k, &unit);
+    PyObject *unit = NULL, *ref = batch_publish(conn, obj, k, sealed ? SHMREF_PUBLISH_SEALED : 0, &unit);
     Py_DECREF(conn);
     if (ref && PyDict_SetItem(self->shares, ref, unit) < 0)
         Py_CLEAR(ref);
@@ -637,12 +638,18 @@ static PyObject *Client_publish_batch(ClientObject *self, PyObject *args, PyObje
     return ref;
 }
 
-static PyObject *Client_acquire_batch(ClientObject *self, PyObject *ref)
+static PyObject *Client_acquire_batch(ClientObject *self, PyObject *args, PyObject *kw)
 {
+    static char *names[] = { "ref", "sealed", "trust_producer", NULL };
+    PyObject *ref;
+    int sealed = 0, trust = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$pp:acquire_batch", names, &ref, &sealed, &trust))
+        return NULL;
+    unsigned flags = (sealed ? SHMREF_ACQUIRE_SEALED : 0) | (trust ? SHMREF_ACQUIRE_TRUST_PRODUCER : 0);
     ConnObject *conn = client_conn(self);
     if (!conn)
         return NULL;
-    PyObject *b = batch_acquire(conn, ref);
+    PyObject *b = batch_acquire(conn, ref, flags);
     Py_DECREF(conn);
     return b;
 }
@@ -852,21 +859,25 @@ static PyMethodDef Client_methods[] = {
     { "_release", (PyCFunction)Client_release_held, METH_VARARGS,
       "_release(array, allowed) -> None: release() for a caller holding `allowed` references (private)." },
     { "publish_batch", (PyCFunction)(void (*)(void))Client_publish_batch, METH_VARARGS | METH_KEYWORDS,
-      "publish_batch($self, /, obj, *, keep=0.0, keep_ms=None)\n--\n\n"
+      "publish_batch($self, /, obj, *, keep=0.0, keep_ms=None, sealed=False)\n--\n\n"
       "Copies any Arrow data (an object with __arrow_c_array__, e.g. a pyarrow RecordBatch or "
       "struct array, or __arrow_c_stream__: pyarrow Table, polars DataFrame, duckdb result, "
       "nanoarrow stream) once into one lease, as a unit of work with its manifest, publishes it "
       "and returns its Ref. The client holds the lease until release(ref) or close(); keep "
       "(seconds) as for publish(). View types (string/binary views, list views: polars' strings) are cast "
       "by pyarrow to their large forms first (one more copy; needs pyarrow). OSError(ENOTSUP) "
-      "for unions and run-end encoded arrays." },
-    { "acquire_batch", (PyCFunction)Client_acquire_batch, METH_O,
-      "acquire_batch($self, ref, /)\n--\n\n"
+      "for unions and run-end encoded arrays. sealed=True seals the unit (a daemon with a memfd "
+      "pool, shmrefd --memfd; OSError(EOPNOTSUPP) otherwise): nobody, its producer included, can "
+      "change it any more, as consumers of another uid require." },
+    { "acquire_batch", (PyCFunction)(void (*)(void))Client_acquire_batch, METH_VARARGS | METH_KEYWORDS,
+      "acquire_batch($self, /, ref, *, sealed=False, trust_producer=False)\n--\n\n"
       "A shmref.Batch of a unit published by publish_batch (or libshmref's shmref_unit_*): its "
       "manifest is checked against the buffer first (ValueError naming the array and field "
       "otherwise). The Batch gives zero-copy Arrow data through the PyCapsule interface. It "
       "shares this client's connection (any number of Batches: one connection) and keeps it, "
-      "so it and its arrays outlive close(); their releases, from any thread, never wait." },
+      "so it and its arrays outlive close(); their releases, from any thread, never wait. A unit "
+      "of another uid that is not sealed is refused (PermissionError: its producer could rewrite "
+      "it after the check) unless trust_producer=True; sealed=True refuses any unsealed unit." },
     { "ping", (PyCFunction)Client_ping, METH_NOARGS, "ping($self, /)\n--\n\nOne round trip to the daemon." },
     { "status", (PyCFunction)Client_status, METH_NOARGS,
       "status($self, /)\n--\n\nThe daemon's status snapshot (the keys of `shmrefctl status --json`)." },

@@ -80,7 +80,11 @@ static PyObject *Ref_richcompare(PyObject *a, PyObject *b, int op)
     if (!PyObject_TypeCheck(b, &Ref_Type) || (op != Py_EQ && op != Py_NE))
         Py_RETURN_NOTIMPLEMENTED;
     shmref_desc *x = &((RefObject *)a)->desc, *y = &((RefObject *)b)->desc;
-    int eq = x->size == y->size && memcmp(x->token, y->token, SHMREF_TOKEN_LEN) == 0;
+    /* in constant time: a token is a capability (no early exit at the first difference) */
+    volatile unsigned diff = x->size != y->size;
+    for (int i = 0; i < SHMREF_TOKEN_LEN; i++)
+        diff |= (unsigned)(x->token[i] ^ y->token[i]);
+    int eq = diff == 0;
     return PyBool_FromLong(op == Py_EQ ? eq : !eq);
 }
 

@@ -28,14 +28,41 @@ head -c 80000000 /dev/urandom >"$dir/in.bin"
 desc=$("$SHMREFCTL" --socket "$sock" put --max-gets 1 "$dir/in.bin")
 check "put prints a descriptor" bash -c "[[ '$desc' =~ ^shmref1:[0-9a-f]{32}:80000000$ ]]"
 check "status shows the retained 80 MB" test "$(json 's["buffers"]["retained"]')" = 1
-"$SHMREFCTL" --socket "$sock" get "$desc" -o "$dir/out.bin"
-check "get gives identical bytes" cmp -s "$dir/in.bin" "$dir/out.bin"
+# The descriptor is a bearer capability: get reads it from stdin (or a file), so it never
+# shows in /proc/PID/cmdline (readable by every uid). Seen from outside while get waits.
+mkfifo "$dir/desc.fifo"
+exec 7<>"$dir/desc.fifo"    # read-write: opening does not wait for the reader
+"$SHMREFCTL" --socket "$sock" get - -o "$dir/out.bin" <"$dir/desc.fifo" 2>"$dir/get.err" 7>&- &
+gpid=$!
+for _ in $(seq 100); do tr '\0' ' ' </proc/$gpid/cmdline | grep -q 'shmrefctl.* get -' && break; sleep 0.05; done
+check "get - runs, waiting for its descriptor on stdin" bash -c "tr '\\0' ' ' </proc/$gpid/cmdline | grep -q 'shmrefctl.* get -'"
+check "and the descriptor is not in its command line" bash -c "! tr '\\0' ' ' </proc/$gpid/cmdline | grep -q shmref1:"
+printf '%s\n' "$desc" >&7
+exec 7>&-
+wait "$gpid"
+check "get - (the descriptor from stdin) gives identical bytes" cmp -s "$dir/in.bin" "$dir/out.bin"
+check "and warns of nothing" test ! -s "$dir/get.err"
 check "leased bytes back at zero" test "$(json 's["pool"]["bytes_leased"]')" = 0
 check "status json has the documented keys" test "$(json '",".join(sorted(s["pool"]))')" = \
     "bytes_allocated,bytes_free,bytes_leased,bytes_pinned,bytes_stock,bytes_total,bytes_warm,classes,dir,fs_available,kind,mappers,stock_reserve"
 
 desc2=$(printf 'hello through stdin' | "$SHMREFCTL" --socket "$sock" put --keep-ms 5000 -)
-check "put from stdin and get to stdout" test "$("$SHMREFCTL" --socket "$sock" get "$desc2")" = "hello through stdin"
+printf '%s' "$desc2" >"$dir/desc2"
+check "put from stdin and get to stdout, the descriptor from a file (@FILE)" \
+    test "$("$SHMREFCTL" --socket "$sock" get "@$dir/desc2")" = "hello through stdin"
+check "and from --descriptor-file" \
+    test "$("$SHMREFCTL" --socket "$sock" get --descriptor-file "$dir/desc2")" = "hello through stdin"
+check "a descriptor given as the argument still works" \
+    test "$("$SHMREFCTL" --socket "$sock" get "$desc2" 2>"$dir/argv.err")" = "hello through stdin"
+check "with a warning that every user can read it" grep -q "warning: .*every user.*/proc/PID/cmdline" "$dir/argv.err"
+set +e
+head -c 4096 /dev/zero | tr '\\0' 'a' | "$SHMREFCTL" --socket "$sock" get - >/dev/null 2>"$dir/long.err"; rc=$?
+"$SHMREFCTL" --socket "$sock" get "@$dir/no-such-file" >/dev/null 2>"$dir/nofile.err"; rc2=$?
+set -e
+check "4 KiB on stdin is not a descriptor: usage error (2)" test "$rc" = 2
+check "and the message says so" grep -q "more than a descriptor" "$dir/long.err"
+check "a missing descriptor file is a usage error (2) naming it" \
+    bash -c "test $rc2 = 2 && grep -q 'no-such-file: No such file' '$dir/nofile.err'"
 
 set +e
 "$SHMREFCTL" --socket "$sock" get "$desc" >/dev/null 2>"$dir/err"; rc=$?

@@ -151,10 +151,12 @@ static shmref_desc produce(enum kind kind, uid_t uid)
     return desc;
 }
 
+/* acquire_ok: this suite's pool is a tmpfile one, where units cannot be sealed: the
+ * consumer trusts its producers of another uid (test-sealed-units covers the refusal). */
 static shmref_unit *acquire_ok(shmref_conn *c, const shmref_desc *desc)
 {
     shmref_unit *u;
-    int r = shmref_unit_acquire(c, desc, &u);
+    int r = shmref_unit_acquire_ex(c, desc, SHMREF_ACQUIRE_TRUST_PRODUCER, &u);
     cr_assert_eq(r, 0, "unit_acquire: %s: %s", strerror(-r), shmref_errmsg(c));
     return u;
 }

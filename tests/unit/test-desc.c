@@ -395,3 +395,21 @@ Test(desc, unpack_random_bytes)
     }
     cr_assert_gt(ok, 0);
 }
+
+/* desc_token_equal: equal tokens, and a difference in any byte, in any bit. */
+Test(desc, token_equal_finds_every_difference)
+{
+    uint8_t a[PROTO_TOKEN_LEN], b[PROTO_TOKEN_LEN];
+    for (int i = 0; i < PROTO_TOKEN_LEN; i++)
+        a[i] = (uint8_t)(i * 37 + 5);
+    memcpy(b, a, sizeof(a));
+    cr_assert_eq(desc_token_equal(a, b), 1);
+    for (int i = 0; i < PROTO_TOKEN_LEN; i++) {
+        for (int bit = 0; bit < 8; bit++) {
+            b[i] ^= (uint8_t)(1u << bit);
+            cr_assert_eq(desc_token_equal(a, b), 0, "byte %d bit %d", i, bit);
+            b[i] ^= (uint8_t)(1u << bit);
+        }
+    }
+    cr_assert_eq(desc_token_equal(a, b), 1);
+}

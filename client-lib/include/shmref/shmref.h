@@ -382,7 +382,8 @@ SHMREF_EXPORT int shmref_unit_import_stream(shmref_conn *conn, struct ArrowArray
 
 /* shmref_unit_acquire: acquire a published unit and check its manifest against the
  * buffer. -EBADMSG (message in shmref_errmsg, naming the array and the field) for a
- * manifest that is malformed or does not fit the buffer; other errors as shmref_acquire. */
+ * manifest that is malformed or does not fit the buffer; -EPERM for another uid's unit
+ * that is not sealed (see shmref_unit_acquire_ex); other errors as shmref_acquire. */
 SHMREF_EXPORT int shmref_unit_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_unit **ret_unit);
 
 /* Accessors. n_batches, n_columns: counts (or -EINVAL); column_index: the first column
@@ -444,6 +445,43 @@ SHMREF_EXPORT int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, 
 
 /* shmref_buf_sealed: 1 if buf is a sealed buffer (its seals were checked), else 0. */
 SHMREF_EXPORT int shmref_buf_sealed(const shmref_buf *buf);
+
+/* ---- Units across tenants: sealed units ----
+ *
+ * A unit's manifest is checked once, at acquire. A producer that keeps write access can
+ * change the bytes afterwards (rewrite an offsets buffer, and the consumer's Arrow reader
+ * reads outside the mapping), so a unit that crosses uids must be sealed: published with
+ * SHMREF_PUBLISH_SEALED on a memfd pool (shmrefd --memfd), after which nobody, its
+ * producer and root included, can write it. shmref_unit_acquire and _acquire_ex refuse
+ * another uid's unsealed unit (-EPERM, the message says why and what to do) unless the
+ * consumer passes SHMREF_ACQUIRE_TRUST_PRODUCER; a unit of the caller's own uid is never
+ * refused for being unsealed (its producer could change the consumer's memory anyway).
+ * The daemon says in each acquire reply whether the producer is another uid; a daemon
+ * too old to say is treated as saying so. */
+
+/* Flag of shmref_unit_acquire_ex: accept another uid's unsealed unit, trusting that its
+ * producer does not change the bytes while the unit is in use. */
+#define SHMREF_ACQUIRE_TRUST_PRODUCER 2u
+
+/* shmref_unit_publish_ex: shmref_unit_publish with max_acquires (see shmref_publish_ex)
+ * and flags: SHMREF_PUBLISH_SEALED seals the unit as shmref_publish_ex does a buffer:
+ * the producer's writable mapping is unmapped first (shmref_unit_data is NULL from then
+ * on, also if the publish fails; the unit can then only be released). -EOPNOTSUPP when
+ * the pool is not memfd, -EBUSY when the buffer is still mapped writable elsewhere (a
+ * forked child's copy of the mapping, an earlier lease's cached mapping). */
+SHMREF_EXPORT int shmref_unit_publish_ex(shmref_unit *unit, uint32_t keep_ms, uint32_t max_acquires,
+                                         unsigned flags, shmref_desc *ret_desc);
+
+/* shmref_unit_acquire_ex: shmref_unit_acquire with flags: SHMREF_ACQUIRE_SEALED (refuse
+ * a unit that is not sealed, -EPERM, whoever published it), SHMREF_ACQUIRE_TRUST_PRODUCER
+ * (accept another uid's unsealed unit). With 0 it is shmref_unit_acquire. A sealed unit's
+ * seals are checked on its fd before it is mapped. */
+SHMREF_EXPORT int shmref_unit_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags,
+                                         shmref_unit **ret_unit);
+
+/* shmref_unit_sealed: 1 if the unit is sealed (a consumer's: its seals were checked; a
+ * producer's: published sealed), 0 if not, -EINVAL for NULL. */
+SHMREF_EXPORT int shmref_unit_sealed(const shmref_unit *unit);
 
 /* ---- One round trip per handoff and the event-loop API ---- */
 
