@@ -198,6 +198,20 @@ bool transport_closing(const struct transport *t)
     return t->closing;
 }
 
+/* drop_replies: the queued replies (and their fds) are not sent. */
+static void drop_replies(struct transport *t)
+{
+    while (t->out_head) {
+        struct transport_out *o = t->out_head;
+        t->out_head = o->next;
+        for (unsigned i = 0; i < o->nfds; i++)
+            close(o->fds[i]);
+        free(o);
+    }
+    t->out_tail = NULL;
+    t->out_count = 0;
+}
+
 static void on_closed(uv_handle_t *h)
 {
     struct transport *t = h->data;
@@ -211,13 +225,7 @@ static void on_closed(uv_handle_t *h)
     close(t->fd);
     t->fd = -1;
     t->ops->on_close(t->ctx, t->end, t->has_why ? t->why : NULL);
-    while (t->out_head) {
-        struct transport_out *o = t->out_head;
-        t->out_head = o->next;
-        for (unsigned i = 0; i < o->nfds; i++)
-            close(o->fds[i]);
-        free(o);
-    }
+    drop_replies(t);
     while (t->in_head) {
         struct transport_in *i = t->in_head;
         t->in_head = i->next;
@@ -443,15 +451,7 @@ static void set_events(struct transport *t);
 static void peer_gone(struct transport *t)
 {
     t->hung_up = true;
-    while (t->out_head) {
-        struct transport_out *o = t->out_head;
-        t->out_head = o->next;
-        for (unsigned i = 0; i < o->nfds; i++)
-            close(o->fds[i]);
-        free(o);
-    }
-    t->out_tail = NULL;
-    t->out_count = 0;
+    drop_replies(t);
     t->room_wait = false;
     set_events(t); /* reading again, if a cap or the queue had stopped it */
 }
