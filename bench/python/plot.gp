@@ -21,13 +21,15 @@ set style fill solid 0.85 border -1
 set boxwidth 0.9
 set ylabel "median round trip (ms, log scale)"
 
-# What users do today in greys, browns and oranges; torch in purples; shmref in greens.
-array rt[9] = ["#9e9e9e", "#795548", "#ff9800", "#ffc107", "#ce93d8", "#7b1fa2", "#a5d6a7", "#66bb6a", "#1b5e20"]
+# What users do today in greys, browns and oranges; shared memory by hand, torch and
+# iceoryx2 in purples and blues; shmref in greens (the order of methods.ALL).
+array rt[12] = ["#9e9e9e", "#616161", "#795548", "#ff9800", "#ce93d8", "#7b1fa2", "#90caf9", "#1e88e5", \
+                "#0d47a1", "#a5d6a7", "#66bb6a", "#1b5e20"]
 array ts[5] = ["#9e9e9e", "#795548", "#ff9800", "#66bb6a", "#1b5e20"]
 
-set multiplot layout 2,1 title "Python: one float64 array to a no-op server process and back\n".subtitle
+set multiplot layout 2,1 title "Python: one float64 array to a server process, which writes its own output (input + 1), and back\n".subtitle
 set title "process to process (bench/python/methods.py)"
-plot for [c=2:10] prefix."-roundtrip.dat" using c:xtic(1) title columnheader(c) lc rgb rt[c-1]
-set title "a no-op Tesseract served by tesseract-core's runtime, called through its client"
+plot for [c=2:13] prefix."-roundtrip.dat" using c:xtic(1) title columnheader(c) lc rgb rt[c-1]
+set title "a Tesseract (apply returns input + 1) served by tesseract-core's runtime, called through its client"
 plot for [c=2:6] prefix."-tesseract.dat" using c:xtic(1) title columnheader(c) lc rgb ts[c-1]
 unset multiplot

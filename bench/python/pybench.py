@@ -474,7 +474,7 @@ def report(rows, sizes, tesseract_rows, tsizes, tgt, meta):
     if tesseract_rows:
         import tesseract_bench
 
-        lines += ["", "No-op Tesseract (tesseract-core runtime, served locally), median ms "
+        lines += ["", "Tesseract whose apply returns input + 1 (tesseract-core runtime, served locally), median ms "
                   f"(ratio to `{tesseract_bench.BASELINE}`); seed = the seed's published 76 MB numbers, bare metal", ""]
         names = [m for m, _ in tesseract_bench.FORMATS]
         t = table(tesseract_rows, "tesseract", names, tsizes, first_col="client format")
