@@ -148,7 +148,11 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
     b->data = mapcache_find(&conn->cache, b->buf_id, b->capacity, writable);
     if (!b->data) {
         if (fd < 0) {
-            r = client_fail(conn, -EPROTO, "shmrefd sent no fd with the buffer");
+            /* Our mapping of it was dropped (and its forget sent) while this reply was on
+             * its way: the daemon, not knowing yet, sent no fd. -ESTALE: the request is
+             * asked once more (requests.c), now with the fd. */
+            r = client_fail(conn, -ESTALE, "shmrefd sent no fd with buffer %llu, whose mapping this process "
+                            "dropped while the reply was on its way", (unsigned long long)buf_id);
             goto fail;
         }
         if ((r = check_fd(conn, fd, b->capacity)) < 0)

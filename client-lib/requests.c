@@ -326,6 +326,17 @@ static void dispatch(shmref_conn *conn, const struct proto_msg *rep, int *fds, u
         pending_set_error(p, -EPROTO, msg);
     } else if (ops && ops->take) {
         int r = ops->take(conn, p, rep, fds, nfds, lost);
+        /* A reply that raced our own forget of its buffer (handle.c): asked once more. */
+        if (r == -ESTALE && !p->stale_retried && (p->op == PROTO_OP_LEASE || p->op == PROTO_OP_ACQUIRE) &&
+            ops->refused) {
+            p->stale_retried = true;
+            memcpy(conn->errmsg, keep, sizeof(keep));
+            if (ops->refused(conn, p, ESTALE)) {
+                if (ops->settled)
+                    ops->settled(conn);
+                return;
+            }
+        }
         if (r < 0 && !p->errmsg)
             pending_set_error(p, r, conn->errmsg);
     } else {

@@ -311,6 +311,8 @@ bool stock_retry(shmref_conn *conn, struct pending *p, int code)
 {
     if (p->owner != PENDING_WAIT && p->owner != PENDING_USER)
         return false;
+    if (code == ESTALE) /* the reply raced our forget of its buffer: the daemon knows now */
+        return pending_submit(conn, p) == 0;
     /* A refill a caller took over, refused by the daemon's stock reserve (EAGAIN): asked
      * again plainly (p->refill is false now, so it goes without the stock flag). */
     if (code == EAGAIN && p->stock_sent)
