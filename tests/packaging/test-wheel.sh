@@ -46,6 +46,14 @@ if [ -z "$wheel" ] || [ -n "$(cd "$src" && find python client-lib daemon proto t
     echo "building the wheel: scripts/dist $py"
     "$src/scripts/dist" "$py" >"$tmp/dist.log" 2>&1 || { tail -n 30 "$tmp/dist.log"; }
     wheel=$(ls -t "$src"/dist/shmref-*-"$tag"-*manylinux*.whl 2>/dev/null | head -n 1)
+    pyid=$("$py" -c 'import os, sys; print(os.path.realpath(sys.executable), sys.version.split()[0])')
+    check "scripts/dist built it with $pyid (not a venv of another python3 left in build/)" \
+        grep -qxF "scripts/dist: building with $pyid" "$tmp/dist.log"
+    # Debian's python3-numpy (1.x) links its headers into /usr/include/python3.X/numpy: the
+    # extension must still get those of the numpy in the isolated build environment.
+    grep -o 'shmref: the extension is compiled against .*' "$tmp/dist.log" | tail -n 1
+    check "the extension was compiled against the build environment's numpy 2" \
+        grep -Eq 'shmref: the extension is compiled against the headers of numpy 2\.[0-9.]+ \(.*/build-env-' "$tmp/dist.log"
 fi
 check "scripts/dist made a $tag manylinux wheel" test -n "$wheel"
 [ -n "$wheel" ] || { test_end; exit 1; }
