@@ -675,6 +675,29 @@ static PyObject *Client_ping(ClientObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* set_stock: libshmref's shmref_set_stock (the lease stock's depth; 0 returns it). */
+static PyObject *Client_set_stock(ClientObject *self, PyObject *arg)
+{
+    long depth = PyLong_AsLong(arg);
+    if (depth == -1 && PyErr_Occurred())
+        return NULL;
+    if (depth < -1 || depth > 16)
+        return PyErr_Format(PyExc_ValueError, "stock depth %ld: -1 (the default) or 0 to 16", depth);
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return NULL;
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    conn_lock_nogil(conn);
+    r = shmref_set_stock(conn->c, (int)depth);
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(conn);
+    if (r < 0)
+        return shmrefpy_raise(r, "shmref_set_stock refused the depth");
+    Py_RETURN_NONE;
+}
+
 static PyObject *Client_status(ClientObject *self, PyObject *unused)
 {
     (void)unused;
@@ -879,6 +902,11 @@ static PyMethodDef Client_methods[] = {
       "of another uid that is not sealed is refused (PermissionError: its producer could rewrite "
       "it after the check) unless trust_producer=True; sealed=True refuses any unsealed unit." },
     { "ping", (PyCFunction)Client_ping, METH_NOARGS, "ping($self, /)\n--\n\nOne round trip to the daemon." },
+    { "set_stock", (PyCFunction)Client_set_stock, METH_O,
+      "set_stock($self, depth, /)\n--\n\n"
+      "The depth of this connection's lease stock (libshmref's shmref_set_stock: leases of a "
+      "size kept ready in the background, held and charged like any lease): 0 returns the "
+      "stock and keeps none, -1 the default ($SHMREF_STOCK, else 2), at most 16." },
     { "status", (PyCFunction)Client_status, METH_NOARGS,
       "status($self, /)\n--\n\nThe daemon's status snapshot (the keys of `shmrefctl status --json`)." },
     { "close", (PyCFunction)Client_close, METH_NOARGS,

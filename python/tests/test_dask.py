@@ -511,7 +511,7 @@ def test_bad_descriptors_close_only_that_comm(dask_env):
             def outside(frames):
                 i = max(range(len(frames)), key=lambda k: len(memoryview(frames[k]).cast("B")))
                 c = shmref.connect(dask_env.socket)
-                ref = c.share(np.zeros(4096, np.uint8), keep_ms=0)  # a real one, 4 KiB
+                ref = c.share(np.zeros(4096, np.uint8), keep=0)  # a real one, 4 KiB
                 frames[i] = b""
                 send_forged.keep = (c, ref)
                 return [(i, str(ref), 1024, x.nbytes)], frames, []

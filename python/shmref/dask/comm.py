@@ -57,7 +57,9 @@ def _config():
     threshold = c.get("threshold", "64 KiB")
     threshold = parse_bytes(threshold) if isinstance(threshold, str) else int(threshold)
     keep = parse_timedelta(c.get("retention", "60s"), default="seconds")
-    return bool(c.get("enabled", True)), max(1, threshold), c.get("socket") or None, max(1, int(keep * 1000))
+    # keep: float seconds, as the binding takes it (at least a millisecond: 0 would mean
+    # no retention, and a frame nobody holds would be gone before its receiver's acquire).
+    return bool(c.get("enabled", True)), max(1, threshold), c.get("socket") or None, max(0.001, float(keep))
 
 
 class _Stats:
@@ -104,7 +106,7 @@ class _State:
     def __init__(self):
         self.pid = os.getpid()
         self.lock = threading.Lock()
-        enabled, self.threshold, sock, self.keep_ms = _config()
+        enabled, self.threshold, sock, self.keep = _config()
         self.socket = sock or shmref.default_socket()
         self.client = None
         self.identity = None
@@ -115,6 +117,10 @@ class _State:
             return
         try:
             self.client = shmref.connect(self.socket, timeout=10)
+            # No lease stock: frames come in every size, so a stock would keep up to 4
+            # classes x 2 leases (of up to 16 MiB each) per process leased and charged
+            # after the transfers are done; a frame's lease is one round trip without it.
+            self.client.set_stock(0)
             self.identity = _identity(self.client)
         except OSError as e:
             self.client = None
@@ -305,7 +311,7 @@ class ShmrefComm(TCP):
                 arr = client.empty(total, np.uint8)
                 for (i, mv, n), off in zip(group, offsets):
                     np.copyto(arr[off:off + n], np.frombuffer(mv, dtype=np.uint8))
-                ref = _shmref._publish_buffer(_shmref._buffer_info(arr)["buffer"], st.keep_ms)
+                ref = _shmref._publish_buffer(_shmref._buffer_info(arr)["buffer"], st.keep)
                 client.release(arr)  # the retention holds it until the receiver's acquire
                 del arr
             except OSError as e:
