@@ -562,10 +562,12 @@ def _wait_bytes(daemon, pred, seconds=10.0):
         time.sleep(0.02)
 
 
-def test_set_stock_zero_returns_the_stock_and_keeps_none(daemon):
+def test_set_stock_zero_returns_the_stock_and_keeps_none(own_daemon):
     """A connection's stock leases stay leased after the caller's lease is released (up to
     2 per size class by default); set_stock(0) gives them back and a later lease leaves
-    none behind: what shmref.dask needs to hold nothing after a transfer."""
+    none behind: what shmref.dask needs to hold nothing after a transfer. (Its own daemon:
+    the module's has other clients' stock against the uid's stock bound.)"""
+    daemon = own_daemon
     base = _bytes_leased(daemon)
     with shmref.connect(daemon.socket, timeout=10) as c:
         c.release(c.empty(1 << 20, np.uint8))
