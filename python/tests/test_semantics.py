@@ -546,36 +546,3 @@ def test_another_uids_pickle_cannot_pick_the_daemon(client, tmp_path):
         shutil.rmtree(d, ignore_errors=True)
     assert "nobody" in out and "connected" not in out
 
-
-# ---- the lease stock: Client.set_stock ----
-
-def _bytes_leased(daemon):
-    return daemon.status()["pool"]["bytes_leased"]
-
-
-def _wait_bytes(daemon, pred, seconds=10.0):
-    deadline = time.monotonic() + seconds
-    while True:
-        n = _bytes_leased(daemon)
-        if pred(n) or time.monotonic() > deadline:
-            return n
-        time.sleep(0.02)
-
-
-def test_set_stock_zero_returns_the_stock_and_keeps_none(daemon):
-    """A connection's stock leases stay leased after the caller's lease is released (up to
-    2 per size class by default); set_stock(0) gives them back and a later lease leaves
-    none behind: what shmref.dask needs to hold nothing after a transfer."""
-    base = _bytes_leased(daemon)
-    with shmref.connect(daemon.socket, timeout=10) as c:
-        c.release(c.empty(1 << 20, np.uint8))
-        stocked = _wait_bytes(daemon, lambda n: n > base)
-        assert stocked > base  # the stock refilled in the background and stays leased
-        c.set_stock(0)
-        assert _wait_bytes(daemon, lambda n: n == base) == base
-        c.release(c.empty(1 << 20, np.uint8))
-        c.ping()
-        time.sleep(0.2)
-        assert _bytes_leased(daemon) == base  # no refill with depth 0
-        with pytest.raises(ValueError):
-            c.set_stock(17)
