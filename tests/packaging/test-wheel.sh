@@ -125,7 +125,12 @@ setpriv --reuid="$other" --regid="$other" --clear-groups env -i PATH=/usr/bin:/b
     "$tmp/venv/bin/python" -c "import shmref; shmref.Client('$sock')" >"$tmp/other1.err" 2>&1
 check "uid $other cannot reach the socket (0700 directory)" grep -q PermissionError "$tmp/other1.err"
 chmod 0711 "$run" "$run/shmref" && chmod 0666 "$sock"
+# libshmref refuses a daemon of an untrusted uid itself (peer credentials); trusting the
+# owner's uid ($SHMREF_DAEMON_UID) leaves the daemon's allow list to refuse.
 setpriv --reuid="$other" --regid="$other" --clear-groups env -i PATH=/usr/bin:/bin \
+    "$tmp/venv/bin/python" -c "import shmref; shmref.Client('$sock')" >"$tmp/other3.err" 2>&1
+check "uid $other refuses a daemon of uid $(id -u $owner) it does not trust" grep -q "refusing the daemon" "$tmp/other3.err"
+setpriv --reuid="$other" --regid="$other" --clear-groups env -i PATH=/usr/bin:/bin SHMREF_DAEMON_UID="$(id -u $owner)" \
     "$tmp/venv/bin/python" -c "import shmref; shmref.Client('$sock')" >"$tmp/other2.err" 2>&1
 chmod 0700 "$run" "$run/shmref" && chmod 0600 "$sock"
 sed -e 's/^/    | /' "$tmp/other2.err" | tail -n 2
