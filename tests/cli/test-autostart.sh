@@ -40,7 +40,11 @@ cleanup() {
 trap cleanup EXIT
 run=$tmp/run
 mkdir -m 0700 "$run" && chown "$owner" "$run"
-# The build tree's shmrefctl finds the build's shmrefd beside libshmref (lib/../bin).
+# The other uids run a reachable copy of the build's shmrefctl (the clone may be 0700:
+# tests/lib.sh reachable), which finds a copy of the build's shmrefd beside its libshmref
+# (lib/../bin), as the build tree's does.
+SHMREFCTL=$(reachable "$SHMREFCTL")
+mkdir -p "$tmp/reach/bin" && cp "$SHMREFD" "$tmp/reach/bin/shmrefd" && chmod -R a+rX "$tmp/reach/bin"
 as() { # as UID [VAR=VALUE...] -- COMMAND...
     local uid=$1; shift
     local envs=()
