@@ -216,7 +216,7 @@ def test_a_uid_the_daemon_refuses_is_refused_through_flight():
     os.chmod(d.dir, 0o755)
     try:
         with shmref.connect(d.socket) as c:
-            ref = c.publish_batch(arrow_cases.multi_batch(), keep_ms=60_000)
+            ref = c.publish_batch(arrow_cases.multi_batch(), keep=60.0)
             # the premise: the daemon refuses the other uid
             r = subprocess.run([*AS_OTHER, sys.executable, "-c", "import shmref, sys; shmref.connect(sys.argv[1])",
                                 d.socket], capture_output=True, text=True, timeout=60, cwd="/")
@@ -290,6 +290,10 @@ def test_streams_are_bounded_per_caller(daemon, client):
     try:
         with flight.connect(server.location) as fc:
             readers = [fc.do_get(flight.Ticket(str(ref).encode())) for _ in range(3)]
+            # do_get may return before the server has run the call's handler: wait for all 3
+            deadline = time.monotonic() + 10
+            while server.streams_open < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
             assert server.streams_open == 3, f"{server.streams_open} of the 3 unread calls are still open"
             with pytest.raises(flight.FlightUnavailableError, match="uid 0 has 3 streams open, at most 3"):
                 fc.do_get(flight.Ticket(str(ref).encode())).read_all()

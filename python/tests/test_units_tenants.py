@@ -32,7 +32,7 @@ def table():
 
 
 def produce(socket, uid, **kw):
-    """A forked process of uid publishes table() (keep_ms 60 s) and exits; its Ref text."""
+    """A forked process of uid publishes table() (kept 60 s) and exits; its Ref text."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
@@ -43,7 +43,7 @@ def produce(socket, uid, **kw):
                 os.setgid(uid)
                 os.setuid(uid)
             with shmref.connect(socket, timeout=10) as c:
-                os.write(w, str(c.publish_batch(table(), keep_ms=60_000, **kw)).encode())
+                os.write(w, str(c.publish_batch(table(), keep=60.0, **kw)).encode())
             code = 0
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             os.write(w, f"error {e!r}".encode())
