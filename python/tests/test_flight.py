@@ -282,14 +282,17 @@ def test_abandoned_streams_leave_nothing_held_in_the_daemon(daemon, client):
 def test_streams_are_bounded_per_caller(daemon, client):
     # 64 batches of 256 kB: an unread client takes the first one (its pending read), then
     # flow control stops the server, so the call stays open (one big batch would be read
-    # whole by that pending read, and the call would end)
+    # whole by that pending read, and the call would end). The client turns gRPC's BDP
+    # probing off: with it, the receive window grows to many MB, and an unread call whose
+    # 16 MB fit in the window ends (CI once saw 1 of 3 still open after 10 s).
     one = pa.record_batch({"x": pa.array(range(32_768), pa.int64())})
     t = pa.Table.from_batches([one] * 64)
     ref = client.publish_batch(t)
     server = shmref.flight.Server(socket=daemon.socket, max_streams=100, max_streams_per_caller=3)
+    readers = []
     try:
-        with flight.connect(server.location) as fc:
-            readers = [fc.do_get(flight.Ticket(str(ref).encode())) for _ in range(3)]
+        with flight.connect(server.location, generic_options=[("grpc.http2.bdp_probe", 0)]) as fc:
+            readers += [fc.do_get(flight.Ticket(str(ref).encode())) for _ in range(3)]
             # do_get may return before the server has run the call's handler: wait for all 3
             deadline = time.monotonic() + 10
             while server.streams_open < 3 and time.monotonic() < deadline:
@@ -302,8 +305,12 @@ def test_streams_are_bounded_per_caller(daemon, client):
             while server.streams_open > 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert fc.do_get(flight.Ticket(str(ref).encode())).read_all().equals(t)
-            del readers     # the client's end of the calls: then the server's shutdown does not wait for them
     finally:
+        # the client's end of the calls, also when an assertion failed: the server's
+        # shutdown waits for every call that is still open (pyarrow has no deadline for it)
+        for r in readers:
+            r.cancel()
+        readers.clear()
         server.shutdown()
 
 

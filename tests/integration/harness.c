@@ -67,8 +67,9 @@ void daemon_start(struct daemon *d, ...)
     }
     argv[argc] = NULL;
 
-    /* The daemon gets nothing of the test process but stdio. */
-    int r = launcher_spawn(SHMREFD_BIN, (char *const *)argv, d->log, LAUNCHER_CLOSE_FDS, &d->pid);
+    /* The daemon gets nothing of the test process but stdio, and goes with it: a failed
+     * assertion ends the test process without daemon_stop, which used to leave the daemon. */
+    int r = launcher_spawn(SHMREFD_BIN, (char *const *)argv, d->log, LAUNCHER_CLOSE_FDS | LAUNCHER_PDEATHSIG, &d->pid);
     cr_assert_eq(r, 0, "fork: %s", strerror(-r));
     r = launcher_wait_ready(d->pid, d->socket, 10000, &st);
     if (r == -ECHILD)
