@@ -12,6 +12,11 @@ import pytest
 import shmref
 
 
+# A process the suite starts goes with the test process (util-linux's setpriv sets its
+# parent-death signal before exec): a killed or timed-out run leaves no daemon behind.
+DIE_WITH_US = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+
+
 class Daemon:
     """One shmrefd on a socket in a fresh temporary directory."""
 
@@ -26,7 +31,7 @@ class Daemon:
         # As root, --user root: the suite's daemons stay uid 0 as before (a root shmrefd
         # given no --user becomes an unprivileged user; tests/cli/test-cli.sh checks that).
         user = ["--user", "root"] if os.geteuid() == 0 and "--user" not in args else []
-        self.proc = subprocess.Popen([binary, "--socket", self.socket, "--pool-size", "512M", *user, *args],
+        self.proc = subprocess.Popen([*DIE_WITH_US, binary, "--socket", self.socket, "--pool-size", "512M", *user, *args],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while True:

@@ -23,7 +23,7 @@ flight = pytest.importorskip("pyarrow.flight")
 import arrow_cases
 import shmref
 import shmref.flight
-from conftest import Daemon
+from conftest import DIE_WITH_US, Daemon
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NO_DAEMON = "/nonexistent/shmrefd.sock"   # a consumer "on another machine": no daemon here
@@ -39,7 +39,7 @@ CONSUMER = """
 
 
 def start_server(socket, listen, prefix=(), args=()):
-    p = subprocess.Popen([*prefix, sys.executable, "-m", "shmref.flight", "--listen", listen, "--socket", socket,
+    p = subprocess.Popen([*DIE_WITH_US, *prefix, sys.executable, "-m", "shmref.flight", "--listen", listen, "--socket", socket,
                           *args],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE)
     line = p.stdout.readline().strip()
