@@ -3,7 +3,7 @@
 calls from C (shmref-calls, bench/python/calls.c), call by call, at 1e3 float64 (8 kB).
 
 One sequence per iteration, on two connections (a producer and a consumer), in both
-languages, against the same daemon, in alternating blocks (C block, Python block, ...):
+languages, against the same daemon, in alternating blocks (C, Python, Python dropping; then the other way round; 5 times):
 
   call              Python                         C (the same work)
   lease             a = prod.empty(n)              shmref_lease (from the stock once warm)
@@ -135,7 +135,7 @@ def c_block(exe, sock, n, iterations, cpu):
     return json.loads(out.stdout)
 
 
-def run(exe, sock, daemon_pid=None, n=1000, iterations=3000, blocks=3, placements=None, log=print):
+def run(exe, sock, daemon_pid=None, n=1000, iterations=2000, blocks=5, placements=None, log=print):
     """Alternating C and Python blocks in each placement. Returns
     {placement: {"c": {call: ns}, "python": {call: ns}, "python_drop": {call: ns},
     "ratio": {call: x}, "ratio_drop": {...}, "clock_ns": {...}}}."""
@@ -154,21 +154,25 @@ def run(exe, sock, daemon_pid=None, n=1000, iterations=3000, blocks=3, placement
                 os.sched_setaffinity(daemon_pid, {dcpu})
             cb, pb, db = {k: [] for k in CALLS}, {k: [] for k in CALLS}, {k: [] for k in CALLS}
             ctick, ptick = [], []
-            for _ in range(blocks):
-                c = c_block(exe, sock, n, iterations, cpu)
-                ctick.append(c["clock_ns"])
-                for k in CALLS:
-                    cb[k].append(c["calls"][k]["median_ns"])
-                os.sched_setaffinity(0, {cpu})
-                try:
-                    for drop, dst in ((False, pb), (True, db)):
-                        samples, tick = python_block(shmref, sock, n, iterations, drop)
-                        if not drop:
-                            ptick.append(tick)
+            for b in range(blocks):
+                # the order turns each block (C, release, drop; then drop, release, C; ...)
+                order = ["c", "release", "drop"]
+                for what in (order if b % 2 == 0 else order[::-1]):
+                    if what == "c":
+                        c = c_block(exe, sock, n, iterations, cpu)
+                        ctick.append(c["clock_ns"])
                         for k in CALLS:
-                            dst[k].append(_median(samples[k]))
-                finally:
-                    os.sched_setaffinity(0, cpus)
+                            cb[k].append(c["calls"][k]["median_ns"])
+                        continue
+                    os.sched_setaffinity(0, {cpu})
+                    try:
+                        samples, tick = python_block(shmref, sock, n, iterations, what == "drop")
+                    finally:
+                        os.sched_setaffinity(0, cpus)
+                    if what == "release":
+                        ptick.append(tick)
+                    for k in CALLS:
+                        (db if what == "drop" else pb)[k].append(_median(samples[k]))
             c_med = {k: _median(v) for k, v in cb.items()}
             p_med = {k: _median(v) for k, v in pb.items()}
             d_med = {k: _median(v) for k, v in db.items()}
@@ -226,8 +230,8 @@ def main():
     ap.add_argument("--shmrefd", required=True)
     ap.add_argument("--calls", help="the shmref-calls binary (default: beside shmrefd)")
     ap.add_argument("--elements", type=int, default=1000)
-    ap.add_argument("--iterations", type=int, default=3000)
-    ap.add_argument("--blocks", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=2000)
+    ap.add_argument("--blocks", type=int, default=5)
     ap.add_argument("--json")
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

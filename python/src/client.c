@@ -421,14 +421,23 @@ static PyObject *publish_array(ClientObject *self, PyObject *obj, uint32_t keep,
         len = 1; /* an empty array still names a buffer; its metadata says 0 elements */
     /* The bytes are read-only for every view before anyone else can read them. */
     buffer_freeze(owner, obj);
-    Py_BEGIN_ALLOW_THREADS
-    conn_lock_nogil(conn);
-    r = max_acquires ? shmref_publish_ex(owner->buf, len, keep, max_acquires, 0, meta, (size_t)mlen, &d)
-                     : shmref_publish(owner->buf, len, keep, meta, (size_t)mlen, &d); /* one-way */
-    if (r < 0)
-        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
-    conn_unlock_nogil(conn);
-    Py_END_ALLOW_THREADS
+    if (!max_acquires && conn_trylock(conn)) {
+        /* A plain publish is one-way and never waits (a request the socket cannot take
+         * is queued): with the connection free it runs with the GIL held. */
+        r = shmref_publish(owner->buf, len, keep, meta, (size_t)mlen, &d);
+        if (r < 0)
+            snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+        conn_unlock_nogil(conn);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        conn_lock_nogil(conn);
+        r = max_acquires ? shmref_publish_ex(owner->buf, len, keep, max_acquires, 0, meta, (size_t)mlen, &d)
+                         : shmref_publish(owner->buf, len, keep, meta, (size_t)mlen, &d); /* one-way */
+        if (r < 0)
+            snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+        conn_unlock_nogil(conn);
+        Py_END_ALLOW_THREADS
+    }
     Py_DECREF(conn);
     if (r < 0)
         return shmrefpy_raise(r, msg);

@@ -142,6 +142,14 @@ void conn_lock_nogil(ConnObject *conn)
     took(conn->core);
 }
 
+int conn_trylock(ConnObject *conn)
+{
+    if (pthread_mutex_trylock(&conn->core->lock) != 0)
+        return 0;
+    took(conn->core);
+    return 1;
+}
+
 void conn_unlock_nogil(ConnObject *conn)
 {
     unlock(conn->core);
