@@ -36,6 +36,7 @@ sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
 
+import fixedcost  # noqa: E402
 import methods  # noqa: E402
 import wire  # noqa: E402
 
@@ -401,7 +402,19 @@ def _ratio_target(rows, method, peer, n, limit, label):
             "measured": f"{x:.2f}x ({fmt_ms(r['median_ms'])} ms vs {fmt_ms(p['median_ms'])} ms)", "ratio": x}
 
 
-def targets(rows, pair=None, acqrel=None, trows=()):
+def fixed_cost(args, ctx, have, daemon):
+    """Python's fixed cost per call against the same calls from C (fixedcost.py,
+    shmref-calls), at 1e3 elements, alternating blocks."""
+    if not have.get("shmref") or daemon is None:
+        return None
+    exe = os.path.join(os.path.dirname(os.path.abspath(args.shmrefd)), "shmref-calls")
+    if not os.access(exe, os.X_OK):
+        log(f"pybench: no {exe}: Python's fixed cost not compared with C")
+        return None
+    return fixedcost.run(exe, ctx["shmref_socket"], daemon.proc.pid, log=log)
+
+
+def targets(rows, pair=None, acqrel=None, trows=(), fixed=None):
     """The targets, from this run's numbers. Ratios are shmref's time over the peer's:
     below 1 is faster."""
     out = []
@@ -465,10 +478,12 @@ def targets(rows, pair=None, acqrel=None, trows=()):
             "measured": "; ".join(parts) + f" per pair, 4 KiB, {next(iter(acqrel.values()))['pairs']} pairs each, alternating blocks",
             "ratio": worst,
         })
+    if fixed is not False:
+        out += fixedcost.targets(fixed)
     return out
 
 
-def report(rows, sizes, tesseract_rows, tsizes, tgt, meta):
+def report(rows, sizes, tesseract_rows, tsizes, tgt, meta, fixed=None):
     lines = [f"Python round trip, median ms (ratio to `{BASELINE}` at the same size; below 1 is faster)", ""]
     lines.append(table(rows, "roundtrip", [m.name for m in methods.ALL], sizes))
     if tesseract_rows:
@@ -484,6 +499,8 @@ def report(rows, sizes, tesseract_rows, tsizes, tgt, meta):
         for i, name in enumerate(names):
             tl[2 + i] += f" {fmt_ms(SEED[name]) if name in SEED else '-'} |"
         lines += tl
+    if fixed:
+        lines += ["", fixedcost.table(fixed).rstrip()]
     lines += ["", "Targets (fair rows: every server writes its own output)", "", "| target | result | measured |",
               "|---|---|---|"]
     for t in tgt:
@@ -516,7 +533,8 @@ def main():
     ap.add_argument("--sizes", type=parse_sizes, default=None)
     ap.add_argument("--big", action="store_true", help="add 1e8 elements (800 MB)")
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--only", type=lambda s: set(s.split(",")), default=None, help="methods, comma-separated; also paired (1e3 base64 vs encode) and acqrel")
+    ap.add_argument("--only", type=lambda s: set(s.split(",")), default=None,
+                    help="methods, comma-separated; also paired (1e3 base64 vs encode), acqrel and fixedcost")
     ap.add_argument("--no-tesseract", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--table")
@@ -587,11 +605,15 @@ def main():
             for k, v in (acqrel or {}).items():
                 log(f"  {k}: python {v['python_median_us']:.1f} us, C {v['c_median_us']:.1f} us per pair "
                     f"(C blocks {', '.join(f'{x:.1f}' for x in v['c_block_medians_us'])})")
-        tgt = [] if args.smoke else targets(rows, pair, acqrel, trows)
+        fixed = False
+        if not args.smoke and (not args.only or "fixedcost" in args.only):
+            log("Python's fixed cost per call, Python vs C (1e3 float64):")
+            fixed = fixed_cost(args, ctx, have, daemon)
+        tgt = [] if args.smoke else targets(rows, pair, acqrel, trows, fixed)
         pool = daemon.pool_line() if daemon else "no shmrefd"
         meta = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; Linux {platform.release()}, {os.cpu_count()} CPUs, "
                 f"Python {platform.python_version()}; load average at start {load[0]:.2f}; shmrefd {pool}")
-        text = report(allrows, args.sizes, trows, tsizes, tgt, meta)
+        text = report(allrows, args.sizes, trows, tsizes, tgt, meta, fixed or None)
         print(text)
         versions = {}
         for mod in ("numpy", "tesseract_core", "torch", "shmref", "orjson", "pybase64", "iceoryx2"):
@@ -605,7 +627,7 @@ def main():
         except Exception:
             versions["tree"] = None
         doc = {"meta": meta, "versions": versions, "sizes": args.sizes, "records": allrows, "targets": tgt,
-               "paired_1e3": pair, "acquire_release": acqrel}
+               "paired_1e3": pair, "acquire_release": acqrel, "fixed_cost": fixed or None}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(doc, f, indent=1)

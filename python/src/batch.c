@@ -177,7 +177,7 @@ static int batch_live(BatchObject *self)
         PyErr_SetString(PyExc_ValueError, "shmref.Batch is released");
         return -1;
     }
-    if (self->pid != getpid()) {
+    if (self->pid != shmrefpy_getpid()) {
         PyErr_Format(PyExc_ChildProcessError, "this Batch was acquired by pid %d; this is pid %d: acquire it "
                      "again in the child", (int)self->pid, (int)getpid());
         return -1;
@@ -214,7 +214,7 @@ PyObject *batch_acquire(ConnObject *conn, PyObject *refobj, unsigned flags)
     b->u = u;
     Py_INCREF(conn);
     b->conn = conn;
-    b->pid = getpid();
+    b->pid = shmrefpy_getpid();
     b->desc = d;
     b->data = shmref_unit_data(u);
     b->size = shmref_unit_size(u);

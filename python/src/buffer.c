@@ -47,7 +47,8 @@ BufferObject *buffer_new(ConnObject *conn, shmref_buf *buf, bool lease)
     b->size = shmref_buf_size(buf);
     b->lease = lease;
     b->published = b->frozen = b->protected_ = b->released = b->has_desc = false;
-    b->layout = b->user = NULL;
+    b->layout = NULL;
+    b->user = NULL;
     b->exports = 0;
     return b;
 }
@@ -86,7 +87,7 @@ static void Buffer_dealloc(BufferObject *self)
 {
     give_up(self);
     Py_XDECREF(self->conn);
-    Py_XDECREF(self->layout);
+    PyMem_Free(self->layout);
     Py_XDECREF(self->user);
     PyObject_Free(self);
 }
@@ -105,7 +106,7 @@ void buffer_freeze(BufferObject *owner, PyObject *array)
     if (owner->frozen || !owner->lease)
         return;
     owner->frozen = true;
-    if (owner->buf && getpid() == owner->conn->pid)
+    if (owner->buf && shmrefpy_getpid() == owner->conn->pid)
         protect(owner, true);
 }
 
@@ -219,6 +220,12 @@ static PyArray_Descr *descr_of(PyObject *dtype)
 {
     static PyObject *cache;
     PyArray_Descr *descr = NULL;
+    if (PyArray_DescrCheck(dtype)) {
+        Py_INCREF(dtype);
+        return (PyArray_Descr *)dtype;
+    }
+    if (dtype == Py_None)
+        return PyArray_DescrFromType(NPY_DOUBLE); /* numpy's default, as np.empty's */
     if (!PyUnicode_Check(dtype)) {
         return PyArray_DescrConverter(dtype, &descr) ? descr : NULL;
     }
@@ -236,6 +243,80 @@ static PyArray_Descr *descr_of(PyObject *dtype)
     if (PyDict_SetItem(cache, dtype, (PyObject *)descr) < 0)
         PyErr_Clear();
     return descr;
+}
+
+PyObject *buffer_descr(PyObject *dtype)
+{
+    return (PyObject *)descr_of(dtype);
+}
+
+/* The last type strings acquired, with their descriptors: an acquire looks its metadata's
+ * string up here by its bytes (a few comparisons), not through a new str and a dict. */
+#define DESCR_SLOTS 8
+static struct {
+    char s[SHMREF_META_DTYPE_MAX];
+    PyArray_Descr *d;
+} descr_slots[DESCR_SLOTS];
+static unsigned descr_next;
+
+PyObject *buffer_descr_str(const char *s)
+{
+    for (unsigned i = 0; i < DESCR_SLOTS && descr_slots[i].d; i++) {
+        if (strcmp(descr_slots[i].s, s) == 0) {
+            Py_INCREF(descr_slots[i].d);
+            return (PyObject *)descr_slots[i].d;
+        }
+    }
+    size_t n = strlen(s);
+    PyObject *u = PyUnicode_FromStringAndSize(s, (Py_ssize_t)n);
+    PyArray_Descr *d = u ? descr_of(u) : NULL;
+    Py_XDECREF(u);
+    if (d && n < SHMREF_META_DTYPE_MAX) {
+        unsigned i = descr_next++ % DESCR_SLOTS;
+        Py_XSETREF(descr_slots[i].d, (Py_INCREF(d), d));
+        memcpy(descr_slots[i].s, s, n + 1);
+    }
+    return (PyObject *)d;
+}
+
+int buffer_typestr(PyObject *obj, char out[SHMREF_META_DTYPE_MAX])
+{
+    PyArray_Descr *d = (PyArray_Descr *)obj;
+    int t = d->type_num;
+    Py_ssize_t item = PyDataType_ELSIZE(d);
+    /* numpy's numeric types: dtype.str is byte order, kind, item size ("<f8", "|b1"),
+     * the order '|' for one-byte items and '<' or '>' for the others ('=' is native). */
+    if (PyArray_DescrCheck(obj) && (PyTypeNum_ISBOOL(t) || PyTypeNum_ISINTEGER(t) || PyTypeNum_ISFLOAT(t) ||
+                                    PyTypeNum_ISCOMPLEX(t)) && item > 0 && item <= 64 &&
+        !PyDataType_HASFIELDS(d) && !PyDataType_HASSUBARRAY(d)) {
+        char bo = d->byteorder;
+        if (item == 1 || bo == '|')
+            bo = '|';
+        else if (bo == '=')
+            bo = PY_LITTLE_ENDIAN ? '<' : '>';
+        int k = 0;
+        out[k++] = bo;
+        out[k++] = d->kind;
+        if (item >= 10)
+            out[k++] = (char)('0' + item / 10);
+        out[k++] = (char)('0' + item % 10);
+        out[k] = 0;
+        return 0;
+    }
+    PyObject *ts = PyObject_GetAttrString(obj, "str");
+    if (!ts)
+        return -1;
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(ts, &n);
+    if (s && n >= SHMREF_META_DTYPE_MAX) {
+        PyErr_Format(PyExc_TypeError, "dtype %R: its type string is longer than %d bytes", obj,
+                     SHMREF_META_DTYPE_MAX - 1);
+        s = NULL;
+    }
+    if (s)
+        memcpy(out, s, (size_t)n + 1);
+    Py_DECREF(ts);
+    return s ? 0 : -1;
 }
 
 /* extent: the lowest and one-past-highest byte a strided layout touches. */
@@ -260,9 +341,14 @@ static int check_extent(int ndim, const Py_ssize_t *shape, const Py_ssize_t *str
 PyObject *buffer_array(BufferObject *owner, PyObject *dtype, int ndim, const Py_ssize_t *shape,
                        const Py_ssize_t *strides, char order, size_t offset)
 {
-    PyArray_Descr *descr = descr_of(dtype);
-    if (!descr)
-        return NULL;
+    PyObject *descr = (PyObject *)descr_of(dtype);
+    return descr ? buffer_array_descr(owner, descr, ndim, shape, strides, order, offset) : NULL;
+}
+
+PyObject *buffer_array_descr(BufferObject *owner, PyObject *descr_obj, int ndim, const Py_ssize_t *shape,
+                             const Py_ssize_t *strides, char order, size_t offset)
+{
+    PyArray_Descr *descr = (PyArray_Descr *)descr_obj;
     if (PyDataType_REFCHK(descr)) {
         Py_DECREF(descr);
         return PyErr_Format(PyExc_TypeError, "dtype %R holds Python objects: it cannot live in shared memory",

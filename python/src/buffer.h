@@ -19,7 +19,7 @@ typedef struct {
     bool released;              /* given up (Client.release) */
     bool has_desc;
     shmref_desc desc;
-    PyObject *layout;           /* (dtype str, shape, order) the buffer was made for, or NULL */
+    shmref_meta_array *layout;  /* a lease's layout from empty() (PyMem_Malloc'd), or NULL */
     PyObject *user;             /* the user metadata, or NULL */
     Py_ssize_t exports;         /* live buffer-protocol exports (memoryviews) */
 } BufferObject;
@@ -36,6 +36,19 @@ BufferObject *buffer_of(PyObject *array);
  * Writable only for a lease neither published nor frozen. New reference, or NULL. */
 PyObject *buffer_array(BufferObject *owner, PyObject *dtype, int ndim, const Py_ssize_t *shape,
                        const Py_ssize_t *strides, char order, size_t offset);
+/* buffer_array_descr: the same with dtype a numpy descriptor whose reference it steals. */
+PyObject *buffer_array_descr(BufferObject *owner, PyObject *descr, int ndim, const Py_ssize_t *shape,
+                             const Py_ssize_t *strides, char order, size_t offset);
+/* buffer_descr: dtype (a str, a numpy dtype, a type, None: float64) as a numpy descriptor,
+ * type strings cached. New reference, or NULL. */
+PyObject *buffer_descr(PyObject *dtype);
+/* buffer_descr_str: a type string from metadata ("<f8") as a numpy descriptor, cached
+ * by its bytes (no str made on a hit). New reference, or NULL. */
+PyObject *buffer_descr_str(const char *typestr);
+/* buffer_typestr: descr's type string (numpy's dtype.str, what metadata carries) into
+ * out: computed for numpy's numeric types, asked of numpy for the others. 0, or -1 with
+ * an error. */
+int buffer_typestr(PyObject *descr, char out[SHMREF_META_DTYPE_MAX]);
 /* buffer_freeze: the buffer read-only for every view: the array given and each array
  * it is a view of lose NPY_ARRAY_WRITEABLE, later exports and views are read-only, and
  * the mapping is made read-only (mprotect) so that no view made writable before can

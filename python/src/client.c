@@ -89,6 +89,48 @@ static int max_acquires_arg(PyObject *v, uint32_t dflt, uint32_t *ret)
     return 0;
 }
 
+/* fast_args: the arguments of a METH_FASTCALL | METH_KEYWORDS method (no argument tuple
+ * or keyword dict is made) into out[0..n), NULL where not given: names[i] is the keyword
+ * of out[i], the first npos may come by position, the first required must come. The
+ * TypeErrors say what PyArg_ParseTupleAndKeywords says. */
+static int fast_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                     const char *const *names, int n, int npos, int required, PyObject **out)
+{
+    for (int i = 0; i < n; i++)
+        out[i] = NULL;
+    if (nargs > npos) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d %sargument%s (%zd given)", fname, npos,
+                     npos < n ? "positional " : "", npos == 1 ? "" : "s", nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        out[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int j = 0;
+        while (j < n && PyUnicode_CompareWithASCIIString(key, names[j]) != 0)
+            j++;
+        if (j == n) {
+            PyErr_Format(PyExc_TypeError, "'%U' is an invalid keyword argument for %s()", key, fname);
+            return -1;
+        }
+        if (out[j]) {
+            PyErr_Format(PyExc_TypeError, "argument for %s() given by name ('%s') and position (%d)", fname,
+                         names[j], j + 1);
+            return -1;
+        }
+        out[j] = args[nargs + k];
+    }
+    for (int i = 0; i < required; i++) {
+        if (!out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", fname, names[i], i + 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---- Client ---- */
 
 typedef struct {
@@ -180,14 +222,14 @@ static void Client_dealloc(ClientObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The descriptor and shape of an array-valued argument. */
+/* The descriptor of an array-valued argument (None: float64; type strings cached). */
 static int parse_dtype_order(PyObject *dtype, const char *order, PyArray_Descr **ret)
 {
     if (order[0] != 'C' && order[0] != 'F') {
         PyErr_SetString(PyExc_ValueError, "order must be 'C' or 'F'");
         return -1;
     }
-    if (!PyArray_DescrConverter(dtype, ret))
+    if (!(*ret = (PyArray_Descr *)buffer_descr(dtype)))
         return -1;
     if (PyDataType_REFCHK(*ret) || PyDataType_HASFIELDS(*ret) || PyDataType_HASSUBARRAY(*ret)) {
         PyErr_Format(PyExc_TypeError, "dtype %R cannot be described in shmref's metadata "
@@ -196,11 +238,6 @@ static int parse_dtype_order(PyObject *dtype, const char *order, PyArray_Descr *
         return -1;
     }
     return 0;
-}
-
-static PyObject *typestr(PyArray_Descr *d)
-{
-    return PyObject_GetAttrString((PyObject *)d, "str");
 }
 
 /* lease_array: a writable array of the given layout over a fresh lease. */
@@ -219,8 +256,25 @@ static PyObject *lease_array(ClientObject *self, ConnObject *conn, PyArray_Descr
             return PyErr_Format(PyExc_ValueError, "array too large");
         n *= (size_t)dims[i];
     }
+    /* The layout, for a by-reference pickle that publishes the lease (_publish_buffer). */
+    shmref_meta_array *layout = PyMem_Malloc(sizeof(*layout));
+    if (!layout)
+        return PyErr_NoMemory();
+    if (buffer_typestr((PyObject *)descr, layout->dtype) < 0) {
+        PyMem_Free(layout);
+        return NULL;
+    }
+    layout->ndim = (uint32_t)ndim;
+    for (int i = 0; i < ndim; i++)
+        layout->shape[i] = (uint64_t)shape[i];
+    layout->order = order;
+    layout->offset = 0;
+    layout->user_kind = SHMREF_META_USER_NONE;
+    layout->user = NULL;
+    layout->user_len = 0;
     shmref_buf *buf = NULL;
-    char msg[MSG_MAX] = "";
+    char msg[MSG_MAX];
+    msg[0] = 0;
     int r;
     Py_BEGIN_ALLOW_THREADS
     conn_lock_nogil(conn);
@@ -229,45 +283,71 @@ static PyObject *lease_array(ClientObject *self, ConnObject *conn, PyArray_Descr
         snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
     conn_unlock_nogil(conn);
     Py_END_ALLOW_THREADS
-    if (r < 0)
+    if (r < 0) {
+        PyMem_Free(layout);
         return shmrefpy_raise(r, msg);
-    BufferObject *owner = buffer_new(conn, buf, true);
-    if (!owner)
-        return NULL;
-    PyObject *ts = typestr(descr), *tshape = PyTuple_New(ndim);
-    for (int i = 0; tshape && i < ndim; i++)
-        PyTuple_SET_ITEM(tshape, i, PyLong_FromSsize_t(shape[i]));
-    if (ts && tshape)
-        owner->layout = Py_BuildValue("(OOC)", ts, tshape, order);
-    Py_XDECREF(ts);
-    Py_XDECREF(tshape);
-    PyObject *arr = NULL;
-    if (owner->layout) {
-        arr = buffer_array(owner, (PyObject *)descr, ndim, shape, NULL, order, 0);
     }
+    BufferObject *owner = buffer_new(conn, buf, true);
+    if (!owner) {
+        PyMem_Free(layout);
+        return NULL;
+    }
+    owner->layout = layout;
+    Py_INCREF(descr);
+    PyObject *arr = buffer_array_descr(owner, (PyObject *)descr, ndim, shape, NULL, order, 0);
     Py_DECREF(owner);
     return arr;
 }
 
-static PyObject *Client_empty(ClientObject *self, PyObject *args, PyObject *kw)
+static PyObject *Client_empty(ClientObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static char *names[] = { "shape", "dtype", "order", NULL };
-    PyArray_Dims dims = { NULL, 0 };
-    PyObject *dtype = NULL;
-    const char *order = "C";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|Os:empty", names, PyArray_IntpConverter, &dims, &dtype, &order))
+    static const char *const names[] = { "shape", "dtype", "order" };
+    PyObject *v[3];
+    if (fast_args("empty", args, nargs, kwnames, names, 3, 3, 1, v) < 0)
         return NULL;
+    const char *order = "C";
+    if (v[2]) {
+        Py_ssize_t len;
+        if (!PyUnicode_Check(v[2])) {
+            return PyErr_Format(PyExc_TypeError, "empty() argument 3 must be str, not %.50s", Py_TYPE(v[2])->tp_name);
+        }
+        if (!(order = PyUnicode_AsUTF8AndSize(v[2], &len)))
+            return NULL;
+        if ((size_t)len != strlen(order)) {
+            PyErr_SetString(PyExc_ValueError, "embedded null character");
+            return NULL;
+        }
+    }
+    /* An int shape (the common case) without numpy's converter and its allocation. */
+    npy_intp one;
+    PyArray_Dims dims = { NULL, 0 };
+    npy_intp *dp = NULL;
+    int nd = -1;
+    if (PyLong_CheckExact(v[0])) {
+        one = PyLong_AsSsize_t(v[0]);
+        if (one == -1 && PyErr_Occurred())
+            PyErr_Clear(); /* numpy's converter says what is wrong */
+        else
+            dp = &one, nd = 1;
+    }
+    if (nd < 0) {
+        if (!PyArray_IntpConverter(v[0], &dims))
+            return NULL;
+        dp = dims.ptr;
+        nd = dims.len;
+    }
     PyArray_Descr *descr;
     PyObject *res = NULL;
-    if (parse_dtype_order(dtype ? dtype : Py_None, order, &descr) == 0) {
+    if (parse_dtype_order(v[1] ? v[1] : Py_None, order, &descr) == 0) {
         ConnObject *conn = client_conn(self);
         if (conn) {
-            res = lease_array(self, conn, descr, dims.len, dims.ptr, order[0]);
+            res = lease_array(self, conn, descr, nd, dp, order[0]);
             Py_DECREF(conn);
         }
         Py_DECREF(descr);
     }
-    PyDimMem_FREE(dims.ptr);
+    if (dims.ptr)
+        PyDimMem_FREE(dims.ptr);
     return res;
 }
 
@@ -302,11 +382,8 @@ static PyObject *publish_array(ClientObject *self, PyObject *obj, uint32_t keep,
     size_t offset = (size_t)((char *)PyArray_DATA(arr) - owner->data);
     size_t len = offset + (size_t)PyArray_NBYTES(arr);
     shmref_meta_array m = { .order = order, .offset = offset, .ndim = (uint32_t)ndim };
-    PyObject *ts = typestr(PyArray_DESCR(arr));
-    if (!ts)
+    if (buffer_typestr((PyObject *)PyArray_DESCR(arr), m.dtype) < 0)
         return NULL;
-    snprintf(m.dtype, sizeof(m.dtype), "%s", PyUnicode_AsUTF8(ts));
-    Py_DECREF(ts);
     for (int i = 0; i < ndim; i++)
         m.shape[i] = (uint64_t)PyArray_DIM(arr, i);
     Py_buffer ub = { 0 };
@@ -337,20 +414,30 @@ static PyObject *publish_array(ClientObject *self, PyObject *obj, uint32_t keep,
     if (!conn)
         return NULL;
     shmref_desc d;
-    char msg[MSG_MAX] = "";
+    char msg[MSG_MAX];
+    msg[0] = 0;
     int r;
     if (len == 0)
         len = 1; /* an empty array still names a buffer; its metadata says 0 elements */
     /* The bytes are read-only for every view before anyone else can read them. */
     buffer_freeze(owner, obj);
-    Py_BEGIN_ALLOW_THREADS
-    conn_lock_nogil(conn);
-    r = max_acquires ? shmref_publish_ex(owner->buf, len, keep, max_acquires, 0, meta, (size_t)mlen, &d)
-                     : shmref_publish(owner->buf, len, keep, meta, (size_t)mlen, &d); /* one-way */
-    if (r < 0)
-        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
-    conn_unlock_nogil(conn);
-    Py_END_ALLOW_THREADS
+    if (!max_acquires && conn_trylock(conn)) {
+        /* A plain publish is one-way and never waits (a request the socket cannot take
+         * is queued): with the connection free it runs with the GIL held. */
+        r = shmref_publish(owner->buf, len, keep, meta, (size_t)mlen, &d);
+        if (r < 0)
+            snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+        conn_unlock_nogil(conn);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        conn_lock_nogil(conn);
+        r = max_acquires ? shmref_publish_ex(owner->buf, len, keep, max_acquires, 0, meta, (size_t)mlen, &d)
+                         : shmref_publish(owner->buf, len, keep, meta, (size_t)mlen, &d); /* one-way */
+        if (r < 0)
+            snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+        conn_unlock_nogil(conn);
+        Py_END_ALLOW_THREADS
+    }
     Py_DECREF(conn);
     if (r < 0)
         return shmrefpy_raise(r, msg);
@@ -362,16 +449,16 @@ static PyObject *publish_array(ClientObject *self, PyObject *obj, uint32_t keep,
     return ref_new(&d);
 }
 
-static PyObject *Client_publish(ClientObject *self, PyObject *args, PyObject *kw)
+static PyObject *Client_publish(ClientObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static char *names[] = { "array", "keep", "max_acquires", "meta", "keep_ms", NULL };
-    PyObject *arr, *meta = Py_None, *keep = NULL, *keep_ms = NULL, *maxa = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOOO:publish", names, &arr, &keep, &maxa, &meta, &keep_ms))
+    static const char *const names[] = { "array", "keep", "max_acquires", "meta", "keep_ms" };
+    PyObject *v[5];
+    if (fast_args("publish", args, nargs, kwnames, names, 5, 1, 1, v) < 0)
         return NULL;
     uint32_t k, n;
-    if (keep_arg(keep, keep_ms, &k) < 0 || max_acquires_arg(maxa, 0, &n) < 0)
+    if (keep_arg(v[1], v[4], &k) < 0 || max_acquires_arg(v[2], 0, &n) < 0)
         return NULL;
-    return publish_array(self, arr, k, n, meta, NULL);
+    return publish_array(self, v[0], k, n, v[3] ? v[3] : Py_None, NULL);
 }
 
 /* _publish_raw(array, meta, keep=0.0): publish with metadata bytes given as they are
@@ -441,7 +528,8 @@ static BufferObject *acquire(ClientObject *self, PyObject *refobj, shmref_meta_a
     if (!conn)
         return NULL;
     shmref_buf *buf = NULL;
-    char msg[MSG_MAX] = "";
+    char msg[MSG_MAX];
+    msg[0] = 0;
     int r, mr = 0;
     Py_BEGIN_ALLOW_THREADS
     conn_lock_nogil(conn);
@@ -495,14 +583,11 @@ static PyObject *Client_acquire(ClientObject *self, PyObject *ref)
         Py_ssize_t shape[SHMREF_META_MAX_DIMS];
         for (uint32_t i = 0; i < m.ndim; i++)
             shape[i] = m.shape[i] > (uint64_t)PY_SSIZE_T_MAX ? -1 : (Py_ssize_t)m.shape[i];
-        PyObject *dt = PyUnicode_FromString(m.dtype);
-        arr = dt ? buffer_array(owner, dt, (int)m.ndim, shape, NULL, m.order, m.offset) : NULL;
-        Py_XDECREF(dt);
+        PyObject *dt = buffer_descr_str(m.dtype);
+        arr = dt ? buffer_array_descr(owner, dt, (int)m.ndim, shape, NULL, m.order, m.offset) : NULL;
     } else { /* opaque metadata: the bytes as uint8 */
         Py_ssize_t n = (Py_ssize_t)owner->size;
-        PyObject *dt = PyUnicode_FromString("|u1");
-        arr = dt ? buffer_array(owner, dt, 1, &n, NULL, 'C', 0) : NULL;
-        Py_XDECREF(dt);
+        arr = buffer_array_descr(owner, (PyObject *)PyArray_DescrFromType(NPY_UINT8), 1, &n, NULL, 'C', 0);
     }
     Py_DECREF(owner);
     return arr;
@@ -583,7 +668,7 @@ static PyObject *release(ClientObject *self, PyObject *obj, Py_ssize_t allowed)
         return PyErr_Format(PyExc_ValueError, "not an array from shmref");
     if (owner->conn != self->conn)
         return PyErr_Format(PyExc_ValueError, "this array belongs to another client");
-    if (owner->has_desc) { /* a share()d copy: the client's hold goes first */
+    if (owner->has_desc && owner->lease && PyDict_Size(self->shares) > 0) { /* a share()d copy: the client's hold goes first */
         PyObject *key = ref_new(&owner->desc);
         if (!key)
             return NULL;
@@ -759,7 +844,7 @@ static PyObject *Client_repr(ClientObject *self)
 {
     if (!self->conn)
         return PyUnicode_FromFormat("<shmref.Client %R closed>", self->socket ? self->socket : Py_None);
-    if (!self->conn->c || self->conn->pid != getpid())
+    if (!self->conn->c || self->conn->pid != shmrefpy_getpid())
         return PyUnicode_FromFormat("<shmref.Client %R of pid %d (forked: unusable here)>", self->socket,
                                     (int)self->conn->pid);
     return PyUnicode_FromFormat("<shmref.Client %R daemon pid %d, timeout %d ms, %zd shared>", self->socket,
@@ -840,11 +925,11 @@ static PyObject *Client_get_shares(ClientObject *self, void *c)
 }
 
 static PyMethodDef Client_methods[] = {
-    { "empty", (PyCFunction)(void (*)(void))Client_empty, METH_VARARGS | METH_KEYWORDS,
+    { "empty", (PyCFunction)(void (*)(void))Client_empty, METH_FASTCALL | METH_KEYWORDS,
       "empty($self, /, shape, dtype=None, order='C')\n--\n\n"
       "A writable numpy array (a shmref.SharedArray) backed by a new lease (contents unspecified). "
       "dtype None means float64. Fill it, then publish() it." },
-    { "publish", (PyCFunction)(void (*)(void))Client_publish, METH_VARARGS | METH_KEYWORDS,
+    { "publish", (PyCFunction)(void (*)(void))Client_publish, METH_FASTCALL | METH_KEYWORDS,
       "publish($self, /, array, *, keep=0.0, max_acquires=0, meta=None, keep_ms=None)\n--\n\n"
       "Publishes an array from empty() (the whole array or a contiguous view of it) and returns "
       "its Ref: dtype, shape, order and offset travel in the metadata (proto/METADATA.md), meta "
@@ -964,16 +1049,7 @@ PyObject *client_publish_buffer(PyObject *m, PyObject *args)
         return ref_new(&owner->desc);
     if (!owner->lease || !owner->layout || !owner->buf)
         return PyErr_Format(PyExc_ValueError, "not an unpublished lease");
-    const char *dtype;
-    int order;
-    PyObject *shape;
-    if (!PyArg_ParseTuple(owner->layout, "sO!C", &dtype, &PyTuple_Type, &shape, &order))
-        return NULL;
-    shmref_meta_array a = { .order = (char)order };
-    snprintf(a.dtype, sizeof(a.dtype), "%s", dtype);
-    a.ndim = (uint32_t)PyTuple_GET_SIZE(shape);
-    for (uint32_t i = 0; i < a.ndim && i < SHMREF_META_MAX_DIMS; i++)
-        a.shape[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape, i));
+    shmref_meta_array a = *owner->layout;
     uint64_t len = 0;
     char meta[SHMREF_META_MAX];
     const char *why = "";

@@ -142,6 +142,14 @@ void conn_lock_nogil(ConnObject *conn)
     took(conn->core);
 }
 
+int conn_trylock(ConnObject *conn)
+{
+    if (pthread_mutex_trylock(&conn->core->lock) != 0)
+        return 0;
+    took(conn->core);
+    return 1;
+}
+
 void conn_unlock_nogil(ConnObject *conn)
 {
     unlock(conn->core);
@@ -159,7 +167,7 @@ static void release_unit(void *unit)
 
 static void conn_release(ConnObject *conn, void (*fn)(void *), void *arg)
 {
-    if (!conn->c || getpid() != conn->pid)
+    if (!conn->c || shmrefpy_getpid() != conn->pid)
         return; /* a forked child: the parent's handle is not ours to drop */
     if (conn_core_run(conn->core, fn, arg) == 0)
         return;
@@ -215,7 +223,7 @@ static void Conn_dealloc(ConnObject *self)
         pthread_mutex_lock(&k->lock);
         took(k);
         drain(k);
-        if (self->pid == getpid()) {
+        if (self->pid == shmrefpy_getpid()) {
             shmref_set_timeout(self->c, 1);
             shmref_close(self->c);
         } else {
@@ -280,7 +288,7 @@ ConnObject *conn_new(PyObject *socket, int timeout_ms, int named)
         return (ConnObject *)PyErr_NoMemory();
     }
     conn->c = c;
-    conn->pid = getpid();
+    conn->pid = shmrefpy_getpid();
     conn->core = k;
     Py_INCREF(socket);
     conn->socket = socket;
@@ -294,9 +302,9 @@ ConnObject *conn_new(PyObject *socket, int timeout_ms, int named)
 
 int conn_forked(ConnObject *conn)
 {
-    pid_t me = getpid();
-    if (conn->c && me == conn->pid)
+    if (conn->c && shmrefpy_getpid() == conn->pid)
         return 0;
+    pid_t me = getpid();
     PyErr_Format(PyExc_ChildProcessError,
                  "connection was opened by pid %d; this is pid %d: connect again in the child",
                  (int)conn->pid, (int)me);

@@ -37,6 +37,10 @@ int conn_forked(ConnObject *conn);
  * the GIL; unlock first does the releases that queued up meanwhile. */
 void conn_lock_nogil(ConnObject *conn);
 void conn_unlock_nogil(ConnObject *conn);
+/* conn_trylock: take the connection if it is free, with or without the GIL (never
+ * waits): 1 taken (let go with conn_unlock_nogil), 0 busy. For calls that never wait
+ * for the daemon (a plain publish is one-way), which then keep the GIL. */
+int conn_trylock(ConnObject *conn);
 /* conn_release_buf: drop buf now if the connection is free, else queue it (one-way
  * messages only). GIL held; never waits for another thread's call. */
 void conn_release_buf(ConnObject *conn, shmref_buf *buf);

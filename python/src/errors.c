@@ -3,7 +3,32 @@
 #include "errors.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
+#include <unistd.h>
+
+pid_t shmrefpy_self_pid;
+
+static void pid_after_fork_child(void)
+{
+    shmrefpy_self_pid = getpid();
+}
+
+int shmrefpy_pid_init(void)
+{
+    static bool registered;
+    shmrefpy_self_pid = getpid();
+    if (!registered) {
+        int r = pthread_atfork(NULL, NULL, pid_after_fork_child);
+        if (r) {
+            errno = r;
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        registered = true;
+    }
+    return 0;
+}
 
 PyObject *shmrefpy_Refused, *shmrefpy_QuotaExceeded, *shmrefpy_PoolFull, *shmrefpy_LimitReached;
 

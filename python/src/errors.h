@@ -27,6 +27,18 @@ int errors_init(PyObject *m);
  * ConnectionResetError ...). msg "" means strerror. Returns NULL. */
 PyObject *shmrefpy_raise(int err, const char *msg);
 
+/* shmrefpy_getpid: this process's pid without a system call. getpid() is one (about
+ * 0.5 us on a VM with the usual mitigations) and the extension checks for a forked child
+ * on every call: the pid is read at import and again in every child fork() makes
+ * (pthread_atfork: os.fork, multiprocessing, C code's fork alike). */
+extern pid_t shmrefpy_self_pid;
+static inline pid_t shmrefpy_getpid(void)
+{
+    return shmrefpy_self_pid;
+}
+/* shmrefpy_pid_init: at import. -1 with an error. */
+int shmrefpy_pid_init(void);
+
 /* shmrefpy_add_object: PyModule_AddObjectRef's contract on every Python from 3.9 on (value
  * borrowed). */
 int shmrefpy_add_object(PyObject *m, const char *name, PyObject *value);

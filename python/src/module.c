@@ -68,7 +68,7 @@ static PyObject *mod_release_array(PyObject *m, PyObject *args)
     BufferObject *b = buffer_of(array);
     if (!b)
         return PyErr_Format(PyExc_ValueError, "not an array from shmref");
-    if (b->conn->pid != getpid())
+    if (b->conn->pid != shmrefpy_getpid())
         Py_RETURN_NONE; /* a forked child leaves the parent's buffer alone */
     if (buffer_release(b, array, allowed + 1) < 0) /* + the argument tuple's */
         return NULL;
@@ -193,7 +193,7 @@ static struct PyModuleDef mod_def = {
 
 PyMODINIT_FUNC PyInit__shmref(void)
 {
-    if (init_numpy() < 0)
+    if (init_numpy() < 0 || shmrefpy_pid_init() < 0)
         return NULL;
     PyTypeObject *types[] = { &Conn_Type, &Buffer_Type, &Ref_Type, &Client_Type, &Batch_Type, &Unit_Type };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
