@@ -241,6 +241,9 @@ struct daemons {
 };
 int scenario_roundtrip(const struct bench_opts *o, const struct daemons *ds);
 int scenario_lease(const struct bench_opts *o, const struct daemons *ds);
+/* scenario_lease_many: lease_many(1024) of warm 4 KiB buffers against 4 x lease_many(256),
+ * and how soon a SIGKILLed client with 200 unread leases is reclaimed (no timer cliffs). */
+int scenario_lease_many(const struct bench_opts *o, const struct daemons *ds);
 int scenario_throughput(const struct bench_opts *o, const struct daemons *ds);
 int scenario_scale(const struct bench_opts *o);
 /* 8 kB round trips of unix-bytes, shmref zero-copy and iceoryx, unpinned, all on one CPU

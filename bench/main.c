@@ -36,8 +36,11 @@ static const char usage[] =
     "\n"
     "      --smoke           2 iterations per method at small sizes, every byte checked (fast)\n"
     "      --big             add the 800 MB round trip\n"
-    "      --arrow           units of work only: the producer's cost against one memcpy\n"
-    "      --only LIST       scenarios to run, comma separated: roundtrip,placement,lease,\n                        throughput,scale,arrow\n"
+    "      --arrow           units of work (the producer's cost against one memcpy, a consumer's\n"
+    "                        scan against the C Data Interface in one process) and lease_many\n"
+    "                        at 1,024 with a SIGKILLed unread client: --only arrow,lease-many\n"
+    "      --only LIST       scenarios to run, comma separated: roundtrip,placement,lease,\n"
+    "                        lease-many,throughput,scale,arrow (arrow-e2e: its consumer rows only)\n"
     "      --json FILE       write the records as a JSON list\n"
     "      --plot-data FILE  write the round-trip medians for bench/plot.gp\n"
     "      --shmrefd PATH    the daemon binary (default: this build's)\n";
@@ -59,7 +62,7 @@ static int parse(int argc, char **argv, struct bench_opts *o)
         switch (c) {
         case O_SMOKE: o->smoke = true; break;
         case O_BIG: o->big = true; break;
-        case O_ARROW: o->arrow = true; o->only = "arrow"; break;
+        case O_ARROW: o->arrow = true; o->only = "arrow,lease-many"; break;
         case O_ONLY: o->only = optarg; break;
         case O_JSON: o->json_path = optarg; break;
         case O_PLOT: o->plot_path = optarg; break;
@@ -186,10 +189,14 @@ static int run(const struct bench_opts *o)
     iox_roudi_stop(); /* started by the first iceoryx row, if any */
     if (wanted(o, "lease"))
         scenario_lease(o, &ds);
+    if (wanted(o, "lease-many"))
+        scenario_lease_many(o, &ds);
     if (wanted(o, "throughput"))
         scenario_throughput(o, &ds);
     if (o->only ? wanted(o, "arrow") : o->smoke) /* not in a default run: its own table */
         scenario_arrow(o, &ds);
+    else if (o->only && wanted(o, "arrow-e2e"))
+        scenario_arrow_e2e(o, &ds);
     r = 0;
     for (int i = 0; i < POOL_N; i++)
         if (stop_daemon(&ds.d[i]) < 0)

@@ -9,9 +9,13 @@
  *                      descriptor; the consumer (this process) acquires, exports the
  *                      ArrowArray and sums where the bytes lie;
  *   shmref-unit-heap   the same, the consumer first copies the column into its heap.
+ *   c-data-scan /      the consumer's part alone (issue 18): the floor's pass and sum, and
+ *   shmref-acquire     shmref-unit's runs from the descriptor's arrival (acquire, export,
+ *                      sum, release).
  * Timed by the consumer from its request to the producer until the sum is done; the
  * producer releases afterwards (untimed). The sums are checked against the in-process
- * one. Arrow IPC and Flight rows need pyarrow and are not built yet. */
+ * one. Arrow IPC and Flight rows: bench/python/arrow_bench.py (pyarrow). The floor runs
+ * before each pair of lanes, interleaved, so all rows see the same machine. */
 #include "bench.h"
 
 #include <errno.h>
@@ -44,8 +48,10 @@ static void e2e_sizes(struct e2e_col *c)
     c->data_len = (size_t)at;
 }
 
-/* produce: the column's values into off (utf8 offsets) and data. */
-static void produce(const struct e2e_col *c, int32_t *off, void *data)
+/* produce: the column's values into off (utf8 offsets) and data. Not inlined: the producer
+ * process and the in-process floor run the same machine code (inlined, GCC once made the
+ * producer's copy divide with idiv and the floor's by multiplication: 2x the floor's time). */
+__attribute__((noinline)) static void produce(const struct e2e_col *c, int32_t *off, void *data)
 {
     if (!c->utf8) {
         double *x = data;
@@ -65,9 +71,9 @@ static void produce(const struct e2e_col *c, int32_t *off, void *data)
     off[c->rows] = at;
 }
 
-/* consume: the sum of an exported column (f64: the values; utf8: every byte of every
+/* consume (not inlined either): the sum of an exported column (f64: the values; utf8: every byte of every
  * string, through the offsets). */
-static double consume(const struct e2e_col *c, const struct ArrowArray *a)
+__attribute__((noinline)) static double consume(const struct e2e_col *c, const struct ArrowArray *a)
 {
     double sum = 0;
     if (!c->utf8) {
@@ -157,6 +163,9 @@ static void producer_main(int fd, const char *socket, const struct e2e_col *c)
 struct e2e_lane {
     struct result *r;
     bool heap, ok;
+    uint64_t created, retired;        /* the daemon's counters after the warm-up */
+    struct result *ra;                /* shmref-acquire: the consumer's part (not heap lanes) */
+    struct samples sa;
     int fd;
     pid_t pid;
     shmref_conn *conn;
@@ -174,7 +183,10 @@ static void lane_open(struct e2e_lane *l, const struct daemon *dm, const char *p
     if (!(l->r = report_add("arrow-e2e", heap ? "shmref-unit-heap" : "shmref-unit", pool,
                             c->data_len + c->off_len, c->label)))
         return;
-    if (samples_init(&l->s, (size_t)iters) < 0 || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+    if (!heap && !(l->ra = report_add("arrow-e2e", "shmref-acquire", pool, c->data_len + c->off_len, c->label)))
+        return;
+    if (samples_init(&l->s, (size_t)iters) < 0 || samples_init(&l->sa, (size_t)iters) < 0 ||
+        socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
         snprintf(l->r->error, sizeof(l->r->error), "out of memory or sockets");
         return;
     }
@@ -199,6 +211,17 @@ static void lane_open(struct e2e_lane *l, const struct daemon *dm, const char *p
     l->ok = true;
 }
 
+static uint64_t counter(shmref_conn *conn, const char *path)
+{
+    shmref_status *st;
+    uint64_t v = 0;
+    if (shmref_status_get(conn, &st) == 0) {
+        shmref_status_u64(st, path, &v);
+        shmref_status_free(st);
+    }
+    return v;
+}
+
 /* lane_step: one unit of work end to end; returns the consumer's sum. */
 static double lane_step(struct e2e_lane *l, const struct e2e_col *c, int it)
 {
@@ -210,6 +233,10 @@ static double lane_step(struct e2e_lane *l, const struct e2e_col *c, int it)
     char k;
     if (!l->ok)
         return -1;
+    if (it == 0) {
+        l->created = counter(l->conn, "counters.buffers_created");
+        l->retired = counter(l->conn, "counters.buffers_retired");
+    }
     uint64_t t0 = stats_now_ns();
     ssize_t n;
     if (write(l->fd, "g", 1) != 1 || (n = read(l->fd, bin, sizeof(bin))) <= 0 ||
@@ -218,6 +245,7 @@ static double lane_step(struct e2e_lane *l, const struct e2e_col *c, int it)
         l->ok = false;
         return -1;
     }
+    uint64_t t_desc = stats_now_ns(); /* the consumer's part starts: acquire, export, sum, release */
     if (shmref_unit_acquire(l->conn, &d, &u) < 0 || shmref_unit_export_array(u, 0, 0, NULL, &a) < 0) {
         snprintf(l->r->error, sizeof(l->r->error), "%s", shmref_errmsg(l->conn));
         l->ok = false;
@@ -243,43 +271,63 @@ static double lane_step(struct e2e_lane *l, const struct e2e_col *c, int it)
     a.release(&a);
     shmref_unit_release(u);
     uint64_t t1 = stats_now_ns();
-    if (it >= 0)
+    if (it >= 0) {
         samples_add(&l->s, (double)(t1 - t0) / 1e6);
+        samples_add(&l->sa, (double)(t1 - t_desc) / 1e6);
+    }
     if (write(l->fd, "r", 1) != 1 || read(l->fd, &k, 1) != 1)
         l->ok = false;
     return sum;
 }
 
-static void lane_close(struct e2e_lane *l, const struct e2e_col *c, const struct result *base)
+static void lane_close(struct e2e_lane *l, const struct e2e_col *c, const struct result *base,
+                       const struct result *scan)
 {
     if (l->ok) {
         report_fill(l->r, &l->s);
         report_ratio(l->r, base);
-        snprintf(l->r->note, sizeof(l->r->note), l->heap ? "producer writes in place; consumer copies to its heap, sums"
-                                                         : "producer writes in place; consumer sums in the mapping");
+        snprintf(l->r->note, sizeof(l->r->note), "%s; %llu buffers made, %llu retired",
+                 l->heap ? "producer writes in place; consumer copies to its heap, sums"
+                         : "producer writes in place; consumer sums in the mapping",
+                 (unsigned long long)(counter(l->conn, "counters.buffers_created") - l->created),
+                 (unsigned long long)(counter(l->conn, "counters.buffers_retired") - l->retired));
+        if (l->ra) {
+            report_fill(l->ra, &l->sa);
+            report_ratio(l->ra, scan);
+            snprintf(l->ra->note, sizeof(l->ra->note), "the same runs from the descriptor's arrival: acquire, "
+                     "export, sum, release");
+        }
+    } else if (l->ra && l->r) {
+        snprintf(l->ra->error, sizeof(l->ra->error), "%s", l->r->error[0] ? l->r->error : "the lane failed");
     }
     if (l->fd >= 0)
         close(l->fd); /* the producer sees EOF once every later producer has exited too */
     shmref_close(l->conn);
     samples_free(&l->s);
+    samples_free(&l->sa);
     if (l->heap_buf[0])
         payload_free(l->heap_buf[0], c->data_len);
     if (l->heap_buf[1])
         payload_free(l->heap_buf[1], c->off_len);
 }
 
-/* floor_step: the same work in one process: produce into the heap, pass, sum. */
-static double floor_step(const struct e2e_col *c, void *data, int32_t *off, struct samples *s, int it)
+/* floor_step: the same work in one process: produce into the heap, pass, sum (s); the pass
+ * and sum alone (scan). */
+static double floor_step(const struct e2e_col *c, void *data, int32_t *off, struct samples *s,
+                         struct samples *scan, int it)
 {
     const void *bufs[3] = { NULL, c->utf8 ? (const void *)off : data, c->utf8 ? data : NULL };
     uint64_t t0 = stats_now_ns();
     produce(c, off, data);
+    uint64_t tp = stats_now_ns();
     struct ArrowArray a = { .length = c->rows, .n_buffers = c->utf8 ? 3 : 2, .buffers = bufs, .release = no_release };
     double sum = consume(c, &a);
     a.release(&a);
     uint64_t t1 = stats_now_ns();
-    if (it >= 0)
+    if (it >= 0) {
         samples_add(s, (double)(t1 - t0) / 1e6);
+        samples_add(scan, (double)(t1 - tp) / 1e6);
+    }
     return sum;
 }
 
@@ -288,11 +336,13 @@ static void run_column(const struct bench_opts *o, const struct daemons *ds, str
     static const int pools[] = { POOL_HUGE, POOL_DEVSHM };
     int iters = o->smoke ? 2 : 9, nl = 0;
     struct e2e_lane lanes[4];
-    struct samples fs = { 0 };
+    struct samples fs = { 0 }, ss = { 0 };
     struct result *base = report_add("arrow-e2e", "c-data-in-process", "", c->data_len + c->off_len, c->label);
+    struct result *scan = report_add("arrow-e2e", "c-data-scan", "", c->data_len + c->off_len, c->label);
     void *data = payload_alloc_warm(c->data_len);
     int32_t *off = c->utf8 ? payload_alloc_warm(c->off_len) : NULL;
-    if (!base || samples_init(&fs, (size_t)iters * 2) < 0 || !data || (c->utf8 && !off)) {
+    if (!base || !scan || samples_init(&fs, (size_t)iters * 2) < 0 || samples_init(&ss, (size_t)iters * 2) < 0 ||
+        !data || (c->utf8 && !off)) {
         if (base)
             snprintf(base->error, sizeof(base->error), "out of memory");
         goto out;
@@ -312,7 +362,7 @@ static void run_column(const struct bench_opts *o, const struct daemons *ds, str
     for (int it = -1; it < iters; it++)
         for (int k = 0; k < nl; k++) {
             if (k % 2 == 0)
-                want = floor_step(c, data, off, &fs, it);
+                want = floor_step(c, data, off, &fs, &ss, it);
             double got = lane_step(&lanes[k], c, it);
             if (lanes[k].ok && got != want) {
                 snprintf(lanes[k].r->error, sizeof(lanes[k].r->error), "sum %.17g, in-process %.17g", got, want);
@@ -321,8 +371,10 @@ static void run_column(const struct bench_opts *o, const struct daemons *ds, str
         }
     report_fill(base, &fs);
     snprintf(base->note, sizeof(base->note), "produce into the heap, pass the ArrowArray, sum");
+    report_fill(scan, &ss);
+    snprintf(scan->note, sizeof(scan->note), "the same runs, pass the ArrowArray and sum only");
     for (int k = 0; k < nl; k++)
-        lane_close(&lanes[k], c, base);
+        lane_close(&lanes[k], c, base, scan);
     for (int k = nl - 1; k >= 0; k--) /* each producer inherited the earlier ones' sockets */
         if (lanes[k].pid > 0)
             waitpid(lanes[k].pid, NULL, 0);
@@ -332,6 +384,7 @@ out:
     if (off)
         payload_free(off, c->off_len);
     samples_free(&fs);
+    samples_free(&ss);
 }
 
 int scenario_arrow_e2e(const struct bench_opts *o, const struct daemons *ds)

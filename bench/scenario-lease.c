@@ -13,9 +13,13 @@
 #include "bench.h"
 
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define LEASE_SIZE 4096
@@ -240,4 +244,175 @@ int scenario_lease(const struct bench_opts *o, const struct daemons *ds)
         for (int i = 0; i < K_N; i++)
             samples_free(&c.s[pl][i]);
     return r;
+}
+
+/* ---- lease_many at 1,024 and a SIGKILLed unread client (no timer cliffs) ----------------
+ * A lease_many of 1,024 is 32 requests of 32 leases: more replies (one fd each) than the
+ * daemon sends to a connection with 64 fds unread, so it pauses and must resume as soon as
+ * the client has read them; 4 calls of 256 (8 requests each) are the baseline. Each call
+ * is made on a quiet connection (300 ms after the last), as a user makes one, warm: the
+ * 1,024 buffers of the class exist and are mapped. A client that sent 200 leases and
+ * reads none (the daemon paused at its cap) is SIGKILLed: the time until its leases are
+ * back, polled with status every 0.5 ms. */
+
+#define MANY 1024
+
+static uint64_t status_of(shmref_conn *conn, const char *path)
+{
+    shmref_status *st;
+    uint64_t v = UINT64_MAX;
+    if (shmref_status_get(conn, &st) == 0) {
+        shmref_status_u64(st, path, &v);
+        shmref_status_free(st);
+    }
+    return v;
+}
+
+static int lease_many_timed(shmref_conn *c, shmref_buf **bufs, size_t n, size_t each, double *ms)
+{
+    static size_t sizes[MANY];
+    for (size_t i = 0; i < n; i++)
+        sizes[i] = LEASE_SIZE;
+    uint64_t t0 = stats_now_ns();
+    for (size_t k = 0; k < n; k += each) {
+        int r = shmref_lease_many(c, sizes, each, bufs + k);
+        if (r < 0) {
+            shmref_release_many(bufs, k);
+            return r;
+        }
+    }
+    *ms = (double)(stats_now_ns() - t0) / 1e6;
+    return shmref_release_many(bufs, n);
+}
+
+/* unread_leaser: a forked client: 200 leases sent, no reply read; tells the parent, waits
+ * for its SIGKILL. */
+static void unread_leaser(const char *socket, int tell)
+{
+    shmref_conn *c;
+    if (shmref_connect(socket, &c) < 0 || shmref_set_stock(c, 0) < 0)
+        _exit(1);
+    for (int i = 0; i < 200; i++)
+        if (shmref_lease_submit(c, LEASE_SIZE, 0, 0, NULL) < 0)
+            _exit(2);
+    int r;
+    while ((r = shmref_flush(c)) == 1) {
+        struct pollfd p = { .fd = shmref_conn_fd(c), .events = POLLOUT };
+        poll(&p, 1, 100);
+    }
+    if (r < 0 || write(tell, "s", 1) != 1)
+        _exit(3);
+    for (;;)
+        pause();
+}
+
+/* one_kill: the time from SIGKILL until the daemon's leases are back to base, ms. */
+static int one_kill(shmref_conn *c, const char *socket, double *ms, char *err, size_t cap)
+{
+    uint64_t base = status_of(c, "buffers.leases");
+    int p[2];
+    if (base == UINT64_MAX || pipe(p) < 0) {
+        snprintf(err, cap, "status or pipe failed");
+        return -EIO;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        unread_leaser(socket, p[1]);
+    }
+    close(p[1]);
+    char k;
+    bool sent = pid > 0 && read(p[0], &k, 1) == 1;
+    close(p[0]);
+    if (!sent) {
+        snprintf(err, cap, "the unread client failed");
+        if (pid > 0)
+            waitpid(pid, NULL, 0);
+        return -EIO;
+    }
+    /* until the daemon granted what it will before the client reads (64 or more), then
+     * past any timer's back-off (the old one doubled from 5 ms to 500 ms) */
+    uint64_t until = stats_now_ns() + 10000000000u, held = 0;
+    while ((held = status_of(c, "buffers.leases") - base) < 64 && stats_now_ns() < until)
+        usleep(2000);
+    usleep(800 * 1000);
+    held = status_of(c, "buffers.leases") - base;
+    uint64_t t0 = stats_now_ns();
+    kill(pid, SIGKILL);
+    until = t0 + 5000000000u;
+    uint64_t now;
+    while (status_of(c, "buffers.leases") != base && (now = stats_now_ns()) < until)
+        usleep(500);
+    *ms = (double)(stats_now_ns() - t0) / 1e6;
+    waitpid(pid, NULL, 0);
+    if (held < 64 || status_of(c, "buffers.leases") != base) {
+        snprintf(err, cap, "%llu leases held before the SIGKILL (want >= 64), %s after 5 s",
+                 (unsigned long long)held, status_of(c, "buffers.leases") != base ? "not reclaimed" : "reclaimed");
+        return -EIO;
+    }
+    return 0;
+}
+
+int scenario_lease_many(const struct bench_opts *o, const struct daemons *ds)
+{
+    static shmref_buf *bufs[MANY];
+    const char *socket = ds->d[POOL_DEVSHM].socket;
+    int rounds = o->smoke ? 2 : 9, kills = o->smoke ? 1 : 5, r;
+    unsigned quiet_us = o->smoke ? 50000 : 300000;
+    struct samples big, small, dead;
+    shmref_conn *c = NULL;
+    char err[160] = "";
+    double ms;
+    fprintf(stderr, "shmref-bench: lease_many at 1,024, SIGKILLed unread clients ...\n");
+    struct result *base = report_add("lease-many", "4x lease_many(256)", "dev-shm", MANY * LEASE_SIZE, "1024 x 4 KiB");
+    struct result *one = report_add("lease-many", "lease_many(1024)", "dev-shm", MANY * LEASE_SIZE, "1024 x 4 KiB");
+    struct result *kill9 = report_add("lease-many", "sigkill-reclaim", "dev-shm", 200 * LEASE_SIZE, "200 unread");
+    if (!base || !one || !kill9)
+        return -ENOMEM;
+    samples_init(&big, (size_t)rounds);
+    samples_init(&small, (size_t)rounds);
+    samples_init(&dead, (size_t)kills);
+    if ((r = shmref_connect(socket, &c)) < 0)
+        snprintf(err, sizeof(err), "connect: %s", strerror(-r));
+    else if ((r = lease_many_timed(c, bufs, MANY, MANY, &ms)) < 0) /* warm: the class's buffers exist, mapped */
+        snprintf(err, sizeof(err), "lease_many: %s", shmref_errmsg(c));
+    for (int i = 0; r == 0 && i < rounds; i++) {
+        usleep(quiet_us);
+        if ((r = lease_many_timed(c, bufs, MANY, MANY, &ms)) == 0) {
+            samples_add(&big, ms);
+            usleep(quiet_us);
+            r = lease_many_timed(c, bufs, MANY, MANY / 4, &ms);
+            samples_add(&small, ms);
+        }
+        if (r < 0)
+            snprintf(err, sizeof(err), "lease_many: %s", shmref_errmsg(c));
+    }
+    if (r == 0) {
+        report_fill(base, &small);
+        report_fill(one, &big);
+        report_ratio(one, base);
+        snprintf(base->note, sizeof(base->note), "4 calls of 256 (8 requests each), warm");
+        snprintf(one->note, sizeof(one->note), "one call: 32 requests, paused at 64 fds unread");
+    } else {
+        snprintf(base->error, sizeof(base->error), "%s", err);
+        snprintf(one->error, sizeof(one->error), "%s", err);
+    }
+    err[0] = 0;
+    int rk = c ? 0 : -ENOTCONN;
+    for (int i = 0; rk == 0 && i < kills; i++)
+        if ((rk = one_kill(c, socket, &ms, err, sizeof(err))) == 0)
+            samples_add(&dead, ms);
+    if (rk == 0) {
+        report_fill(kill9, &dead);
+        snprintf(kill9->note, sizeof(kill9->note), "SIGKILL to all 200 leases back (status polled); p90 = worst of %d",
+                 kills);
+    } else {
+        snprintf(kill9->error, sizeof(kill9->error), "%s", err[0] ? err : "no connection");
+    }
+    shmref_close(c);
+    samples_free(&big);
+    samples_free(&small);
+    samples_free(&dead);
+    return r < 0 ? r : rk;
 }

@@ -491,7 +491,7 @@ Test(parked, a_paused_connections_peer_death_is_seen_at_once, .timeout = 120)
 /* lease_many of 1,024 warm 4 KiB buffers passes the per-connection cap of 64 fds unread
  * many times (its 32 requests are more than one read takes): each pause ends as soon as
  * the client has read (no timer), so it costs about what 4 lease_many of 256 cost (whose
- * 8 requests are read at once, their replies sent before any pause). */
+ * 8 requests each are read at once, their replies sent before any pause). */
 static double lease_many_ms(shmref_conn *c, shmref_buf **bufs, size_t n, size_t each)
 {
     static size_t sizes[1024];
@@ -512,22 +512,27 @@ Test(parked, lease_many_of_1024_has_no_timer_cliff, .timeout = 120)
     shmref_conn *c = connect_ok(&d);
     static shmref_buf *bufs[1024];
     lease_many_ms(c, bufs, 1024, 1024); /* warm: 1,024 buffers of the class, mapped */
-    /* Each call on a quiet connection (any earlier pause over), as a user makes one. */
-    double best1024 = 1e9, best256 = 1e9;
+    /* Each call on a quiet connection (any earlier pause over), as a user makes one. The
+     * baseline is 4 calls of 256 leasing the same 1,024 buffers (not one call of 256 four
+     * times: libshmref keeps 256 idle mappings, so 768 of 1,024 buffers are mapped and
+     * unmapped again on every round, in both forms alike; one call of 256 remaps none and
+     * failed this bound at 6.2 ms against 0.42 ms on a loaded machine, no timer involved). */
+    double best1024 = 1e9, best4x256 = 1e9;
     for (int r = 0; r < 5; r++) {
         usleep(600 * 1000);
         double a = lease_many_ms(c, bufs, 1024, 1024);
         usleep(600 * 1000);
-        double b = lease_many_ms(c, bufs, 256, 256);
+        double b = lease_many_ms(c, bufs, 1024, 256);
         best1024 = a < best1024 ? a : best1024;
-        best256 = b < best256 ? b : best256;
+        best4x256 = b < best4x256 ? b : best4x256;
     }
-    fprintf(stderr, "lease_many(1024) warm: %.2f ms; lease_many(256): %.2f ms (best of 5)\n", best1024, best256);
+    fprintf(stderr, "lease_many(1024) warm: %.2f ms; 4 x lease_many(256): %.2f ms (best of 5)\n", best1024,
+            best4x256);
 #if !defined(__SANITIZE_ADDRESS__)
     /* (not under AddressSanitizer: there each of the 16 pauses costs a few wake-ups of two
      * processes at its speed; no timer fires, but the ratio measures ASan) */
-    cr_assert_lt(best1024, 2 * 4 * best256 + 1.0, "lease_many(1024) took %.2f ms against %.2f ms for 256", best1024,
-                 best256);
+    cr_assert_lt(best1024, 2 * best4x256 + 1.0, "lease_many(1024) took %.2f ms against %.2f ms for 4 x 256", best1024,
+                 best4x256);
 #endif
     shmref_close(c);
     daemon_stop(&d);
