@@ -119,7 +119,8 @@ struct ledger_entry *ledger_entry_at(void *dir, uint32_t slot);
 /* Producer: ledger_publish records a publish of buffer buf_id (slot, token, size, meta)
  * in the directory. Call it while holding the lease, before sending the publish and
  * handing out the descriptor. Returns 0, or -EMSGSIZE when meta is longer than
- * LEDGER_META_MAX (nothing is written: consumers ask the daemon). */
+ * LEDGER_META_MAX (nothing is written: consumers ask the daemon), or -EINVAL for a slot
+ * >= LEDGER_SLOTS (LEDGER_NO_SLOT: the buffer has no entry). */
 int ledger_publish(void *dir, uint32_t slot, uint64_t buf_id, const uint8_t token[PROTO_TOKEN_LEN],
                    uint64_t size, const void *meta, uint32_t meta_len);
 
@@ -128,7 +129,10 @@ int ledger_publish(void *dir, uint32_t slot, uint64_t buf_id, const uint8_t toke
  * and buf_id == expect_buf_id (the consumer maps that file). On success (0) counts[slot]
  * was incremented and stays so until ledger_give; *ret_meta_len and meta (at least
  * LEDGER_META_MAX bytes) get the entry's metadata. -EAGAIN: no such current publish here,
- * or it is changing (nothing was taken): ask the daemon. */
+ * or it is changing (nothing was taken): ask the daemon. -ESTALE: nothing was taken, but
+ * the increment was undone after the daemon marked the slot (it may have read it and now
+ * waits): send PROTO_OP_NUDGE for expect_buf_id as after a ledger_give that returned true,
+ * then ask the daemon. Slots >= LEDGER_SLOTS: -EAGAIN. */
 int ledger_take(void *dir, _Atomic uint32_t *counts, uint32_t slot, const uint8_t token[PROTO_TOKEN_LEN],
                 uint64_t size, uint64_t expect_buf_id, void *meta, uint32_t *ret_meta_len);
 /* ledger_buf_of: the buf_id slot's entry names while PUBLISHED under token's hash (so a
@@ -143,7 +147,7 @@ bool ledger_give(void *dir, _Atomic uint32_t *counts, uint32_t slot);
  * may hold it; ledger_unmark (FREE) once they all read 0, before the buffer is reused. */
 void ledger_mark(void *dir, uint32_t slot);
 void ledger_unmark(void *dir, uint32_t slot);
-/* ledger_held: the count a ledger claims for slot (seq_cst load). */
+/* ledger_held: the count a ledger claims for slot (seq_cst load); 0 for slots >= LEDGER_SLOTS. */
 uint32_t ledger_held(const _Atomic uint32_t *counts, uint32_t slot);
 
 #endif
