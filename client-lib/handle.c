@@ -14,11 +14,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "localhold.h"
 #include "mapcache.h"
 #include "requests.h"
 #include "transport.h"
 
-static void link_buf(shmref_conn *conn, shmref_buf *b)
+void lease_link(shmref_conn *conn, shmref_buf *b)
 {
     b->conn = conn;
     b->prev = NULL;
@@ -165,7 +166,7 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
     }
     if (fd >= 0)
         close(fd);
-    link_buf(conn, b);
+    lease_link(conn, b);
     list_shareable(conn, b);
     *ret_buf = b;
     return 0;
@@ -184,6 +185,8 @@ fail:
 uint64_t lease_forget(shmref_buf *buf)
 {
     uint64_t handle = buf->handle;
+    if (buf->ledger)
+        localhold_give(buf); /* before its mapping's use goes (and maybe a forget is sent) */
     unlink_buf(buf);
     if (buf->data)
         mapcache_put(&buf->conn->cache, buf->data);
@@ -277,7 +280,7 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
             memcpy(b->meta, src->meta, src->meta_len);
         b->meta_len = src->meta_len;
         b->data = mapcache_ref(&conn->cache, src->data); /* one more user */
-        link_buf(conn, b);
+        lease_link(conn, b);
         conn->counters.local_acquires++;
         return b;
     }

@@ -14,9 +14,11 @@
 int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t size, uint64_t capacity,
                const uint8_t *token, const uint8_t *meta, uint32_t meta_len, uint32_t flags, int fd,
                bool writable, bool require_sealed, shmref_buf **ret_buf);
-/* lease_forget: a handle's local half (list, mapping use, memory). Returns the daemon
- * handle to release, or 0 when another local handle still shares it or it is a forked
- * child's inherited copy. */
+/* lease_link: a new handle b linked into conn's list. */
+void lease_link(shmref_conn *conn, shmref_buf *b);
+/* lease_forget: a handle's local half (list, mapping use, memory; a ledger hold is given
+ * back in the ledger). Returns the daemon handle to release, or 0 when another local
+ * handle still shares it, it is a forked child's inherited copy or a ledger hold. */
 uint64_t lease_forget(shmref_buf *buf);
 /* lease_drop: lease_forget, then a one-way release of the daemon handle if it was the
  * last local one (nothing is sent in a forked child or on a broken connection). */
