@@ -170,6 +170,11 @@ int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_
 
 int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags, shmref_buf **ret_buf)
 {
+    return lease_acquire(conn, desc, flags, true, ret_buf);
+}
+
+int lease_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags, bool local, shmref_buf **ret_buf)
+{
     if (!conn)
         return -EINVAL;
     if (!desc || !ret_buf || (flags & ~SHMREF_ACQUIRE_SEALED))
@@ -178,7 +183,7 @@ int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags
     if (r < 0)
         return r;
     shmref_buf *b = lease_share(conn, desc, flags);
-    if (b || localhold_acquire(conn, desc, flags, &b) == 0) {
+    if (b || (local && localhold_acquire(conn, desc, flags, &b) == 0)) {
         *ret_buf = b;
         return 0;
     }
