@@ -273,6 +273,9 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
         log_notice("client %llu pid=%d uid=%u: suppressed %u refusal line%s before it left",
                    (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid,
                    s->peer.log_rate.suppressed, s->peer.log_rate.suppressed == 1 ? "" : "s");
+    /* Its ledger is read no more, before its handles go (their buffers' ends must not
+     * count its holds): a dead connection's ledger holds nothing. */
+    tenantdir_leave(env->tenantdirs, &s->ledger);
     /* Its process's mappings went with it, or it closed (libshmref unmaps first), or its
      * process lives on with them: those of buffers whose pages the pool cannot free stay
      * charged to it until its process exits (its pidfd). */
@@ -436,6 +439,11 @@ static void do_hello(struct session *s, const struct proto_msg *m)
     text_clean(s->name, m->u.hello.name ? m->u.hello.name : "", m->u.hello.name_len);
     s->hello = true;
     s->fd_once = (m->u.hello.features & PROTO_FEAT_FD_ONCE) != 0;
+    /* The ledger, only with fd-once: its counts are read only for buffers whose fd the
+     * daemon sent this connection. Its two fds travel with the reply. */
+    int fds[2] = { -1, -1 };
+    bool ledger = s->fd_once && (m->u.hello.features & PROTO_FEAT_LEDGER) && s->env->tenantdirs &&
+                  tenantdir_join(s->env->tenantdirs, s->peer.uid, &s->known, &s->ledger, fds) == 0;
     log_debug("client %llu pid=%d uid=%u said hello as '%s'", (unsigned long long)s->peer.id,
               (int)s->peer.pid, (unsigned)s->peer.uid, s->name);
     struct proto_msg r = { .op = PROTO_OP_HELLO + PROTO_OP_REPLY, .id = m->id };
@@ -446,7 +454,11 @@ static void do_hello(struct session *s, const struct proto_msg *m)
     r.u.hello_reply.max_leases = opt->max_leases;
     r.u.hello_reply.max_meta = PROTO_MAX_META;
     r.u.hello_reply.pid = (uint64_t)getpid();
-    session_send(s, &r, -1);
+    if (ledger)
+        r.u.hello_reply.features |= PROTO_FEAT_LEDGER;
+    session_send_fds(s, &r, fds, ledger ? 2 : 0);
+    if (fds[1] >= 0)
+        close(fds[1]); /* the connection's ledger: ours is the read-only mapping */
 }
 
 static void do_status(struct session *s, const struct proto_msg *m)
@@ -480,9 +492,16 @@ static void dispatch(struct session *s, const struct proto_msg *m)
         if (m->u.forget.buf_id && m->u.forget.buf_id < (UINT64_C(1) << 63) && idset_has(&s->known, key)) {
             idset_del(&s->known, key);
             broker_unmapped(s->env->broker, &s->peer, m->u.forget.buf_id);
+            tenantdir_forgot(s->env->tenantdirs, &s->ledger, m->u.forget.buf_id);
         }
         return;
     }
+    case PROTO_OP_TOOK: /* never a reply */
+        tenantdir_took(s->env->tenantdirs, &s->ledger, m->u.took.buf_id, m->u.took.token);
+        return;
+    case PROTO_OP_NUDGE: /* never a reply */
+        tenantdir_nudge(s->env->tenantdirs, &s->ledger, m->u.nudge.buf_id);
+        return;
     case PROTO_OP_PING: {
         struct proto_msg r = { .op = PROTO_OP_PING + PROTO_OP_REPLY, .id = m->id };
         session_send(s, &r, -1);

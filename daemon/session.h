@@ -21,6 +21,7 @@
 #include "idset.h"
 #include "options.h"
 #include "proto.h"
+#include "tenantdir.h"
 #include "transport.h"
 
 #define SESSION_HELLO_MS 10000   /* a connection that says no hello by then is closed */
@@ -51,6 +52,7 @@ struct session_env {
     uint32_t n;
     uint64_t next_id;
     struct session_tenant *tenants; /* one per uid with a session */
+    struct tenantdirs *tenantdirs; /* ledgers (PROTO_FEAT_LEDGER); NULL: none offered */
     unsigned fd_cap_conn;        /* unread fd-carrying replies per connection (0: none) */
     unsigned fd_cap_uid;         /* the same, summed over one uid's connections (0: none) */
 };
@@ -64,6 +66,7 @@ struct session {
     bool hello;
     bool fd_once;                /* PROTO_FEAT_FD_ONCE agreed in hello */
     struct idset known;          /* buf_id << 1 | writable: fds this client was sent */
+    struct tenantdir_conn ledger; /* PROTO_FEAT_LEDGER agreed: its ledger (dir NULL: none) */
     uint64_t accepted_ms;        /* uv_now at accept, for the hello deadline */
     uint64_t last_ms;            /* uv_now at its last request, for --idle-timeout */
     struct session_tenant *tenant;
