@@ -224,6 +224,12 @@ uint32_t pool_slots_used(const struct pool *p)
     return p->slots_used;
 }
 
+uint32_t pool_slot_of(const struct pool *p, uint64_t id, uint32_t tenant)
+{
+    const struct pool_buf *b = id_find(p, id);
+    return b && b->tenant == tenant ? b->slot : LEDGER_NO_SLOT;
+}
+
 static void buf_free(struct pool *p, struct pool_buf *b)
 {
     id_remove(p, b);

@@ -168,6 +168,9 @@ bool pool_unstock(struct pool *pool, struct pool_buf *buf);
 
 /* pool_slots_used: slots (pool_buf.slot) held by buffers now. */
 uint32_t pool_slots_used(const struct pool *pool);
+/* pool_slot_of: the slot of buffer id if it exists and tenant is its tenant, else
+ * LEDGER_NO_SLOT. */
+uint32_t pool_slot_of(const struct pool *pool, uint64_t id, uint32_t tenant);
 
 /* pool_ro_fd: the read-only fd of buf (made on first use). Returns it or -errno. */
 int pool_ro_fd(struct pool *pool, struct pool_buf *buf);

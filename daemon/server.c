@@ -93,7 +93,7 @@ int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
     s->broker = (struct broker){ .opt = opt, .pool = s->pool, .quota = s->quota, .reg = s->reg,
                                  .counters = &s->counters };
     broker_start(&s->broker, loop);
-    tenantdir_init(&s->tenantdirs, s->reg, &s->counters);
+    tenantdir_init(&s->tenantdirs, s->reg, s->pool, &s->counters);
     s->sessions = (struct session_env){ .loop = loop, .opt = opt, .broker = &s->broker,
                                         .counters = &s->counters, .status = status_of, .status_arg = s,
                                         .tenantdirs = &s->tenantdirs };

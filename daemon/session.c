@@ -348,7 +348,7 @@ void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle
         return;
     for (struct session *s = env->head; s; s = s->next) {
         if (s->hello && !s->peer.closing && !s->peer.holder.leases && !s->peer.pending && !s->peer.parked.n &&
-            now_ms - s->last_ms >= idle_ms) {
+            now_ms - s->last_ms >= idle_ms && !tenantdir_holds(env->tenantdirs, &s->ledger)) {
             session_fail(s, 0, ETIMEDOUT, "idle for %llu s holding nothing (idle-timeout %llu s): closed",
                          (unsigned long long)((now_ms - s->last_ms) / 1000), (unsigned long long)(idle_ms / 1000));
             session_close(s, "idle, holding nothing");

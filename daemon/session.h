@@ -103,8 +103,8 @@ void session_close(struct session *s, const char *why);
 void session_expire_hello(struct session_env *env, uint64_t now_ms);
 
 /* session_expire_idle: closes (ETIMEDOUT) sessions that hold nothing (no lease, none
- * pending) and sent nothing for idle_ms; 0 disables. A session holding leases never
- * idles out. */
+ * pending, no ledger hold on a buffer of its uid that it maps) and sent nothing for
+ * idle_ms; 0 disables. A session holding leases or ledger holds never idles out. */
 void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle_ms);
 
 /* session_uid_conns: how many sessions uid has (closing ones included until they end). */

@@ -169,9 +169,9 @@ static struct registry_buf *lent_find(const struct tenantdir *d, uint64_t buf_id
 
 /* ---- connections ------------------------------------------------------------------- */
 
-void tenantdir_init(struct tenantdirs *t, struct registry *reg, struct counters *counters)
+void tenantdir_init(struct tenantdirs *t, struct registry *reg, struct pool *pool, struct counters *counters)
 {
-    *t = (struct tenantdirs){ .reg = reg, .counters = counters };
+    *t = (struct tenantdirs){ .reg = reg, .pool = pool, .counters = counters };
     registry_set_lender(reg, lend, t);
 }
 
@@ -270,6 +270,19 @@ void tenantdir_forgot(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t b
     struct registry_buf *b = lent_find(c->dir, buf_id);
     if (b)
         recheck(t, c->dir, b);
+}
+
+bool tenantdir_holds(const struct tenantdirs *t, const struct tenantdir_conn *c)
+{
+    if (!t || !c->dir)
+        return false;
+    for (uint32_t i = 0; i < c->known->cap; i++) {
+        uint64_t key = c->known->slots[i];
+        uint32_t slot = key ? pool_slot_of(t->pool, key >> 1, c->dir->uid) : LEDGER_NO_SLOT;
+        if (slot != LEDGER_NO_SLOT && ledger_held(c->counts, slot))
+            return true;
+    }
+    return false;
 }
 
 uint64_t tenantdir_lent(const struct tenantdirs *t)

@@ -18,6 +18,7 @@
 
 #include "counters.h"
 #include "idset.h"
+#include "pool.h"
 #include "proto.h"
 #include "registry.h"
 
@@ -39,6 +40,7 @@ struct tenantdir_stats {
 /* tenantdirs: every directory; owned by the server. */
 struct tenantdirs {
     struct registry *reg;
+    struct pool *pool;
     struct counters *counters;         /* acquires: a took counts as one */
     struct tenantdir *head;
     struct tenantdir_stats st;
@@ -47,7 +49,7 @@ struct tenantdirs {
 
 /* tenantdir_init: empty, and the registry's lender (registry_set_lender): from now on a
  * buffer whose last reference goes is checked against its uid's ledgers. */
-void tenantdir_init(struct tenantdirs *t, struct registry *reg, struct counters *counters);
+void tenantdir_init(struct tenantdirs *t, struct registry *reg, struct pool *pool, struct counters *counters);
 /* tenantdir_free: ends every LENT buffer, frees every directory (after every session). */
 void tenantdir_free(struct tenantdirs *t);
 
@@ -72,6 +74,10 @@ void tenantdir_took(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf
 void tenantdir_nudge(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf_id);
 /* tenantdir_forgot: c forgot buf_id (its count for it is read no more): as a nudge. */
 void tenantdir_forgot(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf_id);
+
+/* tenantdir_holds: whether c's ledger counts a hold on a buffer of its uid that it maps
+ * (such a connection is not idle: closing it would drop holds a process still uses). */
+bool tenantdir_holds(const struct tenantdirs *t, const struct tenantdir_conn *c);
 
 /* tenantdir_lent: buffers LENT now. */
 uint64_t tenantdir_lent(const struct tenantdirs *t);

@@ -702,3 +702,33 @@ Test(ledger_daemon, took_ends_retention_at_max_acquires, .timeout = 60)
     lc_close(&prod);
     daemon_stop(&d);
 }
+
+/* ---- a ledger hold is not idleness ------------------------------------------------- */
+
+Test(ledger_daemon, ledger_hold_keeps_connection_from_idling, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--idle-timeout", "1", NULL);
+    struct lc prod, cons, idle;
+    open_ok(&prod, &d);
+    open_ok(&cons, &d);
+    open_ok(&idle, &d);
+    struct lbuf x;
+    lease_ok(&prod, SIZE, &x);
+    cr_assert_eq(lc_publish_dir(&prod, &x, SIZE), 0);
+    cr_assert_eq(lc_publish(&prod, x.handle, SIZE, 0, 0), 0);
+    consumer_holds(&cons, &x); /* no daemon handle left: only the ledger hold */
+    /* the producer keeps its lease (not idle); the consumer says nothing for 2.5 s */
+    usleep(2500 * 1000);
+    cr_assert(raw_closed(idle.sock, 3000), "a ledger connection holding nothing did not idle out");
+    cr_assert_eq(lc_ping(&cons), 0, "a connection with a ledger hold was closed as idle");
+    cr_assert_eq(lc_release(&prod, x.handle), 0);
+    cr_assert_eq(st(&d, "ledger.lent"), 1);
+    if (ledger_give(cons.dir, cons.counts, ledger_slot_of(x.token)))
+        cr_assert_eq(lc_nudge(&cons, x.buf_id), 0);
+    cr_assert_eq(wait_st(&d, "ledger.lent", 0, WAIT_MS), 0);
+    lc_close(&idle);
+    lc_close(&cons);
+    lc_close(&prod);
+    daemon_stop(&d);
+}
