@@ -386,18 +386,32 @@ int session_send(struct session *s, const struct proto_msg *m, int fd)
     return session_send_fds(s, m, &fd, fd >= 0 ? 1 : 0);
 }
 
-int session_send_fds(struct session *s, const struct proto_msg *m, const int *fds, unsigned nfds)
+/* encode: m into wbuf; its length, or < 0 after an error reply. */
+static int encode(struct session *s, const struct proto_msg *m)
 {
-    if (!s->transport)
-        return -EPIPE;
     int len = proto_encode(m, wbuf, sizeof(wbuf));
     if (len < 0) {
         log_error("reply %s to client %llu does not fit in %zu bytes", proto_op_name(m->op),
                   (unsigned long long)s->peer.id, sizeof(wbuf));
         session_fail(s, m->id, EMSGSIZE, "reply too large");
-        return len;
     }
-    return transport_send_fds(s->transport, wbuf, (size_t)len, fds, nfds);
+    return len;
+}
+
+int session_send_fds(struct session *s, const struct proto_msg *m, const int *fds, unsigned nfds)
+{
+    if (!s->transport)
+        return -EPIPE;
+    int len = encode(s, m);
+    return len < 0 ? len : transport_send_fds(s->transport, wbuf, (size_t)len, fds, nfds);
+}
+
+int session_send_fds_now(struct session *s, const struct proto_msg *m, const int *fds, unsigned nfds)
+{
+    if (!s->transport)
+        return -EPIPE;
+    int len = encode(s, m);
+    return len < 0 ? len : transport_send_fds_now(s->transport, wbuf, (size_t)len, fds, nfds);
 }
 
 void session_fail(struct session *s, uint32_t id, int code, const char *fmt, ...)
@@ -454,11 +468,20 @@ static void do_hello(struct session *s, const struct proto_msg *m)
     r.u.hello_reply.max_leases = opt->max_leases;
     r.u.hello_reply.max_meta = PROTO_MAX_META;
     r.u.hello_reply.pid = (uint64_t)getpid();
-    if (ledger)
+    if (ledger) {
+        /* Only if it can go now: a hello never waits for room for optional fds (a daemon
+         * at its fds in flight answers without the ledger, and the client asks the daemon). */
         r.u.hello_reply.features |= PROTO_FEAT_LEDGER;
-    session_send_fds(s, &r, fds, ledger ? 2 : 0);
-    if (fds[1] >= 0)
+        int e = session_send_fds_now(s, &r, fds, 2);
         close(fds[1]); /* the connection's ledger: ours is the read-only mapping */
+        if (e != -EAGAIN)
+            return;
+        tenantdir_leave(s->env->tenantdirs, &s->ledger);
+        r.u.hello_reply.features &= ~(uint64_t)PROTO_FEAT_LEDGER;
+        log_debug("client %llu pid=%d uid=%u: no room for the ledger's fds now; hello without them",
+                  (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid);
+    }
+    session_send(s, &r, -1);
 }
 
 static void do_status(struct session *s, const struct proto_msg *m)

@@ -90,6 +90,9 @@ int session_new(struct session_env *env, int fd, const struct ucred *cred, struc
 int session_send(struct session *s, const struct proto_msg *m, int fd);
 /* session_send_fds: session_send with nfds fds attached, in order (a lease_many reply). */
 int session_send_fds(struct session *s, const struct proto_msg *m, const int *fds, unsigned nfds);
+/* session_send_fds_now: session_send_fds only if it can go at once, else -EAGAIN with
+ * nothing sent (transport_send_fds_now). */
+int session_send_fds_now(struct session *s, const struct proto_msg *m, const int *fds, unsigned nfds);
 
 /* session_fail: an error reply with a formatted message (best effort). */
 void session_fail(struct session *s, uint32_t id, int code, const char *fmt, ...)
