@@ -732,3 +732,151 @@ Test(ledger_daemon, ledger_hold_keeps_connection_from_idling, .timeout = 60)
     lc_close(&prod);
     daemon_stop(&d);
 }
+
+/* ---- the handshake raced through a real daemon ------------------------------------ */
+
+/* A producer recycles buffers as fast as it can (lease, stamp every page with the
+ * generation, ledger_publish, publish, release); a consumer process takes each current
+ * publish in its ledger and checks every page while it holds it. The daemon must keep a
+ * held buffer LENT, so the producer can never lease it again and overwrite it under the
+ * consumer: a page with another generation than the one taken is a failure. */
+#define RACE_SIZE (16 * 4096)
+#define RACE_MAPS 64
+
+struct race {
+    _Atomic uint32_t seq;          /* odd while the producer writes the current publish */
+    uint8_t token[PROTO_TOKEN_LEN];
+    uint64_t buf_id, gen;
+    _Atomic int stop;
+    _Atomic uint64_t takes, stale, unmapped, bad;
+};
+
+struct race_map {
+    uint64_t buf_id;
+    uint8_t *p;
+};
+
+static uint8_t *race_find(struct race_map *m, uint64_t buf_id)
+{
+    for (int i = 0; i < RACE_MAPS; i++)
+        if (m[i].buf_id == buf_id)
+            return m[i].p;
+    return NULL;
+}
+
+static void race_add(struct race_map *m, uint64_t buf_id, int fd, int prot)
+{
+    for (int i = 0; i < RACE_MAPS; i++)
+        if (!m[i].buf_id) {
+            void *p = mmap(NULL, RACE_SIZE, prot, MAP_SHARED, fd, 0);
+            if (p != MAP_FAILED)
+                m[i] = (struct race_map){ .buf_id = buf_id, .p = p };
+            return;
+        }
+}
+
+struct race_arg {
+    const char *socket;
+    struct race *r;
+};
+
+static int race_consumer(void *p)
+{
+    struct race_arg *a = p;
+    struct race *r = a->r;
+    struct lc c;
+    static struct race_map maps[RACE_MAPS];
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (lc_open(&c, a->socket, LEDGER_FEATURES) < 0 || !(c.features & PROTO_FEAT_LEDGER))
+        return 11;
+    while (!atomic_load(&r->stop)) {
+        uint8_t token[PROTO_TOKEN_LEN];
+        uint32_t s = atomic_load(&r->seq);
+        if (s & 1)
+            continue;
+        memcpy(token, r->token, sizeof(token));
+        uint64_t buf_id = r->buf_id, gen = r->gen;
+        if (atomic_load(&r->seq) != s || !buf_id)
+            continue;
+        uint8_t *m = race_find(maps, buf_id);
+        if (!m) { /* first sight of this buffer: an acquire through the daemon maps it */
+            struct lbuf b;
+            if (lc_acquire(&c, token, &b) == 0) {
+                if (b.fd >= 0) {
+                    race_add(maps, b.buf_id, b.fd, PROT_READ);
+                    close(b.fd);
+                }
+                lc_release(&c, b.handle);
+            }
+            atomic_fetch_add(&r->unmapped, 1);
+            continue;
+        }
+        int e = lc_take(&c, token, RACE_SIZE, buf_id);
+        if (e == -ESTALE)
+            lc_nudge(&c, buf_id);
+        if (e)
+            continue;
+        atomic_fetch_add(&r->takes, 1);
+        for (size_t off = 0; off < RACE_SIZE; off += 4096) {
+            uint64_t head, tail;
+            memcpy(&head, m + off, 8);
+            memcpy(&tail, m + off + 4096 - 8, 8);
+            if (head != gen || tail != gen)
+                atomic_fetch_add(&r->bad, 1);
+        }
+        if (ledger_give(c.dir, c.counts, ledger_slot_of(token)))
+            lc_nudge(&c, buf_id);
+    }
+    lc_close(&c);
+    return 0;
+}
+
+Test(ledger_daemon, consumer_racing_recycles_never_sees_a_new_generation, .timeout = 120)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    struct race *r = mmap(NULL, sizeof(*r), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(r, MAP_FAILED);
+    struct race_arg a = { .socket = d.socket, .r = r };
+    struct lc prod;
+    open_ok(&prod, &d);
+    pid_t pid = child_run(race_consumer, &a);
+    static struct race_map maps[RACE_MAPS];
+    uint64_t gen = 0;
+    long end = now_ms() + 3000;
+    while (now_ms() < end) {
+        struct lbuf b;
+        lease_ok(&prod, RACE_SIZE, &b);
+        if (b.fd >= 0) {
+            race_add(maps, b.buf_id, b.fd, PROT_READ | PROT_WRITE);
+            close(b.fd);
+        }
+        uint8_t *m = race_find(maps, b.buf_id);
+        cr_assert_not_null(m, "more than %d buffers", RACE_MAPS);
+        gen++;
+        for (size_t off = 0; off < RACE_SIZE; off += 4096) {
+            memcpy(m + off, &gen, 8);
+            memcpy(m + off + 4096 - 8, &gen, 8);
+        }
+        cr_assert_eq(lc_publish_dir(&prod, &b, RACE_SIZE), 0);
+        cr_assert_eq(lc_publish(&prod, b.handle, RACE_SIZE, 0, 0), 0);
+        atomic_fetch_add(&r->seq, 1);
+        memcpy(r->token, b.token, PROTO_TOKEN_LEN);
+        r->buf_id = b.buf_id;
+        r->gen = gen;
+        atomic_fetch_add(&r->seq, 1);
+        cr_assert_eq(lc_release(&prod, b.handle), 0);
+    }
+    atomic_store(&r->stop, 1);
+    cr_assert_eq(child_wait(pid), 0);
+    uint64_t waits = st(&d, "ledger.recycle_waits");
+    cr_log_info("race: %llu generations, %llu ledger takes, %llu buffer ends waited for a hold, %llu pages of "
+                "another generation", (unsigned long long)gen, (unsigned long long)r->takes,
+                (unsigned long long)waits, (unsigned long long)r->bad);
+    cr_assert_eq(r->bad, 0, "%llu pages changed under a ledger hold", (unsigned long long)r->bad);
+    cr_assert_gt(r->takes, 100, "only %llu takes: the race was not run", (unsigned long long)r->takes);
+    cr_assert_eq(wait_st(&d, "ledger.lent", 0, WAIT_MS), 0);
+    lc_close(&prod);
+    munmap(r, sizeof(*r));
+    daemon_stop(&d);
+}
