@@ -28,6 +28,13 @@
 
 #define SIZE 8192
 
+/* Sanitized builds (SHMREF_SANITIZE): the daemon is several times slower. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#else
+#define SANITIZED 0
+#endif
+
 static struct daemon d;
 
 static void init(void)
@@ -253,17 +260,23 @@ Test(ledger_client, steady_state_handoff_makes_no_round_trip)
            (unsigned long long)(s1.ledger_fallbacks - s0.ledger_fallbacks));
     /* Every acquire in the ledger; a round trip is allowed only for a lease the stock could
      * not serve (its refill still on its way on a loaded machine: "stock_misses"), never for
-     * an acquire. On a quiet machine all four numbers are 0. */
-    cr_assert_eq(c1.ledger_acquires - c0.ledger_acquires, ROUNDS, "the client asked the daemon for acquires");
-    cr_assert_eq(s1.ledger_acquires - s0.ledger_acquires, ROUNDS, "the server asked the daemon for acquires");
-    cr_assert_leq(c1.round_trips - c0.round_trips, c1.stock_misses - c0.stock_misses,
-                  "the client made round trips in the steady state that were not stock misses");
-    cr_assert_leq(s1.round_trips - s0.round_trips, s1.stock_misses - s0.stock_misses,
-                  "the server made round trips in the steady state that were not stock misses");
-    cr_assert_leq(c1.waits - c0.waits, c1.stock_misses - c0.stock_misses, "the client waited for the daemon");
-    cr_assert_leq(s1.waits - s0.waits, s1.stock_misses - s0.stock_misses, "the server waited for the daemon");
-    cr_assert_leq(c1.stock_misses - c0.stock_misses + s1.stock_misses - s0.stock_misses, ROUNDS / 100,
-                  "more than 1%% of the leases missed the stock");
+     * an acquire. On a quiet machine all of them are 0. Under the sanitizers the daemon is
+     * several times slower: its refills fall behind (misses), and a lease that missed may
+     * bring a buffer the other side has not mapped yet (a fallback, one round trip). */
+    uint64_t slack = SANITIZED ? ROUNDS / 10 : ROUNDS / 100, fb_max = SANITIZED ? ROUNDS / 100 : 0;
+    struct msg *who[2][2] = { { &c0, &c1 }, { &s0, &s1 } };
+    for (int i = 0; i < 2; i++) {
+        const struct msg *a = who[i][0], *b = who[i][1];
+        const char *name = i ? "server" : "client";
+        uint64_t fb = b->ledger_fallbacks - a->ledger_fallbacks, miss = b->stock_misses - a->stock_misses;
+        cr_assert_leq(fb, fb_max, "the %s asked the daemon for %llu acquires", name, (unsigned long long)fb);
+        cr_assert_eq(b->ledger_acquires - a->ledger_acquires + fb, ROUNDS);
+        cr_assert_leq(b->round_trips - a->round_trips, miss + fb,
+                      "the %s made round trips in the steady state that were neither stock misses nor fallbacks",
+                      name);
+        cr_assert_leq(b->waits - a->waits, miss + fb, "the %s waited for the daemon", name);
+        cr_assert_leq(miss, slack, "%llu of the %s's leases missed the stock", (unsigned long long)miss, name);
+    }
     stop_server(&pp, pid);
     shmref_close(c);
     wait_reclaimed(3000, "after both closed");
