@@ -806,3 +806,76 @@ Test(ledger_client, submit_meta_and_size_in_one_process)
     wait_reclaimed(3000, "after close");
     daemon_stop(&d);
 }
+
+/* ---- fork: a child never touches its parent's ledger ---- */
+
+struct forked {
+    shmref_conn *c;
+    shmref_buf *inherited;
+    shmref_desc d2;
+    uint32_t seed2;
+};
+
+/* child: releases its copy of the parent's ledger hold (which must not be given back in
+ * the parent's ledger), then uses the connection: its own, with its own ledger. */
+static int forked_child(void *arg)
+{
+    struct forked *f = arg;
+    if (shmref_release(f->inherited) != 0)
+        return 101;
+    shmref_buf *b;
+    if (shmref_acquire(f->c, &f->d2, &b) != 0)
+        return 102;
+    if (check_pattern(shmref_buf_data(b), SIZE, f->seed2) != -1)
+        return 103;
+    shmref_release(b);
+    uint64_t refused = 1;
+    shmref_conn_counter(f->c, "ledger_refused", &refused);
+    if (refused)
+        return 104;
+    shmref_close(f->c);
+    return 0;
+}
+
+Test(ledger_client, a_forked_child_never_gives_back_its_parents_holds)
+{
+    daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d), *c = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(p, 0), 0);
+    shmref_buf *lease = NULL, *hold = NULL;
+    for (int i = 0; i < 50 && !hold; i++) {
+        shmref_buf *b, *in;
+        cr_assert_eq(shmref_lease(p, SIZE, &b), 0);
+        fill_pattern(shmref_buf_data(b), SIZE, (uint32_t)i + 1);
+        shmref_desc desc;
+        cr_assert_eq(shmref_publish(b, SIZE, 0, NULL, 0, &desc), 0);
+        uint64_t l0 = counter(c, "ledger_acquires");
+        cr_assert_eq(shmref_acquire(c, &desc, &in), 0, "%s", shmref_errmsg(c));
+        if (counter(c, "ledger_acquires") == l0 + 1) { /* a ledger hold: keep both */
+            hold = in;
+            lease = b;
+            break;
+        }
+        shmref_release(in);
+        shmref_release(b);
+    }
+    cr_assert_not_null(hold, "no acquire was taken in the ledger");
+    struct forked f = { .c = c, .inherited = hold, .seed2 = 777 };
+    shmref_buf *b2;
+    cr_assert_eq(shmref_lease(p, SIZE, &b2), 0);
+    fill_pattern(shmref_buf_data(b2), SIZE, f.seed2);
+    cr_assert_eq(shmref_publish(b2, SIZE, 0, NULL, 0, &f.d2), 0);
+    cr_assert_eq(child_wait(child_run(forked_child, &f)), 0, "the forked child failed");
+    /* The producer lets go: the parent's hold (still counted: the child gave nothing back)
+     * keeps the buffer lent; the parent's release ends it. */
+    cr_assert_eq(shmref_release(lease), 0);
+    cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(wait_status(&d, "ledger.lent", 1, 2000), 1, "the parent's hold was given back by its child");
+    cr_assert_eq(shmref_release(hold), 0);
+    cr_assert_eq(wait_status(&d, "ledger.lent", 0, 2000), 0, "the parent's release did not end the loan");
+    shmref_release(b2);
+    shmref_close(c);
+    shmref_close(p);
+    wait_reclaimed(3000, "after close");
+    daemon_stop(&d);
+}
