@@ -4,7 +4,6 @@
  * outstanding requests as the blocking calls (pending.c); a submit never blocks. */
 #include "handle.h"
 #include "lease.h"
-#include "localhold.h"
 #include "requests.h"
 #include "session.h"
 #include "status.h"
@@ -137,7 +136,7 @@ int shmref_acquire_submit(shmref_conn *conn, const shmref_desc *desc, unsigned f
         return pending_new_error(conn);
     p->user = user;
     p->desc = *desc;
-    if ((p->buf = lease_share(conn, desc, flags)) || localhold_acquire(conn, desc, flags, &p->buf) == 0)
+    if ((p->buf = lease_share(conn, desc, flags)) || (p->buf = lease_local(conn, desc, flags)))
         return done_now(conn, p);
     p->wait_ms = (uint32_t)conn->acquire_wait_ms;
     p->require_sealed = (flags & SHMREF_ACQUIRE_SEALED) != 0;

@@ -287,6 +287,15 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
     return NULL;
 }
 
+shmref_buf *lease_local(shmref_conn *conn, const shmref_desc *desc, unsigned flags)
+{
+    shmref_buf *b;
+    if (localhold_acquire(conn, desc, flags, &b) < 0)
+        return NULL;
+    lease_link(conn, b);
+    return b;
+}
+
 void *shmref_buf_data(const shmref_buf *buf) { return buf ? buf->data : NULL; }
 size_t shmref_buf_size(const shmref_buf *buf) { return buf ? buf->size : 0; }
 size_t shmref_buf_capacity(const shmref_buf *buf) { return buf ? buf->capacity : 0; }

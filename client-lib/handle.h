@@ -34,6 +34,9 @@ void lease_release_busy(shmref_buf *buf);
 /* lease_share: a new local handle sharing the daemon handle of a live acquired handle of
  * desc on conn (no round trip; found in a tree, not by a scan), or NULL. */
 shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned flags);
+/* lease_local: a new handle for desc taken in the tenant's ledger (localhold.c), linked
+ * into conn, or NULL: ask the daemon. */
+shmref_buf *lease_local(shmref_conn *conn, const shmref_desc *desc, unsigned flags);
 /* lease_uncacheable: buf's mapping is unmapped when its last user goes instead of being
  * kept idle (the daemon retires the buffer when this handle is released: the acquire
  * reply's flag, protocol 3). */

@@ -183,7 +183,7 @@ int lease_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags, bo
     if (r < 0)
         return r;
     shmref_buf *b = lease_share(conn, desc, flags);
-    if (b || (local && localhold_acquire(conn, desc, flags, &b) == 0)) {
+    if (b || (local && (b = lease_local(conn, desc, flags)))) {
         *ret_buf = b;
         return 0;
     }

@@ -15,7 +15,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "handle.h"
 #include "ledger.h"
 #include "mapcache.h"
 #include "transport.h"
@@ -144,7 +143,7 @@ int localhold_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags
     b->size = desc->size;
     b->capacity = len;
     memcpy(b->token, desc->token, PROTO_TOKEN_LEN);
-    lease_link(conn, b);
+    b->conn = conn;
     conn->counters.ledger_acquires++;
     struct proto_msg req = { .op = PROTO_OP_TOOK };
     req.u.took.buf_id = buf_id;

@@ -3,7 +3,7 @@
  * proto/ledger.h): the tenant directory and this connection's ledger mapped at hello, a
  * plain publish recorded in the directory, an acquire of a descriptor whose buffer this
  * connection already maps read-only taken locally (a "ledger hold": no daemon handle),
- * and its release given back. Above handles and the mapping cache. */
+ * and its release given back. Above the mapping cache and transport, below handles. */
 #ifndef SHMREF_LOCALHOLD_H
 #define SHMREF_LOCALHOLD_H
 
@@ -23,7 +23,8 @@ void localhold_unmap(shmref_conn *conn);
  * directory before the publish is sent, when the local path is on and it fits. */
 void localhold_publish(shmref_buf *buf, size_t len, uint32_t max_acquires, const void *meta, size_t meta_len);
 /* localhold_acquire: an acquire of desc taken without the daemon: 0 with *ret_buf (a
- * ledger hold, linked into the connection, its TOOK queued), or -EAGAIN: ask the daemon. */
+ * ledger hold, its TOOK queued; not linked into the connection yet: lease_local does),
+ * or -EAGAIN: ask the daemon. */
 int localhold_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags, shmref_buf **ret_buf);
 /* localhold_give: buf (a ledger hold, not inherited) is given back; a NUDGE is sent when
  * the daemon waits for it. */
