@@ -259,7 +259,15 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
             free(b);
             return NULL;
         }
-        if (!src->share) {
+        if (src->ledger) { /* a ledger hold: one more count in the ledger, no daemon handle */
+            if (localhold_again(src) < 0) {
+                free(b->meta);
+                free(b);
+                return NULL;
+            }
+            b->ledger = true;
+            b->slot = src->slot;
+        } else if (!src->share) {
             if (!(src->share = malloc(sizeof(*src->share)))) {
                 free(b->meta);
                 free(b);
@@ -267,8 +275,10 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
             }
             atomic_init(&src->share->refs, 1);
         }
-        atomic_fetch_add(&src->share->refs, 1);
-        b->share = src->share;
+        if (src->share) {
+            atomic_fetch_add(&src->share->refs, 1);
+            b->share = src->share;
+        }
         b->handle = src->handle;
         b->buf_id = src->buf_id;
         b->size = src->size;
@@ -281,7 +291,8 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
         b->meta_len = src->meta_len;
         b->data = mapcache_ref(&conn->cache, src->data); /* one more user */
         lease_link(conn, b);
-        conn->counters.local_acquires++;
+        if (!b->ledger)
+            conn->counters.local_acquires++;
         return b;
     }
     return NULL;
@@ -293,6 +304,7 @@ shmref_buf *lease_local(shmref_conn *conn, const shmref_desc *desc, unsigned fla
     if (localhold_acquire(conn, desc, flags, &b) < 0)
         return NULL;
     lease_link(conn, b);
+    list_shareable(conn, b); /* a re-acquire while it lives shares it (lease_share) */
     return b;
 }
 

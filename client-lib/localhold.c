@@ -73,11 +73,10 @@ void localhold_unmap(shmref_conn *conn)
 void localhold_publish(shmref_buf *buf, size_t len, uint32_t max_acquires, const void *meta, size_t meta_len)
 {
     shmref_conn *conn = buf->conn;
-    /* max_acquires: each local take's TOOK counts toward it when the daemon reads it, and
-     * the daemon withdraws the entry (LENT) when the retention ends; consumers that take
-     * before it has read the TOOKs may exceed the cap (each already maps the buffer). */
-    (void)max_acquires;
-    if (!conn->lh.dir || meta_len > LEDGER_META_MAX)
+    /* max_acquires: not in the ledger. A TOOK would count toward it only when the daemon
+     * reads it, after the take (Dask's shmref comm failed with ENOENT when frames published
+     * with max_acquires were taken locally: test_dask); such publishes go to the daemon. */
+    if (!conn->lh.dir || max_acquires || meta_len > LEDGER_META_MAX)
         return;
     uint32_t slot = ledger_slot_of(buf->token);
     if (slot >= LEDGER_SLOTS)
@@ -150,6 +149,18 @@ int localhold_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags
     memcpy(req.u.took.token, desc->token, PROTO_TOKEN_LEN);
     send_one_way(conn, &req);
     *ret_buf = b;
+    return 0;
+}
+
+int localhold_again(shmref_buf *buf)
+{
+    shmref_conn *conn = buf->conn;
+    if (!buf->ledger || buf->inherited || !conn->lh.counts || buf->slot >= LEDGER_SLOTS)
+        return -EAGAIN;
+    /* buf's own hold keeps the count above 0, so the daemon cannot have recycled it: one
+     * more needs no re-check of the entry (which may be withdrawn, LENT, by now). */
+    atomic_fetch_add(&conn->lh.counts[buf->slot], 1u);
+    conn->counters.ledger_acquires++;
     return 0;
 }
 

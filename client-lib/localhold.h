@@ -26,6 +26,10 @@ void localhold_publish(shmref_buf *buf, size_t len, uint32_t max_acquires, const
  * ledger hold, its TOOK queued; not linked into the connection yet: lease_local does),
  * or -EAGAIN: ask the daemon. */
 int localhold_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags, shmref_buf **ret_buf);
+/* localhold_again: one more hold on the buffer of buf, a live ledger hold of this
+ * connection (a re-acquire of its descriptor): 0, or -EAGAIN. No TOOK: like a local
+ * re-acquire of a daemon handle, it does not count toward max_acquires. */
+int localhold_again(shmref_buf *buf);
 /* localhold_give: buf (a ledger hold, not inherited) is given back; a NUDGE is sent when
  * the daemon waits for it. */
 void localhold_give(shmref_buf *buf);
