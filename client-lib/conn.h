@@ -38,6 +38,8 @@ struct shmref_buf {
     bool doomed;            /* released while busy: freed when the last such request ends */
     bool shareable;         /* listed in conn->by_token */
     bool inherited;         /* a forked child's copy of its parent's handle: never released */
+    bool ledger;            /* a ledger hold (localhold.c): no daemon handle; given back in the ledger */
+    uint32_t slot;          /* a ledger hold's pool slot */
     void *meta;
     size_t meta_len;
     shmref_buf *prev, *next;
@@ -146,6 +148,16 @@ struct stock {
 
 struct client_counters {
     uint64_t waits, round_trips, sent, received, stock_hits, stock_misses, local_acquires;
+    uint64_t ledger_acquires;   /* acquires taken in the ledger (localhold.c): no daemon */
+    uint64_t ledger_fallbacks;  /* acquires the ledger could not take: asked of the daemon */
+    uint64_t ledger_refused;    /* ledgers offered at hello and refused (bad size, seals, header) */
+};
+
+/* The same-tenant ledger (proto/ledger.h) of a connection, mapped at hello (localhold.c):
+ * both NULL when the daemon did not agree PROTO_FEAT_LEDGER or what it sent was refused. */
+struct localhold {
+    void *dir;                  /* the tenant's directory, LEDGER_DIR_SIZE bytes */
+    _Atomic uint32_t *counts;   /* this connection's ledger, LEDGER_COUNTS_SIZE bytes */
 };
 
 struct shmref_conn {
@@ -179,6 +191,7 @@ struct shmref_conn {
     struct client_out *q, *q_tail;      /* messages not sent yet, in order */
     struct stock stock;
     struct client_counters counters;
+    struct localhold lh;
     /* whether a request with this id is outstanding (requests.c): ids wrap at 2^32 */
     bool (*id_taken)(shmref_conn *conn, uint32_t id);
     /* a reply that answers nothing outstanding: what it brings is given back (handle.c) */

@@ -136,7 +136,7 @@ int shmref_acquire_submit(shmref_conn *conn, const shmref_desc *desc, unsigned f
         return pending_new_error(conn);
     p->user = user;
     p->desc = *desc;
-    if ((p->buf = lease_share(conn, desc, flags)))
+    if ((p->buf = lease_share(conn, desc, flags)) || (p->buf = lease_local(conn, desc, flags)))
         return done_now(conn, p);
     p->wait_ms = (uint32_t)conn->acquire_wait_ms;
     p->require_sealed = (flags & SHMREF_ACQUIRE_SEALED) != 0;
@@ -235,6 +235,9 @@ int shmref_conn_counter(const shmref_conn *conn, const char *name, uint64_t *ret
         { "stock_hits", offsetof(struct client_counters, stock_hits) },
         { "stock_misses", offsetof(struct client_counters, stock_misses) },
         { "local_acquires", offsetof(struct client_counters, local_acquires) },
+        { "ledger_acquires", offsetof(struct client_counters, ledger_acquires) },
+        { "ledger_fallbacks", offsetof(struct client_counters, ledger_fallbacks) },
+        { "ledger_refused", offsetof(struct client_counters, ledger_refused) },
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (strcmp(name, names[i].name) == 0) {

@@ -14,11 +14,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "localhold.h"
 #include "mapcache.h"
 #include "requests.h"
 #include "transport.h"
 
-static void link_buf(shmref_conn *conn, shmref_buf *b)
+void lease_link(shmref_conn *conn, shmref_buf *b)
 {
     b->conn = conn;
     b->prev = NULL;
@@ -165,7 +166,7 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
     }
     if (fd >= 0)
         close(fd);
-    link_buf(conn, b);
+    lease_link(conn, b);
     list_shareable(conn, b);
     *ret_buf = b;
     return 0;
@@ -184,6 +185,8 @@ fail:
 uint64_t lease_forget(shmref_buf *buf)
 {
     uint64_t handle = buf->handle;
+    if (buf->ledger)
+        localhold_give(buf); /* before its mapping's use goes (and maybe a forget is sent) */
     unlink_buf(buf);
     if (buf->data)
         mapcache_put(&buf->conn->cache, buf->data);
@@ -256,7 +259,15 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
             free(b);
             return NULL;
         }
-        if (!src->share) {
+        if (src->ledger) { /* a ledger hold: one more count in the ledger, no daemon handle */
+            if (localhold_again(src) < 0) {
+                free(b->meta);
+                free(b);
+                return NULL;
+            }
+            b->ledger = true;
+            b->slot = src->slot;
+        } else if (!src->share) {
             if (!(src->share = malloc(sizeof(*src->share)))) {
                 free(b->meta);
                 free(b);
@@ -264,8 +275,10 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
             }
             atomic_init(&src->share->refs, 1);
         }
-        atomic_fetch_add(&src->share->refs, 1);
-        b->share = src->share;
+        if (src->share) {
+            atomic_fetch_add(&src->share->refs, 1);
+            b->share = src->share;
+        }
         b->handle = src->handle;
         b->buf_id = src->buf_id;
         b->size = src->size;
@@ -277,11 +290,22 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
             memcpy(b->meta, src->meta, src->meta_len);
         b->meta_len = src->meta_len;
         b->data = mapcache_ref(&conn->cache, src->data); /* one more user */
-        link_buf(conn, b);
-        conn->counters.local_acquires++;
+        lease_link(conn, b);
+        if (!b->ledger)
+            conn->counters.local_acquires++;
         return b;
     }
     return NULL;
+}
+
+shmref_buf *lease_local(shmref_conn *conn, const shmref_desc *desc, unsigned flags)
+{
+    shmref_buf *b;
+    if (localhold_acquire(conn, desc, flags, &b) < 0)
+        return NULL;
+    lease_link(conn, b);
+    list_shareable(conn, b); /* a re-acquire while it lives shares it (lease_share) */
+    return b;
 }
 
 void *shmref_buf_data(const shmref_buf *buf) { return buf ? buf->data : NULL; }

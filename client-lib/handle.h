@@ -14,9 +14,11 @@
 int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t size, uint64_t capacity,
                const uint8_t *token, const uint8_t *meta, uint32_t meta_len, uint32_t flags, int fd,
                bool writable, bool require_sealed, shmref_buf **ret_buf);
-/* lease_forget: a handle's local half (list, mapping use, memory). Returns the daemon
- * handle to release, or 0 when another local handle still shares it or it is a forked
- * child's inherited copy. */
+/* lease_link: a new handle b linked into conn's list. */
+void lease_link(shmref_conn *conn, shmref_buf *b);
+/* lease_forget: a handle's local half (list, mapping use, memory; a ledger hold is given
+ * back in the ledger). Returns the daemon handle to release, or 0 when another local
+ * handle still shares it, it is a forked child's inherited copy or a ledger hold. */
 uint64_t lease_forget(shmref_buf *buf);
 /* lease_drop: lease_forget, then a one-way release of the daemon handle if it was the
  * last local one (nothing is sent in a forked child or on a broken connection). */
@@ -32,6 +34,9 @@ void lease_release_busy(shmref_buf *buf);
 /* lease_share: a new local handle sharing the daemon handle of a live acquired handle of
  * desc on conn (no round trip; found in a tree, not by a scan), or NULL. */
 shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned flags);
+/* lease_local: a new handle for desc taken in the tenant's ledger (localhold.c), linked
+ * into conn, or NULL: ask the daemon. */
+shmref_buf *lease_local(shmref_conn *conn, const shmref_desc *desc, unsigned flags);
 /* lease_uncacheable: buf's mapping is unmapped when its last user goes instead of being
  * kept idle (the daemon retires the buffer when this handle is released: the acquire
  * reply's flag, protocol 3). */

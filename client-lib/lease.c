@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "handle.h"
+#include "localhold.h"
 #include "mapcache.h"
 #include "requests.h"
 #include "session.h"
@@ -118,6 +119,9 @@ int lease_publish_send(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t m
          * handles this connection's requests in order, so whatever it asks next sees the
          * buffer published, and an acquire from elsewhere that overtakes it waits for it. */
         req.u.publish.flags |= PROTO_PUBLISH_NOREPLY;
+        /* Same-tenant consumers that map this buffer may take it from the directory as
+         * soon as it is written there: before the publish and the descriptor go. */
+        localhold_publish(buf, len, max_acquires, meta, meta_len);
         int r = client_send(conn, &req);
         if (r < 0)
             return r;
@@ -166,6 +170,11 @@ int shmref_acquire(shmref_conn *conn, const shmref_desc *desc, shmref_buf **ret_
 
 int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags, shmref_buf **ret_buf)
 {
+    return lease_acquire(conn, desc, flags, true, ret_buf);
+}
+
+int lease_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags, bool local, shmref_buf **ret_buf)
+{
     if (!conn)
         return -EINVAL;
     if (!desc || !ret_buf || (flags & ~SHMREF_ACQUIRE_SEALED))
@@ -174,7 +183,7 @@ int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned flags
     if (r < 0)
         return r;
     shmref_buf *b = lease_share(conn, desc, flags);
-    if (b) {
+    if (b || (local && (b = lease_local(conn, desc, flags)))) {
         *ret_buf = b;
         return 0;
     }

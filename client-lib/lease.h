@@ -10,6 +10,10 @@
 /* The handlers of acquire and sealed publish requests. */
 extern const struct pending_ops lease_acquire_ops, lease_publish_ops;
 
+/* lease_acquire: shmref_acquire_ex; local false: never a ledger hold (localhold.c), for
+ * a buffer that may be pinned past shmref_close (a unit's), whose ledger goes with the
+ * connection. */
+int lease_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags, bool local, shmref_buf **ret_buf);
 /* lease_acquire_send: the message of an acquire record. */
 int lease_acquire_send(shmref_conn *conn, struct pending *p);
 /* lease_publish_check: whether buf may be published (len, flags): 0 or -errno. */

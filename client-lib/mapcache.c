@@ -162,6 +162,16 @@ void *mapcache_find(struct mapcache *mc, uint64_t buf_id, size_t len, bool writa
     return addr;
 }
 
+void *mapcache_find_ro(struct mapcache *mc, uint64_t buf_id, size_t len, size_t *ret_len)
+{
+    struct mapcache_entry *e = by_id(mc, buf_id, false);
+    if (!e || e->nocache || e->len < len)
+        return NULL;
+    use(mc, e);
+    *ret_len = e->len;
+    return e->addr;
+}
+
 int mapcache_get(struct mapcache *mc, uint64_t buf_id, int fd, size_t len, bool writable,
                  void **ret_addr)
 {

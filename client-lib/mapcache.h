@@ -66,6 +66,9 @@ void mapcache_nocache(struct mapcache *mc, void *addr);
 /* mapcache_drop_view: unmap an idle read-only view of buf_id made from a writable
  * mapping (it counts as a writable mapping for F_SEAL_WRITE): before a sealed publish. */
 void mapcache_drop_view(struct mapcache *mc, uint64_t buf_id);
+/* mapcache_find_ro: one more user of the read-only mapping of buf_id made for an acquire
+ * reply (cacheable, at least len bytes): its address (*ret_len its length), or NULL. */
+void *mapcache_find_ro(struct mapcache *mc, uint64_t buf_id, size_t len, size_t *ret_len);
 /* mapcache_ref: one more user of the mapping at addr; returns addr. */
 void *mapcache_ref(struct mapcache *mc, void *addr);
 /* mapcache_users: the handles using the mapping at addr (0 if not cached). */

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "handle.h"
+#include "localhold.h"
 #include "mapcache.h"
 #include "paths.h"
 #include "requests.h"
@@ -46,6 +47,7 @@ static bool adopt(shmref_conn *conn)
     if (me == conn->pid)
         return false;
     lease_inherit(conn);
+    localhold_unmap(conn); /* the parent's ledger: this process's copy of its mapping only */
     mapcache_abandon(&conn->cache); /* first: nothing below may unmap */
     stock_abandon(conn);
     pending_discard(conn);
@@ -263,6 +265,8 @@ static int hello_take(shmref_conn *conn, struct pending *p, const struct proto_m
 {
     (void)p;
     (void)lost;
+    if (rep->u.hello_reply.version == PROTO_VERSION && (rep->u.hello_reply.features & PROTO_FEAT_LEDGER))
+        localhold_setup(conn, fds, nfds); /* maps what it accepts: the fds are closed below */
     for (unsigned i = 0; i < nfds; i++)
         close(fds[i]);
     if (rep->u.hello_reply.version != PROTO_VERSION)
@@ -291,6 +295,8 @@ static int hello(shmref_conn *conn, int64_t deadline)
     struct proto_msg req = { .op = PROTO_OP_HELLO };
     req.u.hello.version = PROTO_VERSION;
     req.u.hello.features = PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN;
+    if (localhold_wanted()) /* $SHMREF_LEDGER=0: every acquire asks the daemon */
+        req.u.hello.features |= PROTO_FEAT_LEDGER;
     req.u.hello.name = name;
     req.u.hello.name_len = (uint32_t)strlen(name);
     struct pending *p = pending_new(conn, PROTO_OP_HELLO, PENDING_WAIT, &hello_ops);
@@ -446,6 +452,7 @@ void client_teardown(shmref_conn *conn)
         mapcache_clear(&conn->cache);
     else
         mapcache_abandon(&conn->cache);
+    localhold_unmap(conn);
     if (conn->fd >= 0)
         close(conn->fd);
     pending_discard(conn);

@@ -5,6 +5,7 @@
  * whose last reference gives the buffer back (see unit.h). Arrow structures: arrow.c. */
 #include "unit.h"
 
+#include "lease.h"
 #include "session.h"
 #include "transport.h"
 
@@ -362,7 +363,9 @@ int shmref_unit_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned 
         return client_fail(conn, -EINVAL, "unit_acquire: desc and ret_unit must not be NULL, flags known");
     shmref_buf *buf;
     struct manifest *m = NULL;
-    int r = shmref_acquire_ex(conn, desc, flags & SHMREF_ACQUIRE_SEALED, &buf);
+    /* Through the daemon, never a ledger hold: the buffer may be pinned past shmref_close,
+     * and the ledger ends with the connection. */
+    int r = lease_acquire(conn, desc, flags & SHMREF_ACQUIRE_SEALED, false, &buf);
     if (r < 0)
         return r;
     if ((r = refuse_unsealed(conn, buf, flags)) < 0 || (r = load(conn, buf, &m)) < 0) {

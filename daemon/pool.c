@@ -13,6 +13,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "ledger.h"
 #include "store.h"
 #include "units.h"
 
@@ -54,6 +55,9 @@ struct pool {
     pool_pin_cb stock_cb;
     void *stock_arg;
     bool keep_pages;            /* pool_stop: retired files are no longer emptied */
+    uint32_t next_slot;         /* slots below it were handed out once */
+    uint32_t *free_slots;       /* slots given back, reused first (a stack) */
+    uint32_t nfree_slots, free_slots_cap, slots_used;
     struct pool_counters counters;
     struct pool_class classes[POOL_MAX_CLASSES];
 };
@@ -185,9 +189,51 @@ static void id_remove(struct pool *p, struct pool_buf *b)
     }
 }
 
+/* slot_get: a dense slot for a new buffer (the ledger's index), or LEDGER_NO_SLOT. */
+static uint32_t slot_get(struct pool *p)
+{
+    uint32_t slot = LEDGER_NO_SLOT;
+    if (p->nfree_slots)
+        slot = p->free_slots[--p->nfree_slots];
+    else if (p->next_slot < LEDGER_SLOTS)
+        slot = p->next_slot++;
+    p->slots_used += slot != LEDGER_NO_SLOT;
+    return slot;
+}
+
+/* slot_put: b's slot is free again (its file is closed and no client maps it). If the
+ * stack cannot grow the slot is lost: the buffer that would have had it asks the daemon. */
+static void slot_put(struct pool *p, uint32_t slot)
+{
+    if (slot == LEDGER_NO_SLOT)
+        return;
+    p->slots_used--;
+    if (p->nfree_slots == p->free_slots_cap) {
+        uint32_t cap = p->free_slots_cap ? p->free_slots_cap * 2 : 64;
+        uint32_t *v = realloc(p->free_slots, cap * sizeof(*v));
+        if (!v)
+            return;
+        p->free_slots = v;
+        p->free_slots_cap = cap;
+    }
+    p->free_slots[p->nfree_slots++] = slot;
+}
+
+uint32_t pool_slots_used(const struct pool *p)
+{
+    return p->slots_used;
+}
+
+uint32_t pool_slot_of(const struct pool *p, uint64_t id, uint32_t tenant)
+{
+    const struct pool_buf *b = id_find(p, id);
+    return b && b->tenant == tenant ? b->slot : LEDGER_NO_SLOT;
+}
+
 static void buf_free(struct pool *p, struct pool_buf *b)
 {
     id_remove(p, b);
+    slot_put(p, b->slot);
     free(b->pins);
     free(b);
 }
@@ -534,6 +580,7 @@ static void create_done(uv_work_t *w, int status)
     }
     b->id = ++p->next_id;
     id_add(p, b);
+    b->slot = slot_get(p);
     b->fd = c->fd;
     b->ro_fd = -1;
     b->size = c->size;
@@ -818,6 +865,7 @@ void pool_free(struct pool *p)
         }
     free(p->ids);
     free(p->batch);
+    free(p->free_slots);
     store_close(&p->store);
     free(p);
 }

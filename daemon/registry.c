@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* registry.c: see registry.h. Every live buffer (writing or published) is in a chained
- * hash keyed by its token's first 8 bytes (they are random, so that is a good hash): a
+ * hash keyed by its token's bytes 4..11 (random; bytes 0..3 are its pool slot, for the
+ * ledger: ledger_set_slot), so that is a good hash: a
  * buffer gets its token when it is leased, so the producer knows its descriptor before
  * publishing. Tokens come from a stock refilled by one getrandom per TOKEN_STOCK leases.
  * A handle is (slot generation << 32 | slot index), with generations starting at 1, so 0
@@ -13,6 +14,7 @@
 #include <sys/random.h>
 
 #include "desc.h"
+#include "ledger.h"
 
 #define NO_SLOT UINT32_MAX
 #define TOKEN_STOCK 64 /* tokens drawn by one getrandom */
@@ -27,6 +29,8 @@ struct registry {
     struct registry_events ev;
     uint8_t stock[TOKEN_STOCK * PROTO_TOKEN_LEN]; /* random bytes not yet handed out */
     unsigned stock_left;                          /* tokens left in stock */
+    registry_lend_cb lend;
+    void *lend_arg;
 };
 
 /* on_pin: bytes a tenant's mappings keep alive after their buffer's end count against
@@ -66,7 +70,7 @@ int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct
 static uint32_t bucket_of(const struct registry *r, const uint8_t *token)
 {
     uint64_t k;
-    memcpy(&k, token, sizeof(k));
+    memcpy(&k, token + 4, sizeof(k));
     return (uint32_t)(k & (r->nbuckets - 1));
 }
 
@@ -146,6 +150,7 @@ struct registry_buf *registry_buf_charged(struct registry *r, struct pool_buf *p
         errno = -e;
         return NULL;
     }
+    ledger_set_slot(b->token, pb->slot); /* a client finds its directory entry by its token */
     hash_add(r, b);
     b->pb = pb;
     b->tenant = charge->uid;
@@ -182,7 +187,25 @@ void registry_abandon(struct registry *r, struct quota_ticket *charge, struct po
     give_back(r, charge, pb);
 }
 
-/* buf_gone: the last reference went: credit the producer, recycle the buffer. */
+void registry_set_lender(struct registry *r, registry_lend_cb cb, void *arg)
+{
+    r->lend = cb;
+    r->lend_arg = arg;
+}
+
+/* buf_end: credit the producer, recycle the buffer. */
+static void buf_end(struct registry *r, struct registry_buf *b)
+{
+    r->st.buffers--;
+    r->st.bytes -= b->pb->size;
+    struct quota_ticket charge = { .uid = b->tenant, .bytes = b->pb->size };
+    give_back(r, &charge, b->pb);
+    free(b->meta);
+    free(b);
+}
+
+/* buf_gone: the last reference went: unless a ledger still holds it (the lender keeps
+ * it LENT), credit the producer and recycle the buffer. */
 static void buf_gone(struct registry *r, struct registry_buf *b)
 {
     if (b->waiting && r->ev.gone_waited)
@@ -190,12 +213,22 @@ static void buf_gone(struct registry *r, struct registry_buf *b)
     hash_remove(r, b); /* its token is forgotten: a recycled buffer gets a new one */
     if (b->published)
         r->st.published--;
-    r->st.buffers--;
-    r->st.bytes -= b->pb->size;
-    struct quota_ticket charge = { .uid = b->tenant, .bytes = b->pb->size };
-    give_back(r, &charge, b->pb);
-    free(b->meta);
-    free(b);
+    b->published = false;
+    if (r->lend && r->lend(r->lend_arg, b)) {
+        b->lent = true;
+        r->st.lent++;
+        return;
+    }
+    buf_end(r, b);
+}
+
+void registry_lent_end(struct registry *r, struct registry_buf *b)
+{
+    if (!b->lent)
+        return;
+    b->lent = false;
+    r->st.lent--;
+    buf_end(r, b);
 }
 
 void registry_buf_drop(struct registry *r, struct registry_buf *b)

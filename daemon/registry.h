@@ -38,6 +38,10 @@ struct registry_buf {
     uint64_t created_ms;    /* uv_now() at registry_buf_new, for status ages */
     int32_t producer_pid;   /* the leasing connection's pid, for status */
     struct waiters_queue *waiting; /* acquires waiting for its publish (the broker's) */
+    /* LENT (registry_set_lender): its last reference went while a ledger still counted a
+     * hold on it; charged, not findable, not back in the pool until registry_lent_end. */
+    bool lent;
+    struct registry_buf *lent_prev, *lent_next; /* the lender's list */
 };
 
 struct registry_lease {
@@ -67,6 +71,15 @@ struct registry_events {
 int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct registry **ret);
 /* registry_set_events: who hears of freed space and waited-for buffers (NULL: nobody). */
 void registry_set_events(struct registry *reg, const struct registry_events *ev);
+/* registry_lend_cb: b's last reference went (its waiters were told, its token is no
+ * longer findable). Return true to keep it LENT: still charged to its tenant, not given
+ * back to the pool, until the lender calls registry_lent_end; false to end it now. */
+typedef bool (*registry_lend_cb)(void *arg, struct registry_buf *b);
+/* registry_set_lender: who decides at each buffer's end (NULL: nobody, every end is at once). */
+void registry_set_lender(struct registry *reg, registry_lend_cb cb, void *arg);
+/* registry_lent_end: a LENT buffer's holds are gone: credit its tenant, recycle it. */
+void registry_lent_end(struct registry *reg, struct registry_buf *b);
+
 /* registry_end_retentions: drops every retention (at shutdown; timers close on the loop). */
 void registry_end_retentions(struct registry *reg);
 /* registry_free: ends every retention; holders must have been released first. */
@@ -126,6 +139,7 @@ struct registry_stats {
     uint64_t handles;       /* lease handles held by all connections */
     uint64_t drift;         /* charges the quota ledger did not hold in full (a bug) */
     uint64_t reclaimed;     /* retentions ended early for their tenant's lease (quota) */
+    uint64_t lent;          /* LENT now (counted in buffers and bytes: still charged) */
 };
 struct registry_stats registry_stats(const struct registry *reg);
 

@@ -93,8 +93,10 @@ int server_init(struct server *s, uv_loop_t *loop, struct options *opt)
     s->broker = (struct broker){ .opt = opt, .pool = s->pool, .quota = s->quota, .reg = s->reg,
                                  .counters = &s->counters };
     broker_start(&s->broker, loop);
+    tenantdir_init(&s->tenantdirs, s->reg, s->pool, &s->counters);
     s->sessions = (struct session_env){ .loop = loop, .opt = opt, .broker = &s->broker,
-                                        .counters = &s->counters, .status = status_of, .status_arg = s };
+                                        .counters = &s->counters, .status = status_of, .status_arg = s,
+                                        .tenantdirs = &s->tenantdirs };
     server_fd_caps(&s->sessions);
     return 0;
 }
@@ -423,6 +425,7 @@ void server_free(struct server *s)
 {
     if (!s->loop)
         return;
+    tenantdir_free(&s->tenantdirs); /* LENT buffers end before the registry goes */
     registry_free(s->reg);
     s->reg = NULL;
     quota_free(s->quota);

@@ -35,6 +35,7 @@ struct server {
     struct registry *reg;
     struct broker broker;      /* the lease lifecycle over pool, quota and registry */
     struct session_env sessions; /* all connections (sessions.n of them) */
+    struct tenantdirs tenantdirs; /* the ledgers of same-tenant handoffs, per uid */
     uint64_t started_ms;
     uint64_t idle_since_ms;    /* housekeeping: when the daemon last had a connection or a buffer in use */
     struct counters counters;

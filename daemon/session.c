@@ -273,6 +273,9 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
         log_notice("client %llu pid=%d uid=%u: suppressed %u refusal line%s before it left",
                    (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid,
                    s->peer.log_rate.suppressed, s->peer.log_rate.suppressed == 1 ? "" : "s");
+    /* Its ledger is read no more, before its handles go (their buffers' ends must not
+     * count its holds): a dead connection's ledger holds nothing. */
+    tenantdir_leave(env->tenantdirs, &s->ledger);
     /* Its process's mappings went with it, or it closed (libshmref unmaps first), or its
      * process lives on with them: those of buffers whose pages the pool cannot free stay
      * charged to it until its process exits (its pidfd). */
@@ -345,7 +348,7 @@ void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle
         return;
     for (struct session *s = env->head; s; s = s->next) {
         if (s->hello && !s->peer.closing && !s->peer.holder.leases && !s->peer.pending && !s->peer.parked.n &&
-            now_ms - s->last_ms >= idle_ms) {
+            now_ms - s->last_ms >= idle_ms && !tenantdir_holds(env->tenantdirs, &s->ledger)) {
             session_fail(s, 0, ETIMEDOUT, "idle for %llu s holding nothing (idle-timeout %llu s): closed",
                          (unsigned long long)((now_ms - s->last_ms) / 1000), (unsigned long long)(idle_ms / 1000));
             session_close(s, "idle, holding nothing");
@@ -383,18 +386,32 @@ int session_send(struct session *s, const struct proto_msg *m, int fd)
     return session_send_fds(s, m, &fd, fd >= 0 ? 1 : 0);
 }
 
-int session_send_fds(struct session *s, const struct proto_msg *m, const int *fds, unsigned nfds)
+/* encode: m into wbuf; its length, or < 0 after an error reply. */
+static int encode(struct session *s, const struct proto_msg *m)
 {
-    if (!s->transport)
-        return -EPIPE;
     int len = proto_encode(m, wbuf, sizeof(wbuf));
     if (len < 0) {
         log_error("reply %s to client %llu does not fit in %zu bytes", proto_op_name(m->op),
                   (unsigned long long)s->peer.id, sizeof(wbuf));
         session_fail(s, m->id, EMSGSIZE, "reply too large");
-        return len;
     }
-    return transport_send_fds(s->transport, wbuf, (size_t)len, fds, nfds);
+    return len;
+}
+
+int session_send_fds(struct session *s, const struct proto_msg *m, const int *fds, unsigned nfds)
+{
+    if (!s->transport)
+        return -EPIPE;
+    int len = encode(s, m);
+    return len < 0 ? len : transport_send_fds(s->transport, wbuf, (size_t)len, fds, nfds);
+}
+
+int session_send_fds_now(struct session *s, const struct proto_msg *m, const int *fds, unsigned nfds)
+{
+    if (!s->transport)
+        return -EPIPE;
+    int len = encode(s, m);
+    return len < 0 ? len : transport_send_fds_now(s->transport, wbuf, (size_t)len, fds, nfds);
 }
 
 void session_fail(struct session *s, uint32_t id, int code, const char *fmt, ...)
@@ -436,6 +453,11 @@ static void do_hello(struct session *s, const struct proto_msg *m)
     text_clean(s->name, m->u.hello.name ? m->u.hello.name : "", m->u.hello.name_len);
     s->hello = true;
     s->fd_once = (m->u.hello.features & PROTO_FEAT_FD_ONCE) != 0;
+    /* The ledger, only with fd-once: its counts are read only for buffers whose fd the
+     * daemon sent this connection. Its two fds travel with the reply. */
+    int fds[2] = { -1, -1 };
+    bool ledger = s->fd_once && (m->u.hello.features & PROTO_FEAT_LEDGER) && s->env->tenantdirs &&
+                  tenantdir_join(s->env->tenantdirs, s->peer.uid, &s->known, &s->ledger, fds) == 0;
     log_debug("client %llu pid=%d uid=%u said hello as '%s'", (unsigned long long)s->peer.id,
               (int)s->peer.pid, (unsigned)s->peer.uid, s->name);
     struct proto_msg r = { .op = PROTO_OP_HELLO + PROTO_OP_REPLY, .id = m->id };
@@ -446,6 +468,19 @@ static void do_hello(struct session *s, const struct proto_msg *m)
     r.u.hello_reply.max_leases = opt->max_leases;
     r.u.hello_reply.max_meta = PROTO_MAX_META;
     r.u.hello_reply.pid = (uint64_t)getpid();
+    if (ledger) {
+        /* Only if it can go now: a hello never waits for room for optional fds (a daemon
+         * at its fds in flight answers without the ledger, and the client asks the daemon). */
+        r.u.hello_reply.features |= PROTO_FEAT_LEDGER;
+        int e = session_send_fds_now(s, &r, fds, 2);
+        close(fds[1]); /* the connection's ledger: ours is the read-only mapping */
+        if (e != -EAGAIN)
+            return;
+        tenantdir_leave(s->env->tenantdirs, &s->ledger);
+        r.u.hello_reply.features &= ~(uint64_t)PROTO_FEAT_LEDGER;
+        log_debug("client %llu pid=%d uid=%u: no room for the ledger's fds now; hello without them",
+                  (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid);
+    }
     session_send(s, &r, -1);
 }
 
@@ -480,9 +515,16 @@ static void dispatch(struct session *s, const struct proto_msg *m)
         if (m->u.forget.buf_id && m->u.forget.buf_id < (UINT64_C(1) << 63) && idset_has(&s->known, key)) {
             idset_del(&s->known, key);
             broker_unmapped(s->env->broker, &s->peer, m->u.forget.buf_id);
+            tenantdir_forgot(s->env->tenantdirs, &s->ledger, m->u.forget.buf_id);
         }
         return;
     }
+    case PROTO_OP_TOOK: /* never a reply */
+        tenantdir_took(s->env->tenantdirs, &s->ledger, m->u.took.buf_id, m->u.took.token);
+        return;
+    case PROTO_OP_NUDGE: /* never a reply */
+        tenantdir_nudge(s->env->tenantdirs, &s->ledger, m->u.nudge.buf_id);
+        return;
     case PROTO_OP_PING: {
         struct proto_msg r = { .op = PROTO_OP_PING + PROTO_OP_REPLY, .id = m->id };
         session_send(s, &r, -1);

@@ -21,6 +21,7 @@
 #include "idset.h"
 #include "options.h"
 #include "proto.h"
+#include "tenantdir.h"
 #include "transport.h"
 
 #define SESSION_HELLO_MS 10000   /* a connection that says no hello by then is closed */
@@ -51,6 +52,7 @@ struct session_env {
     uint32_t n;
     uint64_t next_id;
     struct session_tenant *tenants; /* one per uid with a session */
+    struct tenantdirs *tenantdirs; /* ledgers (PROTO_FEAT_LEDGER); NULL: none offered */
     unsigned fd_cap_conn;        /* unread fd-carrying replies per connection (0: none) */
     unsigned fd_cap_uid;         /* the same, summed over one uid's connections (0: none) */
 };
@@ -64,6 +66,7 @@ struct session {
     bool hello;
     bool fd_once;                /* PROTO_FEAT_FD_ONCE agreed in hello */
     struct idset known;          /* buf_id << 1 | writable: fds this client was sent */
+    struct tenantdir_conn ledger; /* PROTO_FEAT_LEDGER agreed: its ledger (dir NULL: none) */
     uint64_t accepted_ms;        /* uv_now at accept, for the hello deadline */
     uint64_t last_ms;            /* uv_now at its last request, for --idle-timeout */
     struct session_tenant *tenant;
@@ -87,6 +90,9 @@ int session_new(struct session_env *env, int fd, const struct ucred *cred, struc
 int session_send(struct session *s, const struct proto_msg *m, int fd);
 /* session_send_fds: session_send with nfds fds attached, in order (a lease_many reply). */
 int session_send_fds(struct session *s, const struct proto_msg *m, const int *fds, unsigned nfds);
+/* session_send_fds_now: session_send_fds only if it can go at once, else -EAGAIN with
+ * nothing sent (transport_send_fds_now). */
+int session_send_fds_now(struct session *s, const struct proto_msg *m, const int *fds, unsigned nfds);
 
 /* session_fail: an error reply with a formatted message (best effort). */
 void session_fail(struct session *s, uint32_t id, int code, const char *fmt, ...)
@@ -100,8 +106,8 @@ void session_close(struct session *s, const char *why);
 void session_expire_hello(struct session_env *env, uint64_t now_ms);
 
 /* session_expire_idle: closes (ETIMEDOUT) sessions that hold nothing (no lease, none
- * pending) and sent nothing for idle_ms; 0 disables. A session holding leases never
- * idles out. */
+ * pending, no ledger hold on a buffer of its uid that it maps) and sent nothing for
+ * idle_ms; 0 disables. A session holding leases or ledger holds never idles out. */
 void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle_ms);
 
 /* session_uid_conns: how many sessions uid has (closing ones included until they end). */

@@ -265,12 +265,29 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     kv_u64(pk, "fd_waits", k->fd_waits);
 }
 
+/* pack_ledger: same-tenant handoffs without the daemon (tenantdir.c). */
+static void pack_ledger(msgpack_packer *pk, const struct status_src *s)
+{
+    const struct tenantdirs *t = s->sessions ? s->sessions->tenantdirs : NULL;
+    struct tenantdir_stats st = t ? t->st : (struct tenantdir_stats){ 0 };
+    key(pk, "ledger");
+    msgpack_pack_map(pk, 8);
+    kv_u64(pk, "directories", st.dirs);     /* uids with a ledger connection */
+    kv_u64(pk, "ledgers", st.ledgers);      /* connections with a ledger */
+    kv_u64(pk, "lent", registry_stats(s->reg).lent); /* buffers waiting for ledger holds now */
+    kv_u64(pk, "slots", pool_slots_used(s->pool));
+    kv_u64(pk, "took", st.took);
+    kv_u64(pk, "nudges", st.nudges);
+    kv_u64(pk, "recycle_waits", st.recycle_waits);
+    kv_u64(pk, "ignored", st.ignored);
+}
+
 static int build(const struct status_src *s, uint8_t *buf, size_t cap, unsigned max)
 {
     struct proto_buf pb = { buf, 0, cap, 0 };
     msgpack_packer pk;
     msgpack_packer_init(&pk, &pb, proto_buf_write);
-    msgpack_pack_map(&pk, 9);
+    msgpack_pack_map(&pk, 10);
     pack_daemon(&pk, s);
     pack_pool(&pk, s);
     pack_buffers(&pk, s, max);
@@ -278,6 +295,7 @@ static int build(const struct status_src *s, uint8_t *buf, size_t cap, unsigned 
     pack_clients(&pk, s, max);
     pack_limits(&pk, s);
     pack_counters(&pk, s);
+    pack_ledger(&pk, s);
     return pb.overflow ? -EMSGSIZE : (int)pb.len;
 }
 

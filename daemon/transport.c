@@ -529,6 +529,26 @@ int transport_send_fds(struct transport *t, const uint8_t *data, size_t len, con
     return enqueue(t, data, len, fds, nfds);
 }
 
+int transport_send_fds_now(struct transport *t, const uint8_t *data, size_t len, const int *fds, unsigned nfds)
+{
+    if (t->closing || t->hung_up)
+        return -EPIPE;
+    if (nfds > TRANSPORT_MAX_FDS)
+        return -EINVAL;
+    if (t->out_head || !fd_room(t, nfds))
+        return -EAGAIN;
+    ssize_t n = send_one(t->fd, data, len, fds, nfds);
+    if (n >= 0) {
+        if (nfds)
+            sent_fds(t, nfds);
+        return 0;
+    }
+    if (n == -EAGAIN || n == -ETOOMANYREFS)
+        return -EAGAIN;
+    send_failed(t, n);
+    return (int)n;
+}
+
 static void flush(struct transport *t)
 {
     t->room_wait = false;

@@ -58,6 +58,11 @@ int transport_send(struct transport *t, const uint8_t *data, size_t len, int fd)
 /* transport_send_fds: transport_send with nfds (at most TRANSPORT_MAX_FDS, else -EINVAL)
  * fds attached to the one message, in order; each counts as one fd in flight. */
 int transport_send_fds(struct transport *t, const uint8_t *data, size_t len, const int *fds, unsigned nfds);
+/* transport_send_fds_now: transport_send_fds, but only if it can go at once: -EAGAIN
+ * (nothing sent, nothing queued, nothing counted) when replies are queued, a cap of fds in
+ * flight is reached, the socket is full or the kernel refuses the fds (ETOOMANYREFS), so
+ * the caller can send something else instead (a hello without its optional fds). */
+int transport_send_fds_now(struct transport *t, const uint8_t *data, size_t len, const int *fds, unsigned nfds);
 
 /* transport_fd_waits: how many times, daemon-wide, a reply began to wait because its send
  * met ETOOMANYREFS (the sending uid's fds in flight past RLIMIT_NOFILE). */

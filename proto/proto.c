@@ -278,6 +278,10 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
     case PROTO_OP_FORGET:
         return get_u64(f, 2, UINT64_MAX, &m->u.forget.buf_id) &&
                get_u32(f, 3, 1, &m->u.forget.writable);
+    case PROTO_OP_TOOK:
+        return get_u64(f, 2, UINT64_MAX, &m->u.took.buf_id) && get_token(f, 3, m->u.took.token);
+    case PROTO_OP_NUDGE:
+        return get_u64(f, 2, UINT64_MAX, &m->u.nudge.buf_id);
     case PROTO_OP_STATUS + PROTO_OP_REPLY:
         if (!get_raw(f, 2, MSGPACK_OBJECT_BIN, PROTO_MAX_REPLY, &p, &m->u.status_reply.body_len))
             return false;
@@ -301,12 +305,17 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
     }
 }
 
+/* has_reply: forget, took and nudge never have one. */
+static bool has_reply(uint32_t op)
+{
+    return op >= PROTO_OP_HELLO && op <= PROTO_OP_RELEASE_MANY && op != PROTO_OP_FORGET;
+}
+
 static bool op_known(uint32_t op)
 {
-    if (op == PROTO_OP_ERROR || (op >= PROTO_OP_HELLO && op <= PROTO_OP_RELEASE_MANY))
+    if (op == PROTO_OP_ERROR || (op >= PROTO_OP_HELLO && op <= PROTO_OP_NUDGE))
         return true;
-    return op > PROTO_OP_REPLY && op - PROTO_OP_REPLY >= PROTO_OP_HELLO &&
-           op - PROTO_OP_REPLY <= PROTO_OP_RELEASE_MANY && op - PROTO_OP_REPLY != PROTO_OP_FORGET;
+    return op > PROTO_OP_REPLY && has_reply(op - PROTO_OP_REPLY);
 }
 
 int proto_decode(const uint8_t *buf, size_t len, size_t max_len, struct proto_msg *ret,
@@ -400,6 +409,8 @@ static unsigned field_count(uint32_t op)
     case PROTO_OP_RELEASE_MANY: return 2;
     case PROTO_OP_RELEASE: return 2;
     case PROTO_OP_FORGET: return 2;
+    case PROTO_OP_TOOK: return 2;
+    case PROTO_OP_NUDGE: return 1;
     case PROTO_OP_STATUS + PROTO_OP_REPLY: return 1;
     case PROTO_OP_ERROR: return 2;
     default: return 0;
@@ -502,6 +513,13 @@ int proto_encode(const struct proto_msg *m, uint8_t *buf, size_t cap)
         msgpack_pack_uint64(&pk, m->u.forget.buf_id);
         msgpack_pack_uint32(&pk, m->u.forget.writable);
         break;
+    case PROTO_OP_TOOK:
+        msgpack_pack_uint64(&pk, m->u.took.buf_id);
+        pack_raw(&pk, false, m->u.took.token, PROTO_TOKEN_LEN);
+        break;
+    case PROTO_OP_NUDGE:
+        msgpack_pack_uint64(&pk, m->u.nudge.buf_id);
+        break;
     case PROTO_OP_STATUS + PROTO_OP_REPLY:
         pack_raw(&pk, false, m->u.status_reply.body, m->u.status_reply.body_len);
         break;
@@ -543,12 +561,13 @@ const char *proto_op_name(uint32_t op)
         [PROTO_OP_ACQUIRE] = "acquire", [PROTO_OP_RELEASE] = "release",
         [PROTO_OP_STATUS] = "status", [PROTO_OP_PING] = "ping", [PROTO_OP_FORGET] = "forget",
         [PROTO_OP_LEASE_MANY] = "lease_many", [PROTO_OP_RELEASE_MANY] = "release_many",
+        [PROTO_OP_TOOK] = "took", [PROTO_OP_NUDGE] = "nudge",
     };
     if (op == PROTO_OP_ERROR)
         return "error";
-    if (op > PROTO_OP_REPLY && op - PROTO_OP_REPLY <= PROTO_OP_RELEASE_MANY && op - PROTO_OP_REPLY != PROTO_OP_FORGET)
-        op -= PROTO_OP_REPLY; /* forget has no reply */
-    else if (op > PROTO_OP_RELEASE_MANY)
+    if (op > PROTO_OP_REPLY && has_reply(op - PROTO_OP_REPLY))
+        op -= PROTO_OP_REPLY; /* forget, took and nudge have no reply */
+    else if (op > PROTO_OP_NUDGE)
         return "unknown";
     if (names[op])
         return names[op];

@@ -55,6 +55,15 @@
  * only when the daemon agreed to this bit in hello, so an older daemon is never asked. */
 #define PROTO_FEAT_SEALED (1u << 2)
 
+/* Same-tenant handoffs without the daemon (proto/ledger.h). Only with PROTO_FEAT_FD_ONCE
+ * (the daemon reads a ledger slot only for a buffer whose fd it sent this connection).
+ * When the daemon agrees it, its hello reply carries two fds (SCM_RIGHTS), in order: the
+ * tenant's directory memfd (O_RDWR, LEDGER_DIR_SIZE bytes) and this connection's ledger
+ * memfd (O_RDWR, LEDGER_COUNTS_SIZE bytes), both sealed F_SEAL_SHRINK | F_SEAL_GROW |
+ * F_SEAL_SEAL. The hello reply's layout does not change. A daemon that cannot make them
+ * does not agree the bit. The client then may send PROTO_OP_TOOK and PROTO_OP_NUDGE. */
+#define PROTO_FEAT_LEDGER (1u << 3)
+
 /* The daemon marks acquire replies of a buffer whose producer is another tenant
  * (PROTO_BUF_FOREIGN), so a client can refuse another uid's unsealed unit; without this
  * bit the client cannot tell and treats every unsealed unit as another uid's. (A high
@@ -95,6 +104,8 @@ enum proto_op {
     PROTO_OP_FORGET = 8,          /* no reply, ever */
     PROTO_OP_LEASE_MANY = 9,      /* all or nothing: one reply with every lease, or an error */
     PROTO_OP_RELEASE_MANY = 10,   /* every known handle is released; an error names the first unknown */
+    PROTO_OP_TOOK = 11,           /* no reply, ever (PROTO_FEAT_LEDGER) */
+    PROTO_OP_NUDGE = 12,          /* no reply, ever (PROTO_FEAT_LEDGER) */
     PROTO_OP_REPLY = 64,          /* added to a request op in its reply */
     PROTO_OP_ERROR = 127,
 };
@@ -158,6 +169,13 @@ struct proto_msg {
         struct { uint32_t n; uint32_t flags; uint64_t handles[PROTO_MAX_BATCH]; } release_many;
         /* forget: the client unmapped buffer buf_id (its writable or read-only mapping). */
         struct { uint64_t buf_id; uint32_t writable; } forget;
+        /* took: the client took a ledger hold on buf_id for the publish under token (it
+         * counts toward that publish's max_acquires and the acquire counters, as a daemon
+         * acquire does). nudge: the client dropped a ledger hold on buf_id and found it LENT
+         * (the daemon waits for it): the daemon re-reads that buffer's ledgers. Both are
+         * ignored unless the connection has a ledger and was sent buf_id's fd. */
+        struct { uint64_t buf_id; uint8_t token[PROTO_TOKEN_LEN]; } took;
+        struct { uint64_t buf_id; } nudge;
         /* The status body is itself a msgpack map, carried as bin so the envelope stays
          * flat; decode it with proto_check() before unpacking. */
         struct { const uint8_t *body; uint32_t body_len; } status_reply;

@@ -316,7 +316,7 @@ static int daemon_holds(const struct daemon *d, const char *name)
 }
 
 /* daemon_pinned_bytes: storage behind the daemon's buffer fds (unlinked files in
- * /dev/shm, or memfds) as the kernel counts it, each file once. */
+ * /dev/shm, or memfds other than the ledgers') as the kernel counts it, each file once. */
 static uint64_t daemon_pinned_bytes(const struct daemon *d)
 {
     static ino_t seen[4096];
@@ -333,8 +333,9 @@ static uint64_t daemon_pinned_bytes(const struct daemon *d)
         if (n <= 0)
             continue;
         target[n] = '\0';
+        /* the ledgers' memfds (daemon/tenantdir.c) are not buffers */
         if ((strncmp(target, "/dev/shm/", 9) != 0 && strncmp(target, "/memfd:", 7) != 0) ||
-            fstatat(dirfd(dir), e->d_name, &st, 0) < 0)
+            strncmp(target, "/memfd:shmrefd-ledger", 21) == 0 || fstatat(dirfd(dir), e->d_name, &st, 0) < 0)
             continue;
         unsigned i = 0;
         while (i < nseen && seen[i] != st.st_ino)

@@ -20,6 +20,7 @@
 
 #include <uv.h>
 
+#include "ledger.h"
 #include "pool-callback.h"
 #include "pool.h"
 
@@ -420,6 +421,37 @@ Test(pool, does_not_recycle_across_tenants)
     cr_assert_eq(a2->gen, 2);
     pool_put(f.pool, a2);
     pool_put(f.pool, b);
+    fx_close(&f);
+}
+
+/* Ledger slots (proto/ledger.h): dense, kept by a warm buffer, reused once its file is
+ * closed; pool_slot_of answers only for the buffer's own tenant. */
+Test(pool, ledger_slots_dense_and_reused)
+{
+    struct fx f;
+    fx_open(&f, 64 * MiB, false);
+    struct pool_buf *a = get_new(&f, 100000, 1000), *b = get_new(&f, 100000, 1000);
+    cr_assert_eq(a->slot, 0);
+    cr_assert_eq(b->slot, 1);
+    cr_assert_eq(pool_slots_used(f.pool), 2);
+    cr_assert_eq(pool_slot_of(f.pool, a->id, 1000), 0);
+    cr_assert_eq(pool_slot_of(f.pool, b->id, 1000), 1);
+    cr_assert_eq(pool_slot_of(f.pool, b->id, 1001), LEDGER_NO_SLOT, "another tenant's buffer");
+    cr_assert_eq(pool_slot_of(f.pool, 999, 1000), LEDGER_NO_SLOT, "no such buffer");
+    uint64_t a_id = a->id;
+    pool_put(f.pool, a); /* warm: keeps its slot */
+    cr_assert_eq(pool_slots_used(f.pool), 2);
+    a = get_warm(&f, 100000, 1000);
+    cr_assert_eq(a->slot, 0);
+    a->foreign = true; /* retired on return: its file is closed, its slot free */
+    pool_put(f.pool, a);
+    cr_assert_eq(pool_slots_used(f.pool), 1);
+    cr_assert_eq(pool_slot_of(f.pool, a_id, 1000), LEDGER_NO_SLOT);
+    struct pool_buf *c = get_new(&f, 100000, 1001);
+    cr_assert_eq(c->slot, 0, "the freed slot is reused first");
+    cr_assert_eq(pool_slots_used(f.pool), 2);
+    pool_put(f.pool, b);
+    pool_put(f.pool, c);
     fx_close(&f);
 }
 

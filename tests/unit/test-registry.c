@@ -13,6 +13,7 @@
 
 #include <uv.h>
 
+#include "ledger.h"
 #include "pool-callback.h"
 #include "pool.h"
 #include "quota.h"
@@ -657,5 +658,59 @@ Test(registry, buf_drop_undoes_buf_new)
     cr_assert_eq(registry_stats(f.reg).bytes, 0);
     cr_assert_eq(quota_count(f.quota), 0);
     cr_assert_eq(pool_bytes_warm(f.pool), MiB);
+    fx_close(&f);
+}
+
+/* The ledger (daemon/tenantdir.c is the lender): a token names its buffer's pool slot; a
+ * buffer the lender keeps at its last reference stays charged and out of the pool, and no
+ * token finds it, until registry_lent_end. */
+static unsigned lend_calls;
+static bool lend_answer;
+static bool lend_cb(void *arg, struct registry_buf *b)
+{
+    (void)arg;
+    (void)b;
+    lend_calls++;
+    return lend_answer;
+}
+
+Test(registry, lender_keeps_a_buffer_lent)
+{
+    struct fx f;
+    struct registry_holder h = { 0 };
+    uint64_t handle;
+    fx_open(&f);
+    registry_set_lender(f.reg, lend_cb, NULL);
+    struct registry_buf *b = lease(&f, &h, 64 * KiB, 1000, &handle);
+    cr_assert_eq(ledger_slot_of(b->token), b->pb->slot, "the token names the slot");
+    uint8_t token[PROTO_TOKEN_LEN];
+    memcpy(token, b->token, sizeof(token));
+    cr_assert_eq(registry_publish(f.reg, b, 100, 0, NULL, 0), 0);
+    lend_answer = true;
+    cr_assert_eq(registry_release(f.reg, &h, handle), 0);
+    cr_assert_eq(lend_calls, 1);
+    cr_assert(b->lent);
+    struct registry_stats st = registry_stats(f.reg);
+    cr_assert_eq(st.lent, 1);
+    cr_assert_eq(st.buffers, 1, "a LENT buffer is still live");
+    cr_assert_eq(st.published, 0);
+    cr_assert_null(registry_find(f.reg, token), "a LENT buffer is findable");
+    cr_assert_eq(pool_bytes_warm(f.pool), 0, "a LENT buffer went back to the pool");
+    cr_assert_eq(quota_total(f.quota), 64 * KiB, "a LENT buffer's charge went back");
+    registry_lent_end(f.reg, b);
+    st = registry_stats(f.reg);
+    cr_assert_eq(st.lent, 0);
+    cr_assert_eq(st.buffers, 0);
+    cr_assert_eq(pool_bytes_warm(f.pool), 64 * KiB);
+    cr_assert_eq(quota_total(f.quota), 0);
+
+    /* the lender says no: it ends at once, as without one */
+    lend_answer = false;
+    b = lease(&f, &h, 64 * KiB, 1000, &handle);
+    cr_assert_eq(registry_release(f.reg, &h, handle), 0);
+    cr_assert_eq(lend_calls, 2);
+    cr_assert_eq(registry_stats(f.reg).buffers, 0);
+    registry_set_lender(f.reg, NULL, NULL);
+    registry_release_all(f.reg, &h);
     fx_close(&f);
 }

@@ -124,7 +124,7 @@ Test(server, listens_serves_and_stops)
     cr_assert_eq(msgpack_unpack_next(&up, (const char *)r.u.status_reply.body, r.u.status_reply.body_len, NULL),
                  MSGPACK_UNPACK_SUCCESS);
     cr_assert_eq(up.data.type, MSGPACK_OBJECT_MAP);
-    cr_assert_eq(up.data.via.map.size, 9);
+    cr_assert_eq(up.data.via.map.size, 10);
     msgpack_unpacked_destroy(&up);
 
     server_stop(&f.server);

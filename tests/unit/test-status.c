@@ -138,7 +138,7 @@ Test(status, every_section_with_its_numbers)
     f.counters.refused_quota = 2;
 
     const msgpack_object *st = build(&f);
-    cr_assert_eq(st->via.map.size, 9);
+    cr_assert_eq(st->via.map.size, 10);
     expect_str(st, "daemon.version", SHMREF_VERSION_STRING);
     cr_assert_eq(u64(st, "daemon.protocol"), PROTO_VERSION);
     cr_assert_eq(u64(st, "daemon.pid"), (uint64_t)getpid());

@@ -487,10 +487,30 @@ SHMREF_EXPORT int shmref_unit_sealed(const shmref_unit *unit);
 
 /* What waits for the daemon. A plain shmref_publish is one-way (the descriptor is known
  * from the lease); shmref_release is one-way; a lease is served from the connection's
- * stock (below) when it can. So a zero-copy handoff waits for the daemon once: the
- * consumer's acquire. Every call first takes in, without blocking, whatever replies
- * have already arrived; a request the socket cannot take at once is queued in memory,
- * in order, and sent by the next call (or shmref_flush). */
+ * stock (below) when it can; an acquire of a buffer of this process's own uid that the
+ * connection already maps is taken in the tenant's ledger (below). So a steady-state
+ * zero-copy handoff between processes of one uid waits for the daemon not at all, and any
+ * other (another uid's buffer, the first handoff of each buffer) once: the consumer's
+ * acquire. Every call first takes in, without blocking, whatever replies have already
+ * arrived; a request the socket cannot take at once is queued in memory, in order, and
+ * sent by the next call (or shmref_flush). */
+
+/* Same-tenant handoffs without the daemon (the ledger). When the daemon offers it at
+ * connect, a connection maps its uid's directory and a ledger of its own (two sealed
+ * files the daemon owns). A plain publish (not sealed, max_acquires 0, metadata up to 192
+ * bytes) is recorded in the directory before its descriptor is returned. shmref_acquire,
+ * shmref_acquire_ex without SHMREF_ACQUIRE_SEALED and shmref_acquire_submit of such a
+ * descriptor, whose buffer this connection maps read-only from an earlier acquire, take a
+ * hold in the ledger: no round trip, the handle is like any acquired one (counter
+ * "ledger_acquires"), and its release gives the hold back (a one-way message only when
+ * the daemon is waiting to recycle that buffer). The daemon does not recycle a buffer
+ * while a ledger counts a hold on it; a process's holds end with its connection (closed
+ * or killed). A re-acquire of a descriptor this connection holds in the ledger shares
+ * that hold (no round trip). Everything else asks the daemon as before ("ledger_fallbacks"): another
+ * uid's buffer, a buffer not mapped yet, sealed publishes, a publish being withdrawn, a
+ * size that does not match (-EINVAL as before). Units (shmref_unit_acquire) always ask the
+ * daemon. $SHMREF_LEDGER=0 turns the ledger off for the process's connections (every
+ * acquire asks the daemon: today's behaviour before it, for comparison). */
 
 /* The lease stock. After the first lease of a size (a round trip), the library asks for
  * `depth` more leases of that size class in the background and keeps them ready; a later
@@ -591,9 +611,12 @@ SHMREF_EXPORT int shmref_complete(shmref_conn *conn, shmref_completion *ret, siz
 /* shmref_conn_counter: a counter of conn since it connected: "waits" (times the library
  * blocked waiting for a daemon reply), "round_trips" (blocking calls that needed a daemon
  * reply, whether it had arrived before they looked or not: one-way messages, stock
- * leases and local re-acquires are not round trips), "sent" and "received" (messages), "stock_hits"
+ * leases, local re-acquires and ledger acquires are not round trips), "sent" and "received" (messages), "stock_hits"
  * and "stock_misses" (leases served from the stock, or not), "local_acquires"
- * (re-acquires without a round trip). 0, -ENOENT for an unknown name, -EINVAL. */
+ * (re-acquires without a round trip), "ledger_acquires" (acquires taken in the tenant's
+ * ledger, no round trip), "ledger_fallbacks" (acquires the ledger could not take, asked
+ * of the daemon), "ledger_refused" (1 when the ledger files the daemon sent at connect
+ * were refused: wrong size or seals). 0, -ENOENT for an unknown name, -EINVAL. */
 SHMREF_EXPORT int shmref_conn_counter(const shmref_conn *conn, const char *name, uint64_t *ret);
 
 #ifdef __cplusplus
