@@ -49,6 +49,9 @@ void broker_hold_until_exit(struct broker *b, struct broker_peer *p, int pidfd, 
  * its fd, goes now, rebuilt from handle (which must still name buffer buf_id; if the
  * client released it meanwhile, an EINVAL error goes instead). */
 void broker_resend(struct broker *b, struct broker_peer *p, uint32_t id, uint64_t handle, uint64_t buf_id);
+/* broker_lease_fd: the fd to send for p's lease handle, which must still name buffer
+ * buf_id: -ESTALE if p released it meanwhile, or why a read-only fd could not be made. */
+int broker_lease_fd(struct broker *b, struct broker_peer *p, uint64_t handle, uint64_t buf_id);
 
 /* broker_disconnect: drops p's waiting requests (nothing was charged for them) and
  * releases every handle p holds; returns how many handles there were. */

@@ -24,11 +24,16 @@ static void on_close(void *ctx, enum transport_end end, const char *why);
 static void on_room(void *ctx);
 static const struct transport_ops transport_ops = { on_message, on_close, on_room };
 
-/* A lease or acquire reply held back for room: rebuilt from the handle when it goes. */
+/* A reply held back for room for its fds, rebuilt from its handles when it goes: a lease
+ * or acquire reply (n == 0: handle, buf_id), or a lease_many reply of n items. The
+ * transport could queue it instead, but only with dups of its fds: replies made off the
+ * loop (buffers made in the thread pool) would then hold a second fd per buffer beyond
+ * the pool's fd budget, and the daemon could run out of fds (EMFILE) at a dup. */
 struct session_owed {
     struct session_owed *next;
-    uint32_t id;
+    uint32_t id, n;
     uint64_t handle, buf_id;
+    struct proto_item items[];
 };
 
 static void owed_free(struct session *s)
@@ -99,16 +104,59 @@ static bool owe(struct session *s, const struct proto_msg *m, int fd)
     return true;
 }
 
+/* owe_many: a lease_many reply that must wait for room for its fds, like owe. */
+static bool owe_many(struct session *s, const struct proto_msg *m)
+{
+    uint32_t n = m->u.lease_many_reply.n;
+    if (s->resending || !s->transport || n == 0 || n > PROTO_MAX_BATCH ||
+        (!s->owed_head && transport_fd_room(s->transport, n)))
+        return false;
+    struct session_owed *o = malloc(sizeof(*o) + n * sizeof(o->items[0]));
+    if (!o)
+        return false; /* sent now: the transport queues it */
+    *o = (struct session_owed){ .id = m->id, .n = n };
+    memcpy(o->items, m->u.lease_many_reply.items, n * sizeof(o->items[0]));
+    if (s->owed_tail) s->owed_tail->next = o; else s->owed_head = o;
+    s->owed_tail = o;
+    return true;
+}
+
+static void as_peer_reply_many(struct broker_peer *p, const struct proto_msg *m, const int *fds);
+
+/* resend_many: an owed lease_many reply goes, each item's fd looked up again from its
+ * handle; if the client released one meanwhile, an EINVAL error goes instead. */
+static void resend_many(struct session *s, const struct session_owed *o)
+{
+    static struct proto_msg r; /* one loop thread */
+    int fds[PROTO_MAX_BATCH];
+    r = (struct proto_msg){ .op = PROTO_OP_LEASE_MANY + PROTO_OP_REPLY, .id = o->id };
+    r.u.lease_many_reply.n = o->n;
+    memcpy(r.u.lease_many_reply.items, o->items, o->n * sizeof(o->items[0]));
+    for (uint32_t i = 0; i < o->n; i++) {
+        fds[i] = broker_lease_fd(s->env->broker, &s->peer, o->items[i].handle, o->items[i].buf_id);
+        if (fds[i] < 0) {
+            session_fail(s, o->id, EINVAL, "handle %llu was released before its reply was sent",
+                         (unsigned long long)o->items[i].handle);
+            return;
+        }
+    }
+    as_peer_reply_many(&s->peer, &r, fds);
+}
+
 /* on_room: the client read: held replies go while there is room. */
 static void on_room(void *ctx)
 {
     struct session *s = ctx;
     s->resending = true;
-    while (s->owed_head && s->transport && !s->peer.closing && transport_fd_room(s->transport, 1)) {
+    while (s->owed_head && s->transport && !s->peer.closing &&
+           transport_fd_room(s->transport, s->owed_head->n ? s->owed_head->n : 1)) {
         struct session_owed *o = s->owed_head;
         if (!(s->owed_head = o->next))
             s->owed_tail = NULL;
-        broker_resend(s->env->broker, &s->peer, o->id, o->handle, o->buf_id);
+        if (o->n)
+            resend_many(s, o);
+        else
+            broker_resend(s->env->broker, &s->peer, o->id, o->handle, o->buf_id);
         free(o);
     }
     s->resending = false;
@@ -132,6 +180,8 @@ static void as_peer_reply_many(struct broker_peer *p, const struct proto_msg *m,
     static struct proto_msg r; /* one loop thread; too large for the stack of every call */
     int out[PROTO_MAX_BATCH];
     unsigned n = 0;
+    if (owe_many(s, m))
+        return;
     r = *m;
     for (uint32_t i = 0; i < r.u.lease_many_reply.n && i < PROTO_MAX_BATCH; i++) {
         struct proto_item *it = &r.u.lease_many_reply.items[i];

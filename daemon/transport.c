@@ -322,8 +322,8 @@ static bool fd_room(const struct transport *t, unsigned n)
 bool transport_fd_room(struct transport *t, unsigned nfds)
 {
     bool room = !t->closing && !t->out_head && fd_room(t, nfds);
-    if (!room && !t->closing && !t->out_head && !t->fd_unread) {
-        t->room_wanted = true; /* no read of its own peer will say when: look again later */
+    if (!room && !t->closing && !t->out_head) {
+        t->room_wanted = true; /* the watch says when the peer reads; the timer looks too */
         arm_recheck(t, false);
     }
     return room;
@@ -346,8 +346,8 @@ static void on_recheck(uv_timer_t *h);
 
 /* arm_recheck: a send met ETOOMANYREFS (the kernel's count of the daemon's fds in flight
  * includes what other processes of its user send): try again later, backing off from 5
- * to 500 ms. Unread fds need no timer: the watch says when the peer reads. A transport
- * without the watch (no epoll) falls back to the timer for them too. */
+ * to 500 ms. Unread fds are the watch's: it says when the peer reads (the timer is only
+ * its backstop, below). A transport without the watch (no epoll) has the timer alone. */
 static void arm_recheck(struct transport *t, bool reset)
 {
     if (t->closing)
@@ -357,7 +357,13 @@ static void arm_recheck(struct transport *t, bool reset)
     bool waiting = t->paused || t->room_wait || t->room_wanted;
     bool budget = waiting && (shared_full(t) || (budget_soft && fds_in_flight >= budget_soft) ||
                               (budget_hard && fds_in_flight >= budget_hard));
-    if (!t->fd_wait && !budget && (t->watch || (!t->fd_unread && !t->paused && !fd_blocked(t)))) {
+    /* Nor is the watch's edge enough alone: the kernel wakes us for the peer's last read
+     * before it takes the last byte off our count (sock_wfree calls sk_write_space, then
+     * subtracts), so SIOCOUTQ can still say 1 then, and no edge comes after it. Waiting on
+     * our own unread fds, the timer looks again too: that race costs a few ms, not a hang
+     * (a lease_many reply held for room never went: 1 run in 300 of test-lifecycle's). */
+    bool unread = waiting && t->fd_unread;
+    if (!t->fd_wait && !budget && !unread && (t->watch || (!t->fd_unread && !t->paused && !fd_blocked(t)))) {
         uv_timer_stop(&t->recheck);
         t->recheck_ms = 0;
         return;
