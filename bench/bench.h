@@ -143,6 +143,8 @@ int daemon_start(struct daemon *d, const struct bench_opts *o, const char *name,
 void daemon_stop(struct daemon *d);
 /* daemon_has_option: does the daemon's --help mention opt? */
 bool daemon_has_option(const struct bench_opts *o, const char *opt);
+/* daemon_counter: one number of a status snapshot asked over conn (0 if it cannot be had). */
+uint64_t daemon_counter(shmref_conn *conn, const char *path);
 /* daemon_rss: VmRSS of the daemon in bytes, or 0. */
 uint64_t daemon_rss(const struct daemon *d);
 /* daemon_print_log: the last lines of its log to stderr (after a failure). */

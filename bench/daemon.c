@@ -97,6 +97,17 @@ static uint64_t status_kb(const char *path, const char *key)
     return v;
 }
 
+uint64_t daemon_counter(shmref_conn *conn, const char *path)
+{
+    shmref_status *st;
+    uint64_t v = 0;
+    if (shmref_status_get(conn, &st) == 0) {
+        shmref_status_u64(st, path, &v);
+        shmref_status_free(st);
+    }
+    return v;
+}
+
 uint64_t daemon_rss(const struct daemon *d)
 {
     char path[64];

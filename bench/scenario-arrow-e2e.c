@@ -211,17 +211,6 @@ static void lane_open(struct e2e_lane *l, const struct daemon *dm, const char *p
     l->ok = true;
 }
 
-static uint64_t counter(shmref_conn *conn, const char *path)
-{
-    shmref_status *st;
-    uint64_t v = 0;
-    if (shmref_status_get(conn, &st) == 0) {
-        shmref_status_u64(st, path, &v);
-        shmref_status_free(st);
-    }
-    return v;
-}
-
 /* lane_step: one unit of work end to end; returns the consumer's sum. */
 static double lane_step(struct e2e_lane *l, const struct e2e_col *c, int it)
 {
@@ -234,8 +223,8 @@ static double lane_step(struct e2e_lane *l, const struct e2e_col *c, int it)
     if (!l->ok)
         return -1;
     if (it == 0) {
-        l->created = counter(l->conn, "counters.buffers_created");
-        l->retired = counter(l->conn, "counters.buffers_retired");
+        l->created = daemon_counter(l->conn, "counters.buffers_created");
+        l->retired = daemon_counter(l->conn, "counters.buffers_retired");
     }
     uint64_t t0 = stats_now_ns();
     ssize_t n;
@@ -289,8 +278,8 @@ static void lane_close(struct e2e_lane *l, const struct e2e_col *c, const struct
         snprintf(l->r->note, sizeof(l->r->note), "%s; %llu buffers made, %llu retired",
                  l->heap ? "producer writes in place; consumer copies to its heap, sums"
                          : "producer writes in place; consumer sums in the mapping",
-                 (unsigned long long)(counter(l->conn, "counters.buffers_created") - l->created),
-                 (unsigned long long)(counter(l->conn, "counters.buffers_retired") - l->retired));
+                 (unsigned long long)(daemon_counter(l->conn, "counters.buffers_created") - l->created),
+                 (unsigned long long)(daemon_counter(l->conn, "counters.buffers_retired") - l->retired));
         if (l->ra) {
             report_fill(l->ra, &l->sa);
             report_ratio(l->ra, scan);

@@ -139,17 +139,6 @@ static int verify(shmref_conn *conn2, const shmref_desc *d, const struct column 
     return r;
 }
 
-static uint64_t counter(shmref_conn *conn, const char *path)
-{
-    shmref_status *st;
-    uint64_t v = 0;
-    if (shmref_status_get(conn, &st) == 0) {
-        shmref_status_u64(st, path, &v);
-        shmref_status_free(st);
-    }
-    return v;
-}
-
 /* One method on one pool: its connections and samples, run interleaved with the others
  * (the floor, the other method, the other pool) so that all see the same machine. */
 struct lane {
@@ -187,7 +176,7 @@ static void lane_step(struct lane *l, const struct column *c, int it)
     if (!l->ok)
         return;
     if (it == 0)
-        l->created = counter(l->conn, "counters.buffers_created");
+        l->created = daemon_counter(l->conn, "counters.buffers_created");
     uint64_t t0 = stats_now_ns();
     if (make_unit(l->conn, c, l->import, &u) < 0 || shmref_unit_publish(u, 0, &d) < 0) {
         snprintf(l->r->error, sizeof(l->r->error), "%s", shmref_errmsg(l->conn));
@@ -212,7 +201,7 @@ static void lane_close(struct lane *l, const struct result *base)
         report_fill(l->r, &l->s);
         report_ratio(l->r, base);
         snprintf(l->r->note, sizeof(l->r->note), "lease + copy + manifest + publish + release; %llu new buffers",
-                 (unsigned long long)(counter(l->conn, "counters.buffers_created") - l->created));
+                 (unsigned long long)(daemon_counter(l->conn, "counters.buffers_created") - l->created));
     }
     samples_free(&l->s);
     shmref_close(l->conn2);
