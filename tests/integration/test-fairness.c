@@ -581,21 +581,9 @@ Test(fairness, a_lingering_socket_sent_to_the_daemon_stalls_nobody, .timeout = 6
     raw_hello(fd);
     struct proto_msg ping = { .op = PROTO_OP_PING, .id = 5 };
     size_t len = enc(&ping, buf, sizeof(buf));
-    struct iovec iov = { .iov_base = buf, .iov_len = len };
-    union {
-        struct cmsghdr h;
-        char b[CMSG_SPACE(sizeof(int))];
-    } ctl;
-    memset(&ctl, 0, sizeof(ctl));
-    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b) };
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &t, sizeof(int));
     /* The daemon's copy must be the last one: it is stopped until ours is closed. */
     cr_assert_eq(kill(d.pid, SIGSTOP), 0);
-    cr_assert_eq(sendmsg(fd, &mh, MSG_NOSIGNAL), (ssize_t)len);
+    cr_assert_eq(rawclient_send_fds(fd, buf, len, &t, 1), 0);
     long t0 = now_ms();
     close(t); /* the message holds a reference: this close does not wait */
     cr_assert_lt(now_ms() - t0, 1000, "the test's own close lingered");

@@ -673,24 +673,6 @@ Test(hostile, oversized_message_closes, .timeout = 60)
 
 /* ---- 8. fds from a client ----------------------------------------------------------------- */
 
-static ssize_t send_with_fds(int sock, const void *data, size_t len, const int *fds, unsigned nfds)
-{
-    union {
-        struct cmsghdr h;
-        char b[CMSG_SPACE(16 * sizeof(int))];
-    } ctl;
-    memset(&ctl, 0, sizeof(ctl));
-    struct iovec iov = { .iov_base = (void *)data, .iov_len = len };
-    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
-                         .msg_controllen = CMSG_SPACE(nfds * sizeof(int)) };
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-    memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
-    return sendmsg(sock, &mh, MSG_NOSIGNAL);
-}
-
 struct fd_case {
     const char *what;
     bool hello;         /* say hello first */
@@ -721,8 +703,8 @@ Test(hostile, fds_from_client_are_closed, .timeout = 60)
         const struct fd_case *k = &cases[i];
         int fd = k->hello ? connect_hello(&d) : raw_connect(&d);
         size_t len = k->hello ? enc_simple(msg, sizeof(msg), PROTO_OP_PING, 2) : enc_hello(msg, sizeof(msg), 1, 1);
-        ssize_t n = send_with_fds(fd, msg, k->empty ? 0 : len, fds, k->nfds);
-        cr_assert_geq(n, 0, "%s: sendmsg: %s", k->what, strerror(errno));
+        int e = rawclient_send_fds(fd, msg, k->empty ? 0 : len, fds, k->nfds);
+        cr_assert_eq(e, 0, "%s: sendmsg: %s", k->what, strerror(-e));
         expect_error(k->what, rep, recv_one(fd, rep, sizeof(rep), WAIT_MS), ANY_ID, EPROTO, NULL);
         cr_assert(raw_closed(fd, WAIT_MS), "%s: connection not closed", k->what);
         close(fd);

@@ -25,6 +25,7 @@
 #include "harness.h"
 #include "ledger.h"
 #include "proto.h"
+#include "rawclient.h"
 
 #define SIZE 8192
 
@@ -701,16 +702,7 @@ static int fake_daemon(void *arg)
     int len = proto_encode(&r, buf, sizeof(buf));
     int fds[2] = { dir, led };
     unsigned nfds = f->kind == 3 ? 1 : 2;
-    char cbuf[CMSG_SPACE(2 * sizeof(int))] = { 0 };
-    struct iovec iov = { .iov_base = buf, .iov_len = (size_t)len };
-    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-                         .msg_controllen = CMSG_SPACE(nfds * sizeof(int)) };
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-    memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
-    if (len <= 0 || sendmsg(s, &mh, 0) < 0)
+    if (len <= 0 || rawclient_send_fds(s, buf, (size_t)len, fds, nfds) < 0)
         return 106;
     while ((n = recv(s, buf, sizeof(buf), 0)) > 0) {
         if (proto_decode(buf, (size_t)n, sizeof(buf), &m, &why) < 0 || m.op != PROTO_OP_PING)

@@ -24,6 +24,7 @@
 
 #include "harness.h"
 #include "proto.h"
+#include "rawclient.h"
 
 TestSuite(lifetimes, .fini = reap_children);
 
@@ -419,22 +420,7 @@ struct fake {
 
 static int send_with_fd(int fd, const uint8_t *msg, size_t len, int pass)
 {
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } ctl;
-    struct iovec iov = { .iov_base = (void *)msg, .iov_len = len };
-    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-    if (pass >= 0) {
-        mh.msg_control = ctl.buf;
-        mh.msg_controllen = sizeof(ctl.buf);
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &pass, sizeof(int));
-    }
-    return sendmsg(fd, &mh, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -1;
+    return rawclient_send_fds(fd, msg, len, &pass, pass >= 0 ? 1 : 0) == 0 ? 0 : -1;
 }
 
 /* fake_daemon: a SOCK_SEQPACKET server speaking just enough of the protocol: a hello
@@ -445,10 +431,13 @@ static int fake_daemon(void *arg)
     struct fake *f = arg;
     if (f->uid && (setresgid(f->uid, f->uid, f->uid) < 0 || setresuid(f->uid, f->uid, f->uid) < 0))
         return 30;
+    /* Bound under another name and renamed once listening: fake_start waits for the
+     * path, and a connect between bind and listen is refused (ECONNREFUSED, seen in CI). */
     int ls = socket(AF_UNIX, SOCK_SEQPACKET, 0);
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", f->path);
-    if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(ls, 16) < 0)
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s.new", f->path);
+    if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(ls, 16) < 0 ||
+        rename(sa.sun_path, f->path) < 0)
         return 31;
     uint64_t next = 1;
     for (;;) {

@@ -40,6 +40,35 @@ int rawclient_send(int fd, const void *msg, size_t len)
     return (size_t)n == len ? 0 : -EMSGSIZE;
 }
 
+int rawclient_send_fds(int fd, const void *msg, size_t len, const int *fds, unsigned nfds)
+{
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(64 * sizeof(int))];
+    } ctl;
+    if (nfds > 64)
+        return -EINVAL;
+    memset(&ctl, 0, sizeof(ctl));
+    struct iovec iov = { .iov_base = (void *)msg, .iov_len = len };
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+    if (nfds) {
+        mh.msg_control = ctl.b;
+        mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+        memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
+    }
+    ssize_t n;
+    do
+        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -errno;
+    return (size_t)n == len ? 0 : -EMSGSIZE;
+}
+
 /* recv_msg: one recvmsg, without waiting: the first max fds that came go to fds (in
  * order; *ret_n says how many, when not NULL), the rest are closed. */
 static ssize_t recv_msg(int fd, uint8_t *buf, size_t cap, int *fds, unsigned max, unsigned *ret_n)

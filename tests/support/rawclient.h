@@ -17,6 +17,11 @@ int rawclient_connect(const char *path);
  * daemon has closed the connection). */
 int rawclient_send(int fd, const void *msg, size_t len);
 
+/* rawclient_send_fds: one message, whole, with nfds (0..64) fds attached (SCM_RIGHTS):
+ * a hostile client's fds to the daemon, or a fake daemon's to a client. Returns 0 or
+ * -errno as rawclient_send. */
+int rawclient_send_fds(int fd, const void *msg, size_t len, const int *fds, unsigned nfds);
+
 /* rawclient_recv: one waiting message, without waiting. The first fd that came along
  * goes to *ret_fd (when ret_fd is not NULL; else -1 there), every other one is closed.
  * Returns its length, 0 on EOF, -EAGAIN when nothing waits. When the daemon closes a
