@@ -73,10 +73,11 @@ void localhold_unmap(shmref_conn *conn)
 void localhold_publish(shmref_buf *buf, size_t len, uint32_t max_acquires, const void *meta, size_t meta_len)
 {
     shmref_conn *conn = buf->conn;
-    /* max_acquires: not in the ledger. A TOOK would count toward it only when the daemon
-     * reads it, after the take (Dask's shmref comm failed with ENOENT when frames published
-     * with max_acquires were taken locally: test_dask); such publishes go to the daemon. */
-    if (!conn->lh.dir || max_acquires || meta_len > LEDGER_META_MAX)
+    /* max_acquires: each local take's TOOK counts toward it when the daemon reads it, and
+     * the daemon withdraws the entry (LENT) when the retention ends; consumers that take
+     * before it has read the TOOKs may exceed the cap (each already maps the buffer). */
+    (void)max_acquires;
+    if (!conn->lh.dir || meta_len > LEDGER_META_MAX)
         return;
     uint32_t slot = ledger_slot_of(buf->token);
     if (slot >= LEDGER_SLOTS)

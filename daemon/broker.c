@@ -128,7 +128,9 @@ static void do_publish(struct broker *bk, struct broker_peer *p, const struct pr
 static void do_acquire(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
 {
     struct registry_buf *b = registry_find(bk->reg, m->u.acquire.token);
-    if (b) {
+    /* LENT: its last daemon reference went while ledger holds kept it; it is served as
+     * the handles those holders would have had through the daemon would have kept it. */
+    if (b || (b = registry_revive(bk->reg, m->u.acquire.token))) {
         acquire_serve(bk, p, m->id, b);
         return;
     }

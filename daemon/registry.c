@@ -30,6 +30,7 @@ struct registry {
     uint8_t stock[TOKEN_STOCK * PROTO_TOKEN_LEN]; /* random bytes not yet handed out */
     unsigned stock_left;                          /* tokens left in stock */
     registry_lend_cb lend;
+    registry_unlend_cb unlend;
     void *lend_arg;
 };
 
@@ -187,9 +188,10 @@ void registry_abandon(struct registry *r, struct quota_ticket *charge, struct po
     give_back(r, charge, pb);
 }
 
-void registry_set_lender(struct registry *r, registry_lend_cb cb, void *arg)
+void registry_set_lender(struct registry *r, registry_lend_cb lend, registry_unlend_cb unlend, void *arg)
 {
-    r->lend = cb;
+    r->lend = lend;
+    r->unlend = unlend;
     r->lend_arg = arg;
 }
 
@@ -210,15 +212,15 @@ static void buf_gone(struct registry *r, struct registry_buf *b)
 {
     if (b->waiting && r->ev.gone_waited)
         r->ev.gone_waited(r->ev.arg, b);
-    hash_remove(r, b); /* its token is forgotten: a recycled buffer gets a new one */
     if (b->published)
         r->st.published--;
-    b->published = false;
     if (r->lend && r->lend(r->lend_arg, b)) {
-        b->lent = true;
+        b->lent = true; /* still hashed, still "published": registry_revive finds it */
         r->st.lent++;
         return;
     }
+    hash_remove(r, b); /* its token is forgotten: a recycled buffer gets a new one */
+    b->published = false;
     buf_end(r, b);
 }
 
@@ -228,6 +230,8 @@ void registry_lent_end(struct registry *r, struct registry_buf *b)
         return;
     b->lent = false;
     r->st.lent--;
+    hash_remove(r, b);
+    b->published = false;
     buf_end(r, b);
 }
 
@@ -404,13 +408,13 @@ static struct registry_buf *lookup(const struct registry *r, const uint8_t *toke
 struct registry_buf *registry_find_writing(struct registry *r, const uint8_t *token)
 {
     struct registry_buf *b = lookup(r, token);
-    return b && !b->published ? b : NULL;
+    return b && !b->published && !b->lent ? b : NULL;
 }
 
 struct registry_buf *registry_find(struct registry *r, const uint8_t *token)
 {
     struct registry_buf *b = lookup(r, token);
-    if (!b || !b->published)
+    if (!b || !b->published || b->lent)
         return NULL;
     if (b->retained && uv_now(r->loop) >= b->deadline && b->refs == 1) {
         /* Only the retention holds it and its time is up: it is gone. */
@@ -418,6 +422,19 @@ struct registry_buf *registry_find(struct registry *r, const uint8_t *token)
         registry_end_retention(r, b);
         return NULL;
     }
+    return b;
+}
+
+struct registry_buf *registry_revive(struct registry *r, const uint8_t *token)
+{
+    struct registry_buf *b = lookup(r, token);
+    if (!b || !b->lent || !b->published)
+        return NULL;
+    if (r->unlend)
+        r->unlend(r->lend_arg, b);
+    b->lent = false;
+    r->st.lent--;
+    r->st.published++;
     return b;
 }
 
@@ -478,7 +495,7 @@ unsigned registry_published(const struct registry *r, const struct registry_buf 
     unsigned n = 0;
     for (uint32_t i = 0; i < r->nbuckets && n < max; i++)
         for (const struct registry_buf *b = r->buckets[i]; b && n < max; b = b->hnext)
-            if (b->published)
+            if (b->published && !b->lent)
                 ret[n++] = b;
     return n;
 }

@@ -39,7 +39,8 @@ struct registry_buf {
     int32_t producer_pid;   /* the leasing connection's pid, for status */
     struct waiters_queue *waiting; /* acquires waiting for its publish (the broker's) */
     /* LENT (registry_set_lender): its last reference went while a ledger still counted a
-     * hold on it; charged, not findable, not back in the pool until registry_lent_end. */
+     * hold on it; charged, not found by registry_find (its token stays hashed for
+     * registry_revive), not back in the pool until registry_lent_end. */
     bool lent;
     struct registry_buf *lent_prev, *lent_next; /* the lender's list */
 };
@@ -71,14 +72,23 @@ struct registry_events {
 int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct registry **ret);
 /* registry_set_events: who hears of freed space and waited-for buffers (NULL: nobody). */
 void registry_set_events(struct registry *reg, const struct registry_events *ev);
-/* registry_lend_cb: b's last reference went (its waiters were told, its token is no
- * longer findable). Return true to keep it LENT: still charged to its tenant, not given
- * back to the pool, until the lender calls registry_lent_end; false to end it now. */
+/* registry_lend_cb: b's last reference went (its waiters were told, registry_find no
+ * longer finds it). Return true to keep it LENT: still charged to its tenant, not given
+ * back to the pool, until the lender calls registry_lent_end (or a daemon acquire revives
+ * it: registry_revive); false to end it now. */
 typedef bool (*registry_lend_cb)(void *arg, struct registry_buf *b);
+/* registry_unlend_cb: b, LENT, is live again (registry_revive): the lender forgets it. */
+typedef void (*registry_unlend_cb)(void *arg, struct registry_buf *b);
 /* registry_set_lender: who decides at each buffer's end (NULL: nobody, every end is at once). */
-void registry_set_lender(struct registry *reg, registry_lend_cb cb, void *arg);
+void registry_set_lender(struct registry *reg, registry_lend_cb lend, registry_unlend_cb unlend, void *arg);
 /* registry_lent_end: a LENT buffer's holds are gone: credit its tenant, recycle it. */
 void registry_lent_end(struct registry *reg, struct registry_buf *b);
+/* registry_revive: the LENT buffer published under this token, live again (no longer LENT,
+ * findable, the lender told), for a daemon acquire to hold at once; or NULL. A LENT buffer
+ * has not been recycled: its bytes are still the publish's, as they would be if the
+ * consumers whose ledger holds keep it had acquired it through the daemon, where their
+ * handles would have kept it published. */
+struct registry_buf *registry_revive(struct registry *reg, const uint8_t *token);
 
 /* registry_end_retentions: drops every retention (at shutdown; timers close on the loop). */
 void registry_end_retentions(struct registry *reg);

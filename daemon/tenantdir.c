@@ -149,6 +149,19 @@ static bool lend(void *arg, struct registry_buf *b)
     return true;
 }
 
+/* unlend: the registry's: b (LENT) was revived by a daemon acquire (registry_revive): off
+ * the list, its directory entry FREE (its publish is the daemon's to answer again: local
+ * takes of it fall back). A hold counted meanwhile is still read when b ends again. */
+static void unlend(void *arg, struct registry_buf *b)
+{
+    struct tenantdirs *t = arg;
+    struct tenantdir *d = dir_find(t, b->tenant);
+    if (!d)
+        return;
+    ledger_unmark(d->map, b->pb->slot);
+    lent_unlink(d, b);
+}
+
 /* recheck: b (LENT, on d's list) ends once no ledger holds it. */
 static void recheck(struct tenantdirs *t, struct tenantdir *d, struct registry_buf *b)
 {
@@ -172,7 +185,7 @@ static struct registry_buf *lent_find(const struct tenantdir *d, uint64_t buf_id
 void tenantdir_init(struct tenantdirs *t, struct registry *reg, struct pool *pool, struct counters *counters)
 {
     *t = (struct tenantdirs){ .reg = reg, .pool = pool, .counters = counters };
-    registry_set_lender(reg, lend, t);
+    registry_set_lender(reg, lend, unlend, t);
 }
 
 int tenantdir_join(struct tenantdirs *t, uint32_t uid, const struct idset *known, struct tenantdir_conn *c,
@@ -310,6 +323,6 @@ void tenantdir_free(struct tenantdirs *t)
         }
         dir_free(t, d);
     }
-    registry_set_lender(t->reg, NULL, NULL);
+    registry_set_lender(t->reg, NULL, NULL, NULL);
     t->reg = NULL;
 }

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -514,9 +515,7 @@ Test(ledger_daemon, hold_keeps_buffer_lent_until_nudge, .timeout = 60)
     cr_assert_eq(st(&d, "buffers.live"), 1, "LENT is still charged");
     cr_assert_eq(atomic_load(&ledger_entry_at(cons.dir, ledger_slot_of(x.token))->state), LEDGER_LENT);
 
-    /* LENT: not findable, not leased again */
-    struct lbuf no;
-    cr_assert_eq(lc_acquire(&prod, x.token, &no), -ENOENT);
+    /* LENT: not leased again (a daemon acquire would revive it: revive_* below) */
     lease_ok(&prod, SIZE, &y);
     cr_assert_neq(y.buf_id, x.buf_id, "a LENT buffer was leased again");
 
@@ -541,6 +540,80 @@ Test(ledger_daemon, hold_keeps_buffer_lent_until_nudge, .timeout = 60)
     cr_assert_eq(lc_forget(&cons, z.buf_id, false), 0);
     cr_assert_eq(wait_st(&d, "ledger.lent", 0, WAIT_MS), 0, "a forget did not end it");
     cr_assert_eq(st(&d, "buffers.live"), 0);
+    lc_close(&cons);
+    lc_close(&prod);
+    daemon_stop(&d);
+}
+
+/* A daemon acquire of a LENT buffer's descriptor revives it, as the daemon handles of
+ * the consumers whose ledger holds keep it would have kept its publish findable: the same
+ * buffer with the producer's bytes (for another uid too), its directory entry FREE (later
+ * takes ask the daemon), LENT again when that handle goes while the hold lives, and never
+ * recycled under either. */
+Test(ledger_daemon, a_daemon_acquire_revives_a_lent_buffer, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--socket-mode", "0666", NULL);
+    struct lc prod, cons;
+    open_ok(&prod, &d);
+    open_ok(&cons, &d);
+    struct lbuf x, r, y;
+    lease_ok(&prod, SIZE, &x);
+    cr_assert_geq(x.fd, 0);
+    uint8_t *p = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, x.fd, 0);
+    cr_assert_neq(p, MAP_FAILED);
+    memset(p, 0x5a, SIZE);
+    munmap(p, SIZE);
+    cr_assert_eq(lc_publish_dir(&prod, &x, SIZE), 0);
+    cr_assert_eq(lc_publish(&prod, x.handle, SIZE, 0, 0), 0);
+    consumer_holds(&cons, &x);
+    cr_assert_eq(lc_release(&prod, x.handle), 0);
+    cr_assert_eq(st(&d, "ledger.lent"), 1);
+
+    /* OTHER_UID, through the daemon: the same buffer, the producer's bytes */
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct lc o;
+        struct lbuf b;
+        if (become(OTHER_UID) < 0)
+            _exit(10);
+        if (lc_open(&o, d.socket, 0) < 0)
+            _exit(15);
+        if (lc_acquire(&o, x.token, &b) < 0 || b.buf_id != x.buf_id || b.fd < 0)
+            _exit(11);
+        uint8_t *q = mmap(NULL, SIZE, PROT_READ, MAP_SHARED, b.fd, 0);
+        if (q == MAP_FAILED)
+            _exit(12);
+        for (size_t i = 0; i < SIZE; i++)
+            if (q[i] != 0x5a)
+                _exit(13);
+        _exit(lc_release(&o, b.handle) == 0 ? 0 : 14);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the other uid's acquire: exit %d",
+              WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    cr_assert_eq(wait_st(&d, "ledger.lent", 1, WAIT_MS), 1, "LENT again once that handle went");
+
+    /* the producer's uid: revived, the entry FREE while the handle lives */
+    acquire_ok(&prod, x.token, &r);
+    cr_assert_eq(r.buf_id, x.buf_id);
+    if (r.fd >= 0)
+        close(r.fd);
+    cr_assert_eq(st(&d, "ledger.lent"), 0, "an acquired buffer is still LENT");
+    cr_assert_eq(atomic_load(&ledger_entry_at(cons.dir, ledger_slot_of(x.token))->state), LEDGER_FREE);
+    cr_assert_eq(st(&d, "buffers.live"), 1);
+    lease_ok(&prod, SIZE, &y);
+    cr_assert_neq(y.buf_id, x.buf_id, "a revived buffer was leased again");
+    cr_assert_eq(lc_release(&prod, r.handle), 0);
+    cr_assert_eq(wait_st(&d, "ledger.lent", 1, WAIT_MS), 1, "the ledger hold no longer keeps it");
+
+    /* the hold goes: it ends */
+    if (ledger_give(cons.dir, cons.counts, ledger_slot_of(x.token)))
+        cr_assert_eq(lc_nudge(&cons, x.buf_id), 0);
+    cr_assert_eq(wait_st(&d, "ledger.lent", 0, WAIT_MS), 0);
+    cr_assert_eq(lc_release(&prod, y.handle), 0);
+    cr_assert_eq(wait_st(&d, "buffers.live", 0, WAIT_MS), 0);
     lc_close(&cons);
     lc_close(&prod);
     daemon_stop(&d);
@@ -692,8 +765,16 @@ Test(ledger_daemon, took_ends_retention_at_max_acquires, .timeout = 60)
     cr_assert_eq(wait_st(&d, "buffers.retained", 0, WAIT_MS), 0, "the took did not end the retention");
     cr_assert_eq(st(&d, "ledger.took"), 1);
     cr_assert_eq(st(&d, "ledger.lent"), 1, "held by the ledger after its retention");
-    struct lbuf no;
-    cr_assert_eq(lc_acquire(&prod, y.token, &no), -ENOENT, "retention over: no more acquires");
+    /* As in the daemon's own path, where the consumer's handle would keep the publish
+     * findable after its retention: a daemon acquire of it is served (revived). */
+    struct lbuf again;
+    acquire_ok(&prod, y.token, &again);
+    cr_assert_eq(again.buf_id, y.buf_id);
+    cr_assert_eq(st(&d, "ledger.lent"), 0, "an acquired buffer is still LENT");
+    if (again.fd >= 0)
+        close(again.fd);
+    cr_assert_eq(lc_release(&prod, again.handle), 0);
+    cr_assert_eq(wait_st(&d, "ledger.lent", 1, WAIT_MS), 1, "the ledger hold no longer keeps it");
     if (ledger_give(cons.dir, cons.counts, ledger_slot_of(y.token)))
         cr_assert_eq(lc_nudge(&cons, y.buf_id), 0);
     cr_assert_eq(wait_st(&d, "ledger.lent", 0, WAIT_MS), 0);

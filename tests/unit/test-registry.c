@@ -680,7 +680,7 @@ Test(registry, lender_keeps_a_buffer_lent)
     struct registry_holder h = { 0 };
     uint64_t handle;
     fx_open(&f);
-    registry_set_lender(f.reg, lend_cb, NULL);
+    registry_set_lender(f.reg, lend_cb, NULL, NULL);
     struct registry_buf *b = lease(&f, &h, 64 * KiB, 1000, &handle);
     cr_assert_eq(ledger_slot_of(b->token), b->pb->slot, "the token names the slot");
     uint8_t token[PROTO_TOKEN_LEN];
@@ -710,7 +710,7 @@ Test(registry, lender_keeps_a_buffer_lent)
     cr_assert_eq(registry_release(f.reg, &h, handle), 0);
     cr_assert_eq(lend_calls, 2);
     cr_assert_eq(registry_stats(f.reg).buffers, 0);
-    registry_set_lender(f.reg, NULL, NULL);
+    registry_set_lender(f.reg, NULL, NULL, NULL);
     registry_release_all(f.reg, &h);
     fx_close(&f);
 }

@@ -497,8 +497,8 @@ SHMREF_EXPORT int shmref_unit_sealed(const shmref_unit *unit);
 
 /* Same-tenant handoffs without the daemon (the ledger). When the daemon offers it at
  * connect, a connection maps its uid's directory and a ledger of its own (two sealed
- * files the daemon owns). A plain publish (not sealed, max_acquires 0, metadata up to 192
- * bytes) is recorded in the directory before its descriptor is returned. shmref_acquire,
+ * files the daemon owns). A plain publish (not sealed, metadata up to 192 bytes) is
+ * recorded in the directory before its descriptor is returned. shmref_acquire,
  * shmref_acquire_ex without SHMREF_ACQUIRE_SEALED and shmref_acquire_submit of such a
  * descriptor, whose buffer this connection maps read-only from an earlier acquire, take a
  * hold in the ledger: no round trip, the handle is like any acquired one (counter
@@ -506,7 +506,9 @@ SHMREF_EXPORT int shmref_unit_sealed(const shmref_unit *unit);
  * the daemon is waiting to recycle that buffer). The daemon does not recycle a buffer
  * while a ledger counts a hold on it; a process's holds end with its connection (closed
  * or killed). A re-acquire of a descriptor this connection holds in the ledger shares
- * that hold (no round trip). Everything else asks the daemon as before ("ledger_fallbacks"): another
+ * that hold (no round trip). A ledger acquire counts toward max_acquires when the daemon
+ * reads its one-way note, so acquires racing that note may exceed the cap (each by a
+ * process of the producer's uid that already maps the buffer). Everything else asks the daemon as before ("ledger_fallbacks"): another
  * uid's buffer, a buffer not mapped yet, sealed publishes, a publish being withdrawn, a
  * size that does not match (-EINVAL as before). Units (shmref_unit_acquire) always ask the
  * daemon. $SHMREF_LEDGER=0 turns the ledger off for the process's connections (every
