@@ -102,6 +102,8 @@ static void do_publish(struct broker *bk, struct broker_peer *p, const struct pr
     if ((m->u.publish.flags & PROTO_PUBLISH_SEALED) && !publish_seal(bk, p, m->id, b))
         return;
     b->max_acquires = m->u.publish.max_acquires;
+    if (m->u.publish.flags & PROTO_PUBLISH_SEALED)
+        b->acquires = 0; /* only plain publishes are taken in ledgers: no early TOOK counts */
     int r = registry_publish(bk->reg, b, m->u.publish.size, m->u.publish.keep_ms, m->u.publish.meta,
                              m->u.publish.meta_len);
     if (r == -EALREADY) {

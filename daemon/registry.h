@@ -27,7 +27,7 @@ struct registry_buf {
                              * registry took, kept as (tenant, pb->size), no bytes more */
     uint64_t size;          /* leased size; after publish, the published size */
     bool published, retained;
-    uint32_t acquires;      /* acquires since publish */
+    uint32_t acquires;      /* acquires (a ledger take whose TOOK came before the publish too) */
     uint32_t max_acquires;  /* the retention ends at this many acquires (0: only at its time) */
     uint32_t meta_len;
     uint8_t *meta;
@@ -131,6 +131,9 @@ struct registry_buf *registry_find(struct registry *reg, const uint8_t *token);
 /* registry_find_writing: the live buffer leased under this token and not published yet,
  * or NULL (an acquire may wait for its publish). */
 struct registry_buf *registry_find_writing(struct registry *reg, const uint8_t *token);
+/* registry_acquired_early: an acquire of b that came before its publish (a ledger take's
+ * TOOK overtaking the producer's publish): counted now, toward max_acquires at the publish. */
+void registry_acquired_early(struct registry *reg, struct registry_buf *b);
 /* registry_end_retention: drops the retention reference, if any. */
 void registry_end_retention(struct registry *reg, struct registry_buf *b);
 /* registry_reclaim_retained: ends the retention of tenant's oldest published buffer that

@@ -784,6 +784,48 @@ Test(ledger_daemon, took_ends_retention_at_max_acquires, .timeout = 60)
     daemon_stop(&d);
 }
 
+/* A took that overtakes the producer's publish (the producer writes the directory, then
+ * sends its one-way publish on its own connection; the daemon may read the consumer's
+ * note first) counts at the publish: a max_acquires retention ends there, not at its
+ * keep deadline 60 s later. */
+Test(ledger_daemon, took_before_the_publish_counts_at_the_publish, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    struct lc prod, cons;
+    open_ok(&prod, &d);
+    open_ok(&cons, &d);
+    struct lbuf x, a, y;
+    lease_ok(&prod, SIZE, &x);
+    cr_assert_eq(lc_publish(&prod, x.handle, SIZE, 0, 0), 0);
+    acquire_ok(&cons, x.token, &a);
+    cr_assert_geq(a.fd, 0);
+    close(a.fd);
+    cr_assert_eq(lc_release(&cons, a.handle), 0);
+    cr_assert_eq(lc_release(&prod, x.handle), 0);
+
+    lease_ok(&prod, SIZE, &y);
+    cr_assert_eq(y.buf_id, x.buf_id);
+    cr_assert_eq(lc_publish_dir(&prod, &y, SIZE), 0);
+    cr_assert_eq(lc_take(&cons, y.token, SIZE, y.buf_id), 0);
+    cr_assert_eq(lc_took(&cons, y.buf_id, y.token), 0);
+    struct proto_msg ping = { .op = PROTO_OP_PING }, r;
+    cr_assert_eq(call(&cons, &ping, &r, NULL, 0, NULL), 0, "the took is handled before this ping");
+    cr_assert_eq(st(&d, "ledger.took"), 1, "a took before the publish was not counted");
+    cr_assert_eq(st(&d, "ledger.ignored"), 0);
+    cr_assert_eq(lc_publish(&prod, y.handle, SIZE, 60000, 1), 0);
+    cr_assert_eq(st(&d, "buffers.retained"), 0, "the early took did not end the retention at the publish");
+    cr_assert_eq(lc_release(&prod, y.handle), 0);
+    cr_assert_eq(st(&d, "ledger.lent"), 1, "held by the ledger");
+    if (ledger_give(cons.dir, cons.counts, ledger_slot_of(y.token)))
+        cr_assert_eq(lc_nudge(&cons, y.buf_id), 0);
+    cr_assert_eq(wait_st(&d, "ledger.lent", 0, WAIT_MS), 0);
+    cr_assert_eq(st(&d, "buffers.live"), 0);
+    lc_close(&cons);
+    lc_close(&prod);
+    daemon_stop(&d);
+}
+
 /* ---- a ledger hold is not idleness ------------------------------------------------- */
 
 Test(ledger_daemon, ledger_hold_keeps_connection_from_idling, .timeout = 60)
