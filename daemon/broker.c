@@ -203,26 +203,36 @@ void broker_unmapped(struct broker *bk, struct broker_peer *p, uint64_t buf_id)
     pool_unmapped(bk->pool, buf_id, p->uid);
 }
 
-int broker_lease_fd(struct broker *bk, struct broker_peer *p, uint64_t handle, uint64_t buf_id)
+/* lease_named: p's lease of handle if it still names buffer buf_id, else NULL. */
+static struct registry_lease *lease_named(struct broker_peer *p, uint64_t handle, uint64_t buf_id)
 {
     struct registry_lease *l = registry_lease_of(&p->holder, handle);
-    if (!l || l->buf->pb->id != buf_id)
-        return -ESTALE;
+    return l && l->buf->pb->id == buf_id ? l : NULL;
+}
+
+static int lease_fd(struct broker *bk, const struct registry_lease *l)
+{
     return l->writable ? l->buf->pb->fd : pool_ro_fd(bk->pool, l->buf->pb);
+}
+
+int broker_lease_fd(struct broker *bk, struct broker_peer *p, uint64_t handle, uint64_t buf_id)
+{
+    struct registry_lease *l = lease_named(p, handle, buf_id);
+    return l ? lease_fd(bk, l) : -ESTALE;
 }
 
 void broker_resend(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t handle, uint64_t buf_id)
 {
-    int fd = broker_lease_fd(bk, p, handle, buf_id);
-    if (fd == -ESTALE) {
+    struct registry_lease *l = lease_named(p, handle, buf_id);
+    if (!l) {
         peer_fail(p, id, EINVAL, "handle %llu was released before its reply was sent", (unsigned long long)handle);
         return;
     }
+    int fd = lease_fd(bk, l);
     if (fd < 0) {
         peer_fail(p, id, -fd, "cannot open the buffer read-only: %s", strerror(-fd));
         return;
     }
-    struct registry_lease *l = registry_lease_of(&p->holder, handle);
     peer_send_buffer(p, id, handle, l->buf, fd);
 }
 

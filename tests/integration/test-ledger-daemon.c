@@ -734,6 +734,23 @@ Test(ledger_daemon, bad_took_and_nudge_are_ignored, .timeout = 60)
     daemon_stop(&d);
 }
 
+/* consumer_maps: cons is sent the fd of a fresh buffer of prod's (a plain publish it
+ * acquires through the daemon and releases: the mapping stays, as libshmref's cache keeps
+ * it); prod's next lease of SIZE gets that same buffer, in *y. */
+static void consumer_maps(struct lc *prod, struct lc *cons, struct lbuf *y)
+{
+    struct lbuf x, a;
+    lease_ok(prod, SIZE, &x);
+    cr_assert_eq(lc_publish(prod, x.handle, SIZE, 0, 0), 0);
+    acquire_ok(cons, x.token, &a);
+    cr_assert_geq(a.fd, 0);
+    close(a.fd);
+    cr_assert_eq(lc_release(cons, a.handle), 0);
+    cr_assert_eq(lc_release(prod, x.handle), 0);
+    lease_ok(prod, SIZE, y);
+    cr_assert_eq(y->buf_id, x.buf_id);
+}
+
 /* ---- (5) a took counts toward max_acquires ---------------------------------------- */
 
 Test(ledger_daemon, took_ends_retention_at_max_acquires, .timeout = 60)
@@ -743,19 +760,9 @@ Test(ledger_daemon, took_ends_retention_at_max_acquires, .timeout = 60)
     struct lc prod, cons;
     open_ok(&prod, &d);
     open_ok(&cons, &d);
-    /* first the consumer gets the buffer's fd (a plain cycle), as a cached mapping */
-    struct lbuf x, a, y;
-    lease_ok(&prod, SIZE, &x);
-    cr_assert_eq(lc_publish(&prod, x.handle, SIZE, 0, 0), 0);
-    acquire_ok(&cons, x.token, &a);
-    cr_assert_geq(a.fd, 0);
-    close(a.fd);
-    cr_assert_eq(lc_release(&cons, a.handle), 0);
-    cr_assert_eq(lc_release(&prod, x.handle), 0);
-
-    /* the same buffer again, retained for 60 s or one acquire */
-    lease_ok(&prod, SIZE, &y);
-    cr_assert_eq(y.buf_id, x.buf_id);
+    /* the consumer maps the buffer; the same buffer again, retained for 60 s or one acquire */
+    struct lbuf y;
+    consumer_maps(&prod, &cons, &y);
     cr_assert_eq(lc_publish_dir(&prod, &y, SIZE), 0);
     cr_assert_eq(lc_publish(&prod, y.handle, SIZE, 60000, 1), 0);
     cr_assert_eq(lc_release(&prod, y.handle), 0);
@@ -795,22 +802,12 @@ Test(ledger_daemon, took_before_the_publish_counts_at_the_publish, .timeout = 60
     struct lc prod, cons;
     open_ok(&prod, &d);
     open_ok(&cons, &d);
-    struct lbuf x, a, y;
-    lease_ok(&prod, SIZE, &x);
-    cr_assert_eq(lc_publish(&prod, x.handle, SIZE, 0, 0), 0);
-    acquire_ok(&cons, x.token, &a);
-    cr_assert_geq(a.fd, 0);
-    close(a.fd);
-    cr_assert_eq(lc_release(&cons, a.handle), 0);
-    cr_assert_eq(lc_release(&prod, x.handle), 0);
-
-    lease_ok(&prod, SIZE, &y);
-    cr_assert_eq(y.buf_id, x.buf_id);
+    struct lbuf y;
+    consumer_maps(&prod, &cons, &y);
     cr_assert_eq(lc_publish_dir(&prod, &y, SIZE), 0);
     cr_assert_eq(lc_take(&cons, y.token, SIZE, y.buf_id), 0);
     cr_assert_eq(lc_took(&cons, y.buf_id, y.token), 0);
-    struct proto_msg ping = { .op = PROTO_OP_PING }, r;
-    cr_assert_eq(call(&cons, &ping, &r, NULL, 0, NULL), 0, "the took is handled before this ping");
+    cr_assert_eq(lc_ping(&cons), 0, "the took is handled before this ping");
     cr_assert_eq(st(&d, "ledger.took"), 1, "a took before the publish was not counted");
     cr_assert_eq(st(&d, "ledger.ignored"), 0);
     cr_assert_eq(lc_publish(&prod, y.handle, SIZE, 60000, 1), 0);
