@@ -43,7 +43,7 @@ static void no_free(void *p)
  * needs the daemon. Returns whether conn was adopted now. */
 static bool adopt(shmref_conn *conn)
 {
-    pid_t me = getpid();
+    pid_t me = client_pid();
     if (me == conn->pid)
         return false;
     lease_inherit(conn);
@@ -352,7 +352,7 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
         return -ENOMEM;
     }
     conn->fd = -1;
-    conn->pid = getpid();
+    conn->pid = client_pid();
     conn->timeout_ms = timeout_ms < 0 ? default_timeout() : timeout_ms;
     shmref_set_limits(conn, -1, -1);
     if (!(conn->path = strdup(path))) {
@@ -448,7 +448,7 @@ void client_teardown(shmref_conn *conn)
     conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     /* In a forked child the mappings stay: arrays it inherited may still be read there;
      * closing the child's copy of the socket leaves the parent's connection as it was. */
-    if (getpid() == conn->pid)
+    if (client_pid() == conn->pid)
         mapcache_clear(&conn->cache);
     else
         mapcache_abandon(&conn->cache);
@@ -557,7 +557,7 @@ void client_unpin(shmref_buf *buf)
     bool last = !buf->share || atomic_fetch_sub(&buf->share->refs, 1) == 1;
     if (buf->share && last)
         free(buf->share);
-    if (last && (conn->features & PROTO_FEAT_NOREPLY_RELEASE) && getpid() == conn->pid) {
+    if (last && (conn->features & PROTO_FEAT_NOREPLY_RELEASE) && client_pid() == conn->pid) {
         struct proto_msg req = { .op = PROTO_OP_RELEASE, .id = 1 };
         uint8_t msg[64];
         req.u.release.handle = buf->handle;

@@ -5,10 +5,13 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,9 +32,42 @@ int64_t client_mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* The pid is kept in a page the kernel zeroes in a forked child (MADV_WIPEONFORK, Linux
+ * 4.14): 0 there is a new process, which reads its pid once. A child made by a raw
+ * clone() that runs no fork handlers is told too, which a pthread_atfork cache would
+ * miss. Where the page cannot be had, getpid() each time. */
+static _Atomic pid_t *pid_page;
+static pthread_once_t pid_once = PTHREAD_ONCE_INIT;
+
+static void pid_page_init(void)
+{
+    long psz = sysconf(_SC_PAGESIZE);
+    void *p = mmap(NULL, (size_t)psz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return;
+    if (madvise(p, (size_t)psz, MADV_WIPEONFORK) < 0) {
+        munmap(p, (size_t)psz);
+        return;
+    }
+    pid_page = p;
+}
+
+pid_t client_pid(void)
+{
+    pthread_once(&pid_once, pid_page_init);
+    if (!pid_page)
+        return getpid();
+    pid_t me = atomic_load_explicit(pid_page, memory_order_relaxed);
+    if (me == 0) {
+        me = getpid();
+        atomic_store_explicit(pid_page, me, memory_order_relaxed);
+    }
+    return me;
+}
+
 int transport_ok(const shmref_conn *conn)
 {
-    if (conn->pid != getpid())
+    if (conn->pid != client_pid())
         return -ECHILD; /* the parent's socket: never used by a forked child */
     if (conn->fd < 0)
         return -ENOTCONN;
@@ -103,7 +139,7 @@ int client_send(shmref_conn *conn, struct proto_msg *req)
     int r = transport_ok(conn);
     if (r < 0)
         return r == -ECHILD ? client_fail(conn, r, "connection was opened by pid %d; this is pid %d",
-                                          (int)conn->pid, (int)getpid())
+                                          (int)conn->pid, (int)client_pid())
                             : client_fail(conn, r, "%s", conn->failed ? conn->fail_msg : "not connected");
     /* One-way releases always pass (they end what the daemon holds for us, and there are
      * no more of them than handles); everything else is refused past the bound. */

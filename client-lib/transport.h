@@ -12,6 +12,9 @@
 int client_fail(shmref_conn *conn, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* client_mono_ms: CLOCK_MONOTONIC in milliseconds. */
 int64_t client_mono_ms(void);
+/* client_pid: getpid(), with one system call per process instead of one per call (every
+ * call of the library compares it with its connection's, to tell a forked child). */
+pid_t client_pid(void);
 /* transport_ok: whether conn's socket may be used by this process now (connected, not
  * broken or abandoned, and this is the process that connected: never the parent's
  * socket in a forked child). 0 or a negative errno (no message set). */

@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -268,6 +269,41 @@ Test(lifetimes, a_forked_child_reads_what_it_inherited_and_gets_its_own_connecti
     cr_assert_eq(shmref_ping(c), 0);
     cr_assert_str_empty(shmref_errmsg(c), "every release was the parent's own, accepted");
     cr_assert_eq(client_leases(&d, getpid()), 0);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+/* A child made by a raw clone() runs none of the libc's fork handlers: libshmref still
+ * tells it from its parent (it keeps its pid in a page the kernel wipes in a child, not in
+ * a cache an at-fork handler resets), so the child never speaks on the parent's socket. */
+Test(lifetimes, a_raw_clone_child_is_told_from_its_parent, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b;
+    cr_assert_eq(shmref_lease(c, 4096, &b), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(shmref_release(b), 0); /* the parent has called the library: its pid is known */
+    cr_assert_eq(shmref_ping(c), 0, "%s", shmref_errmsg(c)); /* its stock's refills are in */
+    long before = client_leases(&d, getpid());
+    pid_t child = (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, 0);
+    cr_assert_geq(child, 0);
+    if (child == 0) {
+        pid_t me = (pid_t)syscall(SYS_getpid);
+        shmref_buf *cb;
+        if (shmref_lease(c, 4096, &cb) < 0)
+            _exit(20);
+        if (shmref_conn_pid(c) != me)
+            _exit(21); /* the parent's connection, used by the child */
+        shmref_release(cb);
+        shmref_close(c);
+        _exit(0);
+    }
+    int st = child_wait(child);
+    cr_assert_eq(st, 0, "the child failed (status %d: 20 lease, 21 it used the parent's connection)", st);
+    cr_assert_eq(shmref_conn_pid(c), getpid());
+    cr_assert_eq(shmref_ping(c), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(client_leases(&d, getpid()), before, "the child's lease went on the parent's connection");
     shmref_close(c);
     daemon_stop(&d);
 }
