@@ -17,7 +17,8 @@ int client_usable(shmref_conn *conn);
  * nothing connected). */
 void client_adopt(shmref_conn *conn);
 /* client_enter: the start of every public call on conn: usable, then take in whatever
- * replies have arrived (no blocking), errmsg cleared (or set to a late error). */
+ * replies have arrived (no blocking; when only stock refills are out, nothing: stock_take
+ * takes them in when it needs them), errmsg cleared (or set to a late error). */
 int client_enter(shmref_conn *conn);
 
 /* CLIENT_ACQUIRE_WAIT_MS: an acquire waits at most this long for a publish by default

@@ -113,6 +113,8 @@ int stock_take(shmref_conn *conn, size_t size, shmref_buf **ret_buf, struct pend
     if (!c)
         return 0;
     c->last_use = ++conn->stock.tick;
+    if (c->n_ready == 0 && c->inflight > 0)
+        pending_intake(conn); /* refills answered meanwhile (a failure shows to the caller's wait) */
     if (c->n_ready > 0) {
         shmref_buf *b = c->ready[--c->n_ready];
         b->size = size;
