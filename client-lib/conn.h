@@ -189,6 +189,8 @@ struct shmref_conn {
     struct pending *done, *done_tail;   /* completions of submits, not yet delivered */
     struct pending *delivered;          /* delivered by the last shmref_complete */
     struct client_out *q, *q_tail;      /* messages not sent yet, in order */
+    struct client_out *later, *later_tail; /* requests sent with the next message (client_send_later) */
+    unsigned n_later;
     struct stock stock;
     struct client_counters counters;
     struct localhold lh;

@@ -26,7 +26,7 @@ int shmref_conn_events(const shmref_conn *conn)
     int ev = 0;
     if (conn->n_out > 0)
         ev |= SHMREF_WANT_READ;
-    if (conn->q)
+    if (conn->q || conn->later)
         ev |= SHMREF_WANT_WRITE;
     if (conn->done || conn->failed || conn->abandoned)
         ev |= SHMREF_READY;

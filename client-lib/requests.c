@@ -131,7 +131,8 @@ static void unlink_out(shmref_conn *conn, struct pending *p)
 
 int pending_submit_msg(shmref_conn *conn, struct pending *p, struct proto_msg *req)
 {
-    int r = client_send(conn, req);
+    /* A stock refill waits for the next message: nobody waits for it yet (a wait flushes) */
+    int r = p->refill ? client_send_later(conn, req) : client_send(conn, req);
     if (r < 0)
         return r;
     p->id = req->id;
@@ -355,7 +356,7 @@ int pending_intake(shmref_conn *conn)
         pending_settle(conn);
         return conn->failed;
     }
-    if (conn->q && client_flush(conn) < 0) {
+    if ((conn->q || conn->later) && client_flush(conn) < 0) {
         pending_settle(conn);
         return conn->failed ? conn->failed : -EIO;
     }

@@ -51,13 +51,7 @@ static bool adopt(shmref_conn *conn)
     mapcache_abandon(&conn->cache); /* first: nothing below may unmap */
     stock_abandon(conn);
     pending_discard(conn);
-    while (conn->q) {
-        struct client_out *m = conn->q;
-        conn->q = m->next;
-        free(m);
-    }
-    conn->q_tail = NULL;
-    conn->q_bytes = 0;
+    transport_discard(conn);
     if (conn->fd >= 0)
         close(conn->fd); /* this process's copy: the parent's connection is untouched */
     conn->fd = -1;
@@ -98,7 +92,8 @@ int client_enter(shmref_conn *conn)
     conn->errmsg[0] = '\0';
     /* Replies to the stock's refills are taken in when the stock runs dry (stock_take),
      * not looked for at every call: with only those out, a look would mostly find none
-     * (a recvmsg that says EAGAIN, about 4 per 8 kB round trip). */
+     * (a recvmsg that says EAGAIN, about 4 per 8 kB round trip); and refills not sent yet
+     * stay for the next message (client_send_later). */
     r = conn->n_out > conn->stock.out || conn->q ? pending_intake(conn) : 0;
     if (r == 0)
         r = conn->failed;
@@ -459,11 +454,7 @@ void client_teardown(shmref_conn *conn)
     if (conn->fd >= 0)
         close(conn->fd);
     pending_discard(conn);
-    while (conn->q) {
-        struct client_out *m = conn->q;
-        conn->q = m->next;
-        free(m);
-    }
+    transport_discard(conn);
     tdestroy(conn->by_token, no_free);
     free(conn->path);
     free(conn);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* stock.c: the lease stock of a connection. After the first lease of a size (a round
  * trip), `depth` more leases of its size class are asked for without waiting and kept
- * ready; a later lease of that class takes one at once and asks for one more. Stock
+ * ready; a later lease of that class takes one at once and asks for one more, with the
+ * next message (client_send_later); the replies are taken in when the stock runs dry. Stock
  * leases are leases like any other (charged to quota, in status), returned when unused:
  * at close, when a lease or acquire meets EDQUOT/ENOSPC, when their class is the least
  * recently used of more than STOCK_CLASSES. */

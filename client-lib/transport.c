@@ -91,33 +91,74 @@ static int broken(shmref_conn *conn, int err, const char *msg)
     return transport_broken(conn, err, msg);
 }
 
+/* send_failed: errno of a failed send: 1 the socket is full (EAGAIN), 0 the daemon has
+ * closed (its reason is still there to read: the next receive reports it), or the
+ * connection is broken (-errno). */
+static int send_failed(shmref_conn *conn)
+{
+    if (errno == EAGAIN)
+        return 1;
+    if (errno == EPIPE || errno == ECONNRESET)
+        return 0;
+    int e = errno; /* saved: snprintf may change it */
+    char msg[128];
+    snprintf(msg, sizeof(msg), "send to shmrefd failed: %s", strerror(e));
+    return broken(conn, -e, msg);
+}
+
 /* send_now: one message without blocking: 0 sent, 1 the socket is full, -errno. */
 static int send_now(shmref_conn *conn, const uint8_t *data, size_t len)
 {
-    for (;;) {
-        ssize_t n = send(conn->fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n >= 0) {
-            conn->counters.sent++;
-            return 0;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN)
-            return 1;
-        /* A daemon that refuses a connection (access policy, too many clients) says why
-         * and closes it: the reason is still there to read, so this is not the failure
-         * yet; the next receive reports it (or the end of the connection). */
-        if (errno == EPIPE || errno == ECONNRESET)
-            return 0;
-        int e = errno; /* saved: snprintf may change it */
-        char msg[128];
-        snprintf(msg, sizeof(msg), "send to shmrefd failed: %s", strerror(e));
-        return broken(conn, -e, msg);
+    ssize_t n;
+    do
+        n = send(conn->fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n >= 0) {
+        conn->counters.sent++;
+        return 0;
     }
+    return send_failed(conn);
+}
+
+static struct client_out *out_new(shmref_conn *conn, uint32_t op, size_t len)
+{
+    struct client_out *m = malloc(sizeof(*m) + len);
+    if (!m)
+        return NULL;
+    m->next = NULL;
+    m->len = len;
+    m->op = op;
+    memcpy(m->data, conn->wbuf, len);
+    return m;
+}
+
+static void q_append(shmref_conn *conn, struct client_out *m)
+{
+    conn->q_bytes += sizeof(*m) + m->len;
+    if (conn->q_tail)
+        conn->q_tail->next = m;
+    else
+        conn->q = m;
+    conn->q_tail = m;
+}
+
+/* later_to_q: the messages kept for later go first in the send queue (which is empty
+ * whenever some are kept: client_send sends them before anything else). */
+static void later_to_q(shmref_conn *conn)
+{
+    while (conn->later) {
+        struct client_out *m = conn->later;
+        conn->later = m->next;
+        m->next = NULL;
+        q_append(conn, m);
+    }
+    conn->later_tail = NULL;
+    conn->n_later = 0;
 }
 
 int client_flush(shmref_conn *conn)
 {
+    later_to_q(conn);
     while (conn->q) {
         struct client_out *m = conn->q;
         int r = send_now(conn, m->data, m->len);
@@ -134,7 +175,21 @@ int client_flush(shmref_conn *conn)
     return 0;
 }
 
-int client_send(shmref_conn *conn, struct proto_msg *req)
+void transport_discard(shmref_conn *conn)
+{
+    later_to_q(conn);
+    while (conn->q) {
+        struct client_out *m = conn->q;
+        conn->q = m->next;
+        free(m);
+    }
+    conn->q_tail = NULL;
+    conn->q_bytes = 0;
+}
+
+/* encode: checks, then req with its id in conn->wbuf: the length, or -errno with the
+ * message set. */
+static int encode(shmref_conn *conn, struct proto_msg *req)
 {
     int r = transport_ok(conn);
     if (r < 0)
@@ -157,22 +212,85 @@ int client_send(shmref_conn *conn, struct proto_msg *req)
     int len = proto_encode(req, conn->wbuf, sizeof(conn->wbuf));
     if (len < 0)
         return client_fail(conn, -EMSGSIZE, "request too large for one message");
+    return len;
+}
+
+/* send_with_later: the kept messages and then conn->wbuf (len bytes) in one sendmmsg
+ * (one system call, one wake-up of the daemon); what the socket does not take goes to
+ * the send queue, in order. 0 or -errno. */
+static int send_with_later(shmref_conn *conn, uint32_t op, size_t len)
+{
+    struct mmsghdr mm[CLIENT_LATER_MAX + 1];
+    struct iovec iov[CLIENT_LATER_MAX + 1];
+    unsigned k = 0;
+    for (struct client_out *m = conn->later; m; m = m->next, k++)
+        iov[k] = (struct iovec){ .iov_base = m->data, .iov_len = m->len };
+    iov[k] = (struct iovec){ .iov_base = conn->wbuf, .iov_len = len };
+    for (unsigned i = 0; i <= k; i++)
+        mm[i] = (struct mmsghdr){ .msg_hdr = { .msg_iov = &iov[i], .msg_iovlen = 1 } };
+    int n;
+    do
+        n = sendmmsg(conn->fd, mm, k + 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    int r = 0;
+    if (n < 0) {
+        if ((r = send_failed(conn)) < 0)
+            return r;
+        n = r == 0 ? (int)k + 1 : 0; /* the daemon has closed: as if sent (send_now) */
+    }
+    conn->counters.sent += (uint64_t)n;
+    for (int i = 0; i < n && conn->later; i++) {
+        struct client_out *m = conn->later;
+        conn->later = m->next;
+        free(m);
+        conn->n_later--;
+    }
+    if (!conn->later)
+        conn->later_tail = NULL;
+    later_to_q(conn); /* what the socket did not take, in order */
+    if (n == (int)k + 1)
+        return 0;
+    struct client_out *m = out_new(conn, op, len);
+    if (!m)
+        return client_fail(conn, -ENOMEM, "out of memory");
+    q_append(conn, m);
+    return 0;
+}
+
+int client_send(shmref_conn *conn, struct proto_msg *req)
+{
+    int len = encode(conn, req);
+    if (len < 0)
+        return len;
+    if (conn->later && !conn->q)
+        return send_with_later(conn, req->op, (size_t)len);
+    int r;
     if (!conn->q && (r = send_now(conn, conn->wbuf, (size_t)len)) <= 0)
         return r;
     /* The socket is full (the daemon is behind): keep it, in order, for the next flush. */
-    struct client_out *m = malloc(sizeof(*m) + (size_t)len);
+    struct client_out *m = out_new(conn, req->op, (size_t)len);
     if (!m)
         return client_fail(conn, -ENOMEM, "out of memory");
-    conn->q_bytes += sizeof(*m) + (size_t)len;
-    m->next = NULL;
-    m->len = (size_t)len;
-    m->op = req->op;
-    memcpy(m->data, conn->wbuf, (size_t)len);
-    if (conn->q_tail)
-        conn->q_tail->next = m;
+    q_append(conn, m);
+    return 0;
+}
+
+int client_send_later(shmref_conn *conn, struct proto_msg *req)
+{
+    if (conn->q || conn->n_later >= CLIENT_LATER_MAX)
+        return client_send(conn, req);
+    int len = encode(conn, req);
+    if (len < 0)
+        return len;
+    struct client_out *m = out_new(conn, req->op, (size_t)len);
+    if (!m)
+        return client_fail(conn, -ENOMEM, "out of memory");
+    if (conn->later_tail)
+        conn->later_tail->next = m;
     else
-        conn->q = m;
-    conn->q_tail = m;
+        conn->later = m;
+    conn->later_tail = m;
+    conn->n_later++;
     return 0;
 }
 

@@ -29,9 +29,18 @@ int transport_broken(shmref_conn *conn, int err, const char *msg);
  * request is refused with -ENOBUFS; one-way releases and forgets always pass. 0 or
  * -errno (-EMSGSIZE, -ENOBUFS, or the connection is broken: then its message is set). */
 int client_send(shmref_conn *conn, struct proto_msg *req);
-/* client_flush: send queued messages while the socket takes them: 0 all sent, 1 some
- * remain, -errno. */
+/* client_send_later: client_send for a request nobody waits for yet (a stock refill):
+ * kept, and sent in one sendmmsg with the next message (a publish, a release), or by the
+ * next flush (every wait flushes first). At most CLIENT_LATER_MAX are kept; past that,
+ * or while the send queue holds messages, it is client_send. Same returns. */
+#define CLIENT_LATER_MAX 8
+int client_send_later(shmref_conn *conn, struct proto_msg *req);
+/* client_flush: send queued messages (the kept ones first) while the socket takes them:
+ * 0 all sent, 1 some remain, -errno. */
 int client_flush(shmref_conn *conn);
+/* transport_discard: drop every message not sent (a forked child's copy of its
+ * parent's, or at the end of the connection). */
+void transport_discard(shmref_conn *conn);
 /* transport_holds_publish: whether a one-way publish is still in the send queue. */
 bool transport_holds_publish(const shmref_conn *conn);
 /* transport_flush_wait: flush, waiting for the socket at most ms: 0 all sent, -ETIMEDOUT,

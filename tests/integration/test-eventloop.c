@@ -2,7 +2,8 @@
 /* test-eventloop: libshmref's submit/complete API against a real shmrefd: every submit
  * completes once with its user pointer, nothing blocks, what needs no daemon is ready at
  * once, a failing request completes with the daemon's message, shmref_close with requests
- * outstanding leaves nothing held, a broken connection fails what is outstanding. */
+ * outstanding leaves nothing held, a broken connection fails what is outstanding, the
+ * stock's refills kept for the next message are sent by a flush or before a wait. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <poll.h>
@@ -147,4 +148,56 @@ Test(eventloop, a_dead_daemon_fails_what_is_outstanding, .timeout = 60)
     shmref_close(p);
     int st;
     waitpid(d.pid, &st, 0);
+}
+
+/* counter: one of libshmref's counters of c. */
+static uint64_t counter(shmref_conn *c, const char *name)
+{
+    uint64_t v = 0;
+    cr_assert_eq(shmref_conn_counter(c, name, &v), 0, "%s", name);
+    return v;
+}
+
+/* The stock's refills wait for the next message (one sendmmsg, one wake-up of the daemon):
+ * an event loop is told to write meanwhile (SHMREF_WANT_WRITE) and shmref_flush sends
+ * them; a blocking call sends them before it waits. Either way the next lease of the
+ * class comes from the stock, with no round trip. */
+Test(eventloop, refills_kept_for_the_next_message_are_never_lost, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(p, 2), 0); /* the suite runs with SHMREF_STOCK=0 */
+    shmref_buf *b;
+    cr_assert_eq(shmref_lease(p, 8192, &b), 0, "%s", shmref_errmsg(p)); /* learns the class: 2 refills */
+    uint64_t sent = counter(p, "sent");
+    cr_assert(shmref_conn_events(p) & SHMREF_WANT_WRITE, "refills are kept, and the loop is told to write");
+    cr_assert_eq(shmref_flush(p), 0);
+    cr_assert_eq(counter(p, "sent"), sent + 1, "the flush sent the refill (one lease_many of 2)");
+    cr_assert_eq(shmref_conn_events(p) & SHMREF_WANT_WRITE, 0);
+    shmref_completion v[1];
+    cr_assert_eq(collect(p, v, 1), 0, "the refill's reply is the stock's, no completion"); /* 5 s of polling */
+    cr_assert_eq(shmref_conn_events(p) & SHMREF_WANT_READ, 0, "the refill was answered");
+    uint64_t rt = counter(p, "round_trips"), waits = counter(p, "waits");
+    int tag;
+    cr_assert_eq(shmref_lease_submit(p, 8192, 0, 0, &tag), 0);
+    cr_assert(shmref_conn_events(p) & SHMREF_READY, "a stock lease is ready at once");
+    cr_assert_eq(shmref_complete(p, v, 1), 1);
+    cr_assert_eq(v[0].result, 0, "%s", v[0].errmsg);
+    cr_assert_eq(counter(p, "stock_hits"), 1);
+    /* a blocking stock lease keeps its refill too; the next blocking call sends it first */
+    shmref_buf *c;
+    cr_assert_eq(shmref_lease(p, 8192, &c), 0);
+    cr_assert_eq(counter(p, "stock_hits"), 2);
+    cr_assert(shmref_conn_events(p) & SHMREF_WANT_WRITE);
+    sent = counter(p, "sent");
+    cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(counter(p, "sent"), sent + 2, "the kept refill, then the ping");
+    cr_assert_eq(counter(p, "round_trips"), rt + 1, "the ping; the stock leases are none");
+    cr_assert_leq(counter(p, "waits"), waits + 1, "only the ping may have waited");
+    shmref_release(c);
+    shmref_release(v[0].buf);
+    shmref_release(b);
+    shmref_close(p);
+    daemon_stop(&d);
 }

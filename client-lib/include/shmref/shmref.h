@@ -517,7 +517,9 @@ SHMREF_EXPORT int shmref_unit_sealed(const shmref_unit *unit);
 /* The lease stock. After the first lease of a size (a round trip), the library asks for
  * `depth` more leases of that size class in the background and keeps them ready; a later
  * lease of the class (shmref_lease, shmref_lease_ex, shmref_lease_submit) takes one at
- * once and asks for one more. Only sizes up to 16 MiB, at most 4 size classes per
+ * once and asks for one more. The asks go with the connection's next message (one system
+ * call), or before the next wait, shmref_flush or shmref_complete (shmref_conn_events says
+ * SHMREF_WANT_WRITE meanwhile); their replies are read when the stock runs dry. Only sizes up to 16 MiB, at most 4 size classes per
  * connection (the least recently used one is returned). Stock leases are leases like any
  * other: charged to the tenant's quota and counted in status ("buffers.leases",
  * "pool.bytes_leased" include them); they are returned at shmref_close, when a lease or
