@@ -27,6 +27,11 @@ struct bench_opts {
     const char *plot_path;            /* gnuplot data file of the round trips, or NULL */
     const char *shmrefd;              /* the daemon binary */
     const char *tmpdir;               /* sockets and daemon logs live here */
+    /* placement only (--method, --placement, --iters): one method, one placement, more
+     * round trips, for a profiler or `perf stat` around one row */
+    const char *method;               /* NULL: every method */
+    int placement;                    /* -1: every placement, else 0 unpinned, 1 same cpu, 2 cross cpu */
+    unsigned iters;                   /* 0: the default (1,000) */
 };
 
 /* ---- stats.c: clocks and samples ---- */

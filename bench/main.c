@@ -43,21 +43,26 @@ static const char usage[] =
     "                        lease-many,throughput,scale,arrow (arrow-e2e: its consumer rows only)\n"
     "      --json FILE       write the records as a JSON list\n"
     "      --plot-data FILE  write the round-trip medians for bench/plot.gp\n"
-    "      --shmrefd PATH    the daemon binary (default: this build's)\n";
+    "      --shmrefd PATH    the daemon binary (default: this build's)\n"
+    "      --method NAME     placement: only this method (unix-bytes, shmref-0copy, ...)\n"
+    "      --placement P     placement: only P (unpinned, same, cross)\n"
+    "      --iters N         placement: N round trips per row (default 1000)\n";
 
 static int parse(int argc, char **argv, struct bench_opts *o)
 {
-    enum { O_SMOKE = 256, O_BIG, O_ONLY, O_JSON, O_PLOT, O_SHMREFD, O_ARROW };
+    enum { O_SMOKE = 256, O_BIG, O_ONLY, O_JSON, O_PLOT, O_SHMREFD, O_ARROW, O_METHOD, O_PLACEMENT, O_ITERS };
     static const struct option longopts[] = {
         { "smoke", no_argument, NULL, O_SMOKE }, { "big", no_argument, NULL, O_BIG },
         { "arrow", no_argument, NULL, O_ARROW },
         { "only", required_argument, NULL, O_ONLY }, { "json", required_argument, NULL, O_JSON },
         { "plot-data", required_argument, NULL, O_PLOT },
         { "shmrefd", required_argument, NULL, O_SHMREFD }, { "help", no_argument, NULL, 'h' },
+        { "method", required_argument, NULL, O_METHOD }, { "placement", required_argument, NULL, O_PLACEMENT },
+        { "iters", required_argument, NULL, O_ITERS },
         { 0 },
     };
     int c;
-    *o = (struct bench_opts){ .shmrefd = BENCH_SHMREFD_PATH };
+    *o = (struct bench_opts){ .shmrefd = BENCH_SHMREFD_PATH, .placement = -1 };
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case O_SMOKE: o->smoke = true; break;
@@ -67,6 +72,24 @@ static int parse(int argc, char **argv, struct bench_opts *o)
         case O_JSON: o->json_path = optarg; break;
         case O_PLOT: o->plot_path = optarg; break;
         case O_SHMREFD: o->shmrefd = optarg; break;
+        case O_METHOD: o->method = optarg; break;
+        case O_PLACEMENT:
+            if ((o->placement = !strcmp(optarg, "unpinned") ? 0 : !strcmp(optarg, "same") ? 1
+                                : !strcmp(optarg, "cross") ? 2 : -2) == -2) {
+                fprintf(stderr, "shmref-bench: --placement is unpinned, same or cross, not %s\n", optarg);
+                return -EINVAL;
+            }
+            break;
+        case O_ITERS: {
+            char *end;
+            unsigned long n = strtoul(optarg, &end, 10);
+            if (*end || n == 0 || n > 10000000) {
+                fprintf(stderr, "shmref-bench: --iters is 1 to 10,000,000, not %s\n", optarg);
+                return -EINVAL;
+            }
+            o->iters = (unsigned)n;
+            break;
+        }
         case 'h': fputs(usage, stdout); return 1;
         default: fputs(usage, stderr); return -EINVAL;
         }

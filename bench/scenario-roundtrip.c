@@ -311,7 +311,8 @@ static void place_row(const struct rt_method *m, struct rt_ctx *base, const stru
 
 int scenario_placement(const struct bench_opts *o, const struct daemons *ds)
 {
-    static const struct size_plan full = { 8000, "8 kB", 1000, 20 }, smoke = { 8000, "8 kB", 2, 1 };
+    static const struct size_plan smoke = { 8000, "8 kB", 2, 1 };
+    const struct size_plan full = { 8000, "8 kB", o->iters ? o->iters : 1000, 20 };
     const struct size_plan *p = o->smoke ? &smoke : &full;
     struct rt_ctx ctx = { .size = p->size, .full = o->smoke, .ctl = -1 };
     int nplace = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? PL_N : PL_CROSS;
@@ -330,7 +331,9 @@ int scenario_placement(const struct bench_opts *o, const struct daemons *ds)
         for (size_t i = 0; i < sizeof(placed_methods) / sizeof(placed_methods[0]); i++) {
             const struct rt_method *m = placed_methods[i];
             struct result *res = report_add("placement", m->name, m->shmref ? "dev-shm" : "", p->size, label);
-            if (pl >= nplace)
+            if ((o->method && strcmp(o->method, m->name)) || (o->placement >= 0 && o->placement != pl))
+                snprintf(res->skipped, sizeof(res->skipped), "not asked for (--method, --placement)");
+            else if (pl >= nplace)
                 snprintf(res->skipped, sizeof(res->skipped), "one CPU online: no cross-CPU placement");
             else if (m->shmref && !ds->have[POOL_DEVSHM])
                 snprintf(res->skipped, sizeof(res->skipped), "%s", ds->why[POOL_DEVSHM]);
