@@ -3,6 +3,7 @@
  * privileges, the loop, SIGHUP reloads, and a clean stop on SIGTERM or SIGINT (exit 0).
  * Everything else lives in the modules named after what they do. */
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <grp.h>
@@ -369,6 +370,14 @@ int main(int argc, char **argv)
     if (quota_warning(&d.opt, err, sizeof(err)))
         log_warning("%s", err);
     signal(SIGPIPE, SIG_IGN);
+    /* --sched-batch: the kernel does not let a task of this policy preempt the running one
+     * when it wakes. A client's one-way message (publish, release, TOOK) then does not
+     * switch its CPU to the daemon in the middle of the client's work; the daemon runs
+     * when the CPU is free, and takes in what came meanwhile in one go. Faster with the
+     * processes pinned, slower unpinned (docs/performance.md): off by default. The threads
+     * of libuv's pool, made later, inherit it. */
+    if (d.opt.sched_batch && sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){ 0 }) < 0)
+        log_warning("cannot run as SCHED_BATCH (%s): running as SCHED_OTHER", strerror(errno));
     wait_for_entropy();
     privs_raise_nofile();
 

@@ -41,6 +41,8 @@ static const struct key keys[] = {
     { "max-clients", 0, T_COUNT, OFF(max_clients), "concurrent connections (1024)" },
     { "pool-hugepages", 0, T_TRI, OFF(pool_hugepages), "auto, yes or no: a private huge-page tmpfs (auto)" },
     { "memfd", 0, T_BOOL, OFF(memfd), "memfd_create instead of O_TMPFILE (no)" },
+    { "sched-batch", 0, T_BOOL, OFF(sched_batch),
+      "run as SCHED_BATCH: woken by a client's one-way message, never preempt it (no)" },
     { "verbose", 'v', T_BOOL, OFF(verbose), "log debug lines (no)" },
     { "user", 'u', T_STR, OFF(user), "run as this user after setup, when started as root" },
     { "allow-users", 0, T_UIDS, OFF(allow_uids), "uids or names allowed to connect (all)" },
@@ -231,7 +233,8 @@ static void usage(FILE *f)
           "  -V, --version                  show the version\n\n"
           "The socket defaults to $SHMREFD_SOCKET, else $XDG_RUNTIME_DIR/shmrefd.sock, else\n"
           PATHS_SYSTEM_SOCKET ". Sizes take K, M, G or T suffixes (powers of 1024).\n"
-          "Every option is also a key of the config file's [daemon] section; flags win.\n", f);
+          "A yes/no option alone is yes (--NAME=no: no). Every option is also a key of the\n"
+          "config file's [daemon] section; flags win.\n", f);
 }
 
 int options_parse_args(int argc, char **argv, struct options *o)
@@ -245,7 +248,8 @@ int options_parse_args(int argc, char **argv, struct options *o)
     memset(o, 0, sizeof(*o));
     for (unsigned i = 0; i < NKEYS; i++) {
         int arg = keys[i].type == T_BOOL ? no_argument : required_argument;
-        longopts[n++] = (struct option){ keys[i].name, arg, NULL, O_KEY + (int)i };
+        /* a yes/no option alone is yes; --name=no turns it off (a default of yes) */
+        longopts[n++] = (struct option){ keys[i].name, arg == no_argument ? optional_argument : arg, NULL, O_KEY + (int)i };
         if (keys[i].short_opt) {
             size_t l = strlen(shortopts);
             shortopts[l] = (char)keys[i].short_opt;
@@ -267,7 +271,7 @@ int options_parse_args(int argc, char **argv, struct options *o)
             if (keys[i].short_opt && keys[i].short_opt == c)
                 idx = (int)i;
         if (idx >= 0) {
-            const char *v = keys[idx].type == T_BOOL ? "yes" : optarg;
+            const char *v = keys[idx].type == T_BOOL ? (optarg ? optarg : "yes") : optarg;
             if (set_key(o, (unsigned)idx, v, err, sizeof(err)) < 0) {
                 fprintf(stderr, "shmrefd: --%s\n", err);
                 return -EINVAL;

@@ -48,6 +48,7 @@ struct options {
     uint32_t max_leases;      /* per connection */
     uint32_t max_clients;
     bool memfd;
+    bool sched_batch;         /* run as SCHED_BATCH (default no) */
     int pool_hugepages;       /* OPTIONS_HUGE_*: auto (default), yes, no */
     bool verbose;
     char *user;               /* switch to this user after setup (when root) */

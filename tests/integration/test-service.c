@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -262,6 +263,22 @@ Test(service, drops_every_capability_and_sets_no_new_privs)
     shmref_conn *c = connect_ok(&d);
     shmref_buf *b;
     cr_assert_eq(shmref_lease(c, 1 << 20, &b), 0, "still serves without privileges: %s", shmref_errmsg(c));
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
+/* SCHED_OTHER by default; SCHED_BATCH with --sched-batch (a client's one-way message
+ * never preempts it), and it serves. */
+Test(service, runs_as_sched_batch_when_told)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    cr_assert_eq(sched_getscheduler(d.pid), SCHED_OTHER);
+    daemon_stop(&d);
+    daemon_start(&d, "--sched-batch", NULL);
+    cr_assert_eq(sched_getscheduler(d.pid), SCHED_BATCH);
+    shmref_conn *c = connect_ok(&d);
+    cr_assert_eq(shmref_ping(c), 0);
     shmref_close(c);
     daemon_stop(&d);
 }

@@ -67,6 +67,32 @@ Test(options, bad_flags_are_refused)
     options_free(&o);
 }
 
+/* A yes/no flag alone is yes; --name=no says no. */
+Test(options, yes_no_flags_take_an_optional_value)
+{
+    struct options o;
+    const char *off[] = { "--sched-batch=no", "--memfd=yes", NULL };
+    cr_assert_eq(parse(&o, off), 0);
+    cr_assert(options_given(&o, "sched-batch"));
+    cr_assert_eq(options_resolve(&o, UINT64_C(1) << 40), 0);
+    cr_assert_not(o.sched_batch, "--sched-batch=no");
+    cr_assert(o.memfd);
+    options_free(&o);
+    const char *on[] = { "--sched-batch", NULL };
+    cr_assert_eq(parse(&o, on), 0);
+    cr_assert_eq(options_resolve(&o, UINT64_C(1) << 40), 0);
+    cr_assert(o.sched_batch, "alone: yes");
+    options_free(&o);
+    const char *none[] = { NULL };
+    cr_assert_eq(parse(&o, none), 0);
+    cr_assert_eq(options_resolve(&o, UINT64_C(1) << 40), 0);
+    cr_assert_not(o.sched_batch, "SCHED_OTHER by default");
+    options_free(&o);
+    const char *bad[] = { "--sched-batch=maybe", NULL };
+    cr_assert_eq(parse(&o, bad), -EINVAL);
+    options_free(&o);
+}
+
 Test(options, config_file_and_its_errors_name_the_line)
 {
     char path[64], err[512];
