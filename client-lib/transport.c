@@ -232,13 +232,14 @@ static int send_with_later(shmref_conn *conn, uint32_t op, size_t len)
     do
         n = sendmmsg(conn->fd, mm, k + 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
-    int r = 0;
-    if (n < 0) {
-        if ((r = send_failed(conn)) < 0)
+    if (n >= 0) {
+        conn->counters.sent += (uint64_t)n;
+    } else {
+        int r = send_failed(conn);
+        if (r < 0)
             return r;
-        n = r == 0 ? (int)k + 1 : 0; /* the daemon has closed: as if sent (send_now) */
+        n = r == 0 ? (int)k + 1 : 0; /* the daemon has closed: dropped as if sent, uncounted (send_now) */
     }
-    conn->counters.sent += (uint64_t)n;
     for (int i = 0; i < n && conn->later; i++) {
         struct client_out *m = conn->later;
         conn->later = m->next;
