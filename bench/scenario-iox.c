@@ -243,15 +243,22 @@ void iox_row(const struct bench_opts *o, size_t size, unsigned warmup, unsigned 
     int rc = reap(cfd, cpid), rs = reap(sfd, spid);
     wire_pin(roudi_pid, -1);
     report_fill(res, &s);
+    /* A helper that sent every sample and its check ("end 0") and then hung in iceoryx's
+     * teardown (seen once, on one CPU with RouDi under a loaded machine) measured the row
+     * completely: a note, not a failure. Any other exit error fails the row. */
+    bool teardown_hang = (rc == -ETIMEDOUT || rc == 0) && (rs == -ETIMEDOUT || rs == 0) && (rc < 0 || rs < 0);
     if (r < 0)
         snprintf(res->error, sizeof(res->error), "%s", err);
-    else if (rc < 0 || rs < 0)
-        snprintf(res->error, sizeof(res->error), "shmref-bench-iox %s %s", rc < 0 ? "client" : "server",
-                 (rc < 0 ? rc : rs) == -ETIMEDOUT ? "did not exit in 30 s (killed)" : "exited with an error");
     else if (bad)
         snprintf(res->error, sizeof(res->error), "%zu wrong words in the output", bad);
-    else
+    else if ((rc < 0 || rs < 0) && !teardown_hang)
+        snprintf(res->error, sizeof(res->error), "shmref-bench-iox %s exited with an error", rc < 0 ? "client" : "server");
+    if (!res->error[0]) {
         res->waits = 0; /* RouDi is not on the data path: nothing waits for it per call */
+        if (teardown_hang)
+            snprintf(res->note, sizeof(res->note), "shmref-bench-iox %s killed after 30 s in its teardown",
+                     rc < 0 ? "client" : "server");
+    }
     samples_free(&s);
 }
 
