@@ -121,7 +121,7 @@ int lease_publish_send(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t m
         req.u.publish.flags |= PROTO_PUBLISH_NOREPLY;
         /* Same-tenant consumers that map this buffer may take it from the directory as
          * soon as it is written there: before the publish and the descriptor go. */
-        localhold_publish(buf, len, max_acquires, meta, meta_len);
+        localhold_publish(buf, len, meta, meta_len);
         int r = client_send(conn, &req);
         if (r < 0)
             return r;

@@ -70,13 +70,12 @@ void localhold_unmap(shmref_conn *conn)
     conn->lh.counts = NULL;
 }
 
-void localhold_publish(shmref_buf *buf, size_t len, uint32_t max_acquires, const void *meta, size_t meta_len)
+void localhold_publish(shmref_buf *buf, size_t len, const void *meta, size_t meta_len)
 {
     shmref_conn *conn = buf->conn;
-    /* max_acquires: each local take's TOOK counts toward it when the daemon reads it, and
-     * the daemon withdraws the entry (LENT) when the retention ends; consumers that take
-     * before it has read the TOOKs may exceed the cap (each already maps the buffer). */
-    (void)max_acquires;
+    /* With max_acquires too: each local take's TOOK counts toward it when the daemon reads
+     * it, and the daemon withdraws the entry (LENT) when the retention ends; consumers that
+     * take before it has read the TOOKs may exceed the cap (each already maps the buffer). */
     if (!conn->lh.dir || meta_len > LEDGER_META_MAX)
         return;
     uint32_t slot = ledger_slot_of(buf->token);

@@ -21,7 +21,7 @@ void localhold_setup(shmref_conn *conn, const int *fds, unsigned nfds);
 void localhold_unmap(shmref_conn *conn);
 /* localhold_publish: a plain publish of buf (len bytes, meta) is recorded in the
  * directory before the publish is sent, when the local path is on and it fits. */
-void localhold_publish(shmref_buf *buf, size_t len, uint32_t max_acquires, const void *meta, size_t meta_len);
+void localhold_publish(shmref_buf *buf, size_t len, const void *meta, size_t meta_len);
 /* localhold_acquire: an acquire of desc taken without the daemon: 0 with *ret_buf (a
  * ledger hold, its TOOK queued; not linked into the connection yet: lease_local does),
  * or -EAGAIN: ask the daemon. */

@@ -354,13 +354,6 @@ void registry_acquired(struct registry *r, struct registry_buf *b)
         registry_end_retention(r, b);
 }
 
-void registry_acquired_early(struct registry *r, struct registry_buf *b)
-{
-    (void)r;
-    if (b->acquires < UINT32_MAX)
-        b->acquires++;
-}
-
 static void retention_expired(uv_timer_t *t)
 {
     struct registry_buf *b = t->data;
@@ -401,7 +394,7 @@ int registry_publish(struct registry *r, struct registry_buf *b, uint64_t size, 
     b->size = size;
     b->published = true; /* under the token it got at its lease */
     r->st.published++;
-    /* acquires counted before the publish (registry_acquired_early) */
+    /* acquires counted before the publish (registry_acquired of a buffer not yet published) */
     if (b->max_acquires && b->acquires >= b->max_acquires)
         registry_end_retention(r, b);
     return 0;

@@ -131,9 +131,6 @@ struct registry_buf *registry_find(struct registry *reg, const uint8_t *token);
 /* registry_find_writing: the live buffer leased under this token and not published yet,
  * or NULL (an acquire may wait for its publish). */
 struct registry_buf *registry_find_writing(struct registry *reg, const uint8_t *token);
-/* registry_acquired_early: an acquire of b that came before its publish (a ledger take's
- * TOOK overtaking the producer's publish): counted now, toward max_acquires at the publish. */
-void registry_acquired_early(struct registry *reg, struct registry_buf *b);
 /* registry_end_retention: drops the retention reference, if any. */
 void registry_end_retention(struct registry *reg, struct registry_buf *b);
 /* registry_reclaim_retained: ends the retention of tenant's oldest published buffer that
@@ -144,7 +141,9 @@ uint64_t registry_reclaim_retained(struct registry *reg, uint32_t tenant);
 /* registry_reclaimable: the bytes registry_reclaim_retained could give back for tenant. */
 uint64_t registry_reclaimable(const struct registry *reg, uint32_t tenant);
 /* registry_acquired: counts an acquire of b. The retention serves every consumer that
- * comes within its time (fan-out); it ends early once max_acquires (if set) is reached. */
+ * comes within its time (fan-out); it ends early once max_acquires (if set) is reached.
+ * b may not be published yet (a ledger take's TOOK that overtook the producer's publish):
+ * it has no retention and no max_acquires then, and registry_publish counts it. */
 void registry_acquired(struct registry *reg, struct registry_buf *b);
 
 struct registry_stats {

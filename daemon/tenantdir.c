@@ -251,23 +251,19 @@ void tenantdir_took(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf
                     const uint8_t token[PROTO_TOKEN_LEN])
 {
     struct registry_buf *b = NULL;
-    bool early = false;
     /* A TOOK may come before the producer's publish: the producer writes the directory,
      * then sends the publish on its own connection, which the loop may read after the
      * consumer's. Counted then, it ends a max_acquires retention at the publish instead
      * of at its keep deadline (Dask keeps frames 60 s). */
     if (t && c->dir && conn_knows(c, buf_id) && !(b = registry_find(t->reg, token)))
-        early = (b = registry_find_writing(t->reg, token)) != NULL;
+        b = registry_find_writing(t->reg, token);
     if (!b || b->tenant != c->dir->uid || b->pb->id != buf_id) {
         if (t)
             t->st.ignored++;
         return;
     }
     /* registry_find(_writing) compared the whole token, in constant time (desc_token_equal) */
-    if (early)
-        registry_acquired_early(t->reg, b);
-    else
-        registry_acquired(t->reg, b);
+    registry_acquired(t->reg, b);
     t->counters->acquires++;
     t->st.took++;
 }
