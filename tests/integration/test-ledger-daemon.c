@@ -208,6 +208,14 @@ static int lc_nudge(struct lc *c, uint64_t buf_id)
     return send_msg(c, &m);
 }
 
+/* lc_give: c gives back its ledger hold on the buffer published under token, as
+ * libshmref does: the decrement, and a nudge if the daemon marked the buffer LENT. 0 or
+ * the nudge's send error. */
+static int lc_give(struct lc *c, const uint8_t *token, uint64_t buf_id)
+{
+    return ledger_give(c->dir, c->counts, ledger_slot_of(token)) ? lc_nudge(c, buf_id) : 0;
+}
+
 static int lc_forget(struct lc *c, uint64_t buf_id, bool writable)
 {
     struct proto_msg m = { .op = PROTO_OP_FORGET };
@@ -609,8 +617,7 @@ Test(ledger_daemon, a_daemon_acquire_revives_a_lent_buffer, .timeout = 60)
     cr_assert_eq(wait_st(&d, "ledger.lent", 1, WAIT_MS), 1, "the ledger hold no longer keeps it");
 
     /* the hold goes: it ends */
-    if (ledger_give(cons.dir, cons.counts, ledger_slot_of(x.token)))
-        cr_assert_eq(lc_nudge(&cons, x.buf_id), 0);
+    cr_assert_eq(lc_give(&cons, x.token, x.buf_id), 0);
     cr_assert_eq(wait_st(&d, "ledger.lent", 0, WAIT_MS), 0);
     cr_assert_eq(lc_release(&prod, y.handle), 0);
     cr_assert_eq(wait_st(&d, "buffers.live", 0, WAIT_MS), 0);
@@ -782,8 +789,7 @@ Test(ledger_daemon, took_ends_retention_at_max_acquires, .timeout = 60)
         close(again.fd);
     cr_assert_eq(lc_release(&prod, again.handle), 0);
     cr_assert_eq(wait_st(&d, "ledger.lent", 1, WAIT_MS), 1, "the ledger hold no longer keeps it");
-    if (ledger_give(cons.dir, cons.counts, ledger_slot_of(y.token)))
-        cr_assert_eq(lc_nudge(&cons, y.buf_id), 0);
+    cr_assert_eq(lc_give(&cons, y.token, y.buf_id), 0);
     cr_assert_eq(wait_st(&d, "ledger.lent", 0, WAIT_MS), 0);
     cr_assert_eq(st(&d, "buffers.live"), 0);
     lc_close(&cons);
@@ -814,8 +820,7 @@ Test(ledger_daemon, took_before_the_publish_counts_at_the_publish, .timeout = 60
     cr_assert_eq(st(&d, "buffers.retained"), 0, "the early took did not end the retention at the publish");
     cr_assert_eq(lc_release(&prod, y.handle), 0);
     cr_assert_eq(st(&d, "ledger.lent"), 1, "held by the ledger");
-    if (ledger_give(cons.dir, cons.counts, ledger_slot_of(y.token)))
-        cr_assert_eq(lc_nudge(&cons, y.buf_id), 0);
+    cr_assert_eq(lc_give(&cons, y.token, y.buf_id), 0);
     cr_assert_eq(wait_st(&d, "ledger.lent", 0, WAIT_MS), 0);
     cr_assert_eq(st(&d, "buffers.live"), 0);
     lc_close(&cons);
@@ -844,8 +849,7 @@ Test(ledger_daemon, ledger_hold_keeps_connection_from_idling, .timeout = 60)
     cr_assert_eq(lc_ping(&cons), 0, "a connection with a ledger hold was closed as idle");
     cr_assert_eq(lc_release(&prod, x.handle), 0);
     cr_assert_eq(st(&d, "ledger.lent"), 1);
-    if (ledger_give(cons.dir, cons.counts, ledger_slot_of(x.token)))
-        cr_assert_eq(lc_nudge(&cons, x.buf_id), 0);
+    cr_assert_eq(lc_give(&cons, x.token, x.buf_id), 0);
     cr_assert_eq(wait_st(&d, "ledger.lent", 0, WAIT_MS), 0);
     lc_close(&idle);
     lc_close(&cons);
@@ -944,8 +948,7 @@ static int race_consumer(void *p)
             if (head != gen || tail != gen)
                 atomic_fetch_add(&r->bad, 1);
         }
-        if (ledger_give(c.dir, c.counts, ledger_slot_of(token)))
-            lc_nudge(&c, buf_id);
+        (void)lc_give(&c, token, buf_id);
     }
     lc_close(&c);
     return 0;
