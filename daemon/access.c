@@ -14,11 +14,23 @@ static bool in_list(const struct options_list *l, uint32_t id)
     return false;
 }
 
+static int64_t operator_uid = -1; /* -1: not set, the current uid; -2: none but root */
+
+void access_set_operator(uid_t daemon_uid, bool shared)
+{
+    operator_uid = shared ? -2 : (int64_t)daemon_uid;
+}
+
+bool access_operator(uid_t uid)
+{
+    return uid == 0 || (int64_t)uid == (operator_uid == -1 ? (int64_t)geteuid() : operator_uid);
+}
+
 bool access_allowed(const struct options *o, const struct ucred *cred, int fd)
 {
     if (o->allow_uids.n == 0 && o->allow_gids.n == 0)
         return true;
-    if (cred->uid == 0 || cred->uid == geteuid())
+    if (access_operator(cred->uid))
         return true;
     if (in_list(&o->allow_uids, cred->uid) || in_list(&o->allow_gids, cred->gid))
         return true;

@@ -62,7 +62,7 @@ bool lease_beyond_all(struct broker *bk, struct broker_peer *p, uint32_t id, con
 
 /* lease_fd_share_left: whether p's tenant may hold n more buffers (each one of the
  * daemon's fds: one tenant takes at most half the pool's fd budget; root and the
- * daemon's uid are exempt); refuses EMFILE with the numbers when not. */
+ * daemon's uid unless nobody's are exempt: access_operator); refuses EMFILE with the numbers when not. */
 bool lease_fd_share_left(struct broker *bk, struct broker_peer *p, uint32_t id, uint32_t n, const char *what);
 
 #endif

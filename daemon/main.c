@@ -20,6 +20,7 @@
 #include <systemd/sd-daemon.h>
 #include <uv.h>
 
+#include "access.h"
 #include "cgroup.h"
 #include "log.h"
 #include "notify.h"
@@ -301,13 +302,22 @@ static int setup(struct daemon *d, uv_loop_t *loop)
         r = own_socket_dir(d);
     if (r < 0)
         return r;
+    uid_t nobody;
+    gid_t nogroup;
+    bool has_nobody = privs_lookup("nobody", &nobody, &nogroup) == 0; /* before the drop: NSS may need root */
     if ((r = privs_drop(d->opt.user, why, sizeof(why))) < 0) {
         log_error("cannot drop privileges: %s", why);
         return r;
     }
+    bool shared = has_nobody && geteuid() == nobody && nobody != 0;
+    access_set_operator(geteuid(), shared);
     if (d->default_user)
         log_notice("serving as user %s (uid %u), not root: given no --user, a root shmrefd gives up root once "
                    "its socket and pool are set up (--user root keeps root)", d->opt.user, (unsigned)getuid());
+    if (shared)
+        log_notice("uid %u is user nobody's, which other services share: its clients are tenants like any "
+                   "other, not operators (root is; create user shmrefd, or give --user, for an operator uid)",
+                   (unsigned)getuid());
     uv_signal_t *sigs[] = { &d->sig_term, &d->sig_int, &d->sig_hup };
     int nums[] = { SIGTERM, SIGINT, SIGHUP };
     for (int i = 0; i < 3; i++) {

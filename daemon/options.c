@@ -48,7 +48,7 @@ static const struct key keys[] = {
     { "allow-users", 0, T_UIDS, OFF(allow_uids), "uids or names allowed to connect (all)" },
     { "allow-groups", 0, T_GIDS, OFF(allow_gids), "gids or names allowed to connect (all)" },
     { "max-clients-per-uid", 0, T_COUNT, OFF(max_clients_per_uid),
-      "connections of one uid, root and the daemon's own uid exempt (half of max-clients)" },
+      "connections of one uid, root and the daemon's uid (unless nobody) exempt (half of max-clients)" },
     { "max-parked-per-uid", 0, T_COUNT, OFF(max_parked_per_uid),
       "requests of one uid waiting (wait_ms) on all its connections (4 x max-leases)" },
     { "idle-timeout", 0, T_COUNT0, OFF(idle_timeout),

@@ -53,7 +53,7 @@ struct options {
     bool verbose;
     char *user;               /* switch to this user after setup (when root) */
     struct options_list allow_uids, allow_gids; /* both empty: anyone who can open the socket */
-    uint32_t max_clients_per_uid; /* default: half of max_clients; root, the daemon's uid exempt */
+    uint32_t max_clients_per_uid; /* default: half of max_clients; operators (access_operator) exempt */
     uint32_t max_parked_per_uid; /* waiting requests of one uid; default 4 x max_leases */
     uint32_t idle_timeout;    /* seconds; 0: never (default OPTIONS_DEFAULT_IDLE_TIMEOUT) */
     uint32_t exit_idle;       /* seconds with no connection and nothing held, then exit; 0: never */

@@ -28,8 +28,8 @@
 static int status_of(void *arg, uint32_t uid, uint8_t *buf, size_t cap)
 {
     struct server *s = arg;
-    /* Root and the daemon's uid see everyone; others see their own clients and buffers. */
-    bool all = uid == 0 || uid == geteuid();
+    /* The operators see everyone; others see their own clients and buffers. */
+    bool all = access_operator(uid);
     s->counters.fd_waits = transport_fd_waits();
     struct status_src src = { .uptime_ms = uv_now(s->loop) - s->started_ms, .now_ms = uv_now(s->loop),
                               .opt = s->opt, .pool = s->pool,
@@ -190,9 +190,10 @@ static void accept_one(struct server *s, int fd)
                (unsigned)cred.uid, (int)cred.pid);
         return;
     }
-    /* Root and the daemon's own uid have SERVER_RESERVED_SLOTS above --max-clients (an
-     * operator's status works when others took every slot) and no per-uid limit. */
-    bool privileged = cred.uid == 0 || cred.uid == geteuid();
+    /* The operators (root, the daemon's own uid unless it is nobody's) have
+     * SERVER_RESERVED_SLOTS above --max-clients (an operator's status works when others
+     * took every slot) and no per-uid limit. */
+    bool privileged = access_operator(cred.uid);
     uint32_t slots = s->opt->max_clients + (privileged ? SERVER_RESERVED_SLOTS : 0);
     if (s->sessions.n >= slots && session_count_open(&s->sessions) >= slots) {
         s->counters.refused_limit++;

@@ -17,7 +17,7 @@
 #include "registry.h"
 #include "session.h"
 
-#define SERVER_RESERVED_SLOTS 8  /* connections above --max-clients for root and the daemon's uid */
+#define SERVER_RESERVED_SLOTS 8  /* connections above --max-clients for the operators (access_operator) */
 #define SERVER_FDS_PER_CONN 64    /* fd-carrying replies one connection may leave unread */
 
 struct server {

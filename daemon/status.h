@@ -26,7 +26,7 @@ struct status_src {
     const struct registry *reg;
     const struct counters *counters;
     const struct session_env *sessions;
-    uint32_t reserved_clients;     /* slots above max_clients for root and the daemon's uid */
+    uint32_t reserved_clients;     /* slots above max_clients for the operators (access_operator) */
     bool only_uid;                 /* an unprivileged viewer: list only uid's clients, buffers, tenant */
     uint32_t uid;
 };
