@@ -14,15 +14,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The two getters take a const conn, but in a forked child they first adopt it, as every
+ * call does there (session.c): the child must never poll its parent's socket, nor see the
+ * parent's requests as its own. conn is never a const object (shmref_connect made it). */
 int shmref_conn_fd(const shmref_conn *conn)
 {
-    return conn ? conn->fd : -EINVAL;
+    if (!conn)
+        return -EINVAL;
+    shmref_conn *c = (shmref_conn *)conn;
+    if (c->fd < 0 || c->pid != client_pid()) {
+        int r = client_usable(c); /* a child's own connection, made now (or why it cannot be) */
+        if (r < 0)
+            return r;
+    }
+    return c->fd;
 }
 
 int shmref_conn_events(const shmref_conn *conn)
 {
     if (!conn)
         return -EINVAL;
+    client_adopt((shmref_conn *)conn);
     int ev = 0;
     if (conn->n_out > 0)
         ev |= SHMREF_WANT_READ;

@@ -3,12 +3,14 @@
  * completes once with its user pointer, nothing blocks, what needs no daemon is ready at
  * once, a failing request completes with the daemon's message, shmref_close with requests
  * outstanding leaves nothing held, a broken connection fails what is outstanding, the
- * stock's refills kept for the next message are sent by a flush or before a wait. */
+ * stock's refills kept for the next message are sent by a flush or before a wait, a
+ * forked child polls its own connection. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -203,6 +205,57 @@ Test(eventloop, refills_kept_for_the_next_message_are_never_lost, .timeout = 60)
     shmref_release(c);
     shmref_release(v[0].buf);
     shmref_release(b);
+    shmref_close(p);
+    daemon_stop(&d);
+}
+
+static ino_t sock_ino(int fd)
+{
+    struct stat st;
+    return fd >= 0 && fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+
+/* A forked child that polls the connection gets its own socket, never its parent's (whose
+ * replies it would read), and sees none of the parent's requests as its own; the parent's
+ * outstanding request still completes in the parent. */
+Test(eventloop, a_forked_child_polls_its_own_connection, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d);
+    ino_t parent_sock = sock_ino(shmref_conn_fd(p));
+    cr_assert_neq(parent_sock, 0);
+    int tag;
+    cr_assert_eq(shmref_ping_submit(p, &tag), 0);
+    cr_assert(shmref_conn_events(p) & SHMREF_WANT_READ);
+    pid_t child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {
+        if (shmref_conn_events(p) & (SHMREF_WANT_READ | SHMREF_READY))
+            _exit(20); /* the parent's ping is not the child's */
+        int fd = shmref_conn_fd(p);
+        if (fd < 0)
+            _exit(21);
+        if (sock_ino(fd) == parent_sock)
+            _exit(22); /* the parent's socket */
+        if (shmref_conn_pid(p) != getpid())
+            _exit(23);
+        int mine;
+        shmref_completion v[2];
+        if (shmref_ping_submit(p, &mine) < 0 || collect(p, v, 1) != 1 || v[0].user != &mine || v[0].result != 0)
+            _exit(24);
+        if (shmref_conn_fd(p) != fd)
+            _exit(25); /* one connection, kept */
+        shmref_close(p);
+        _exit(0);
+    }
+    int st = child_wait(child);
+    cr_assert_eq(st, 0, "the child failed (status %d: 20+ = a step, 128+ = a signal)", st);
+    shmref_completion v[1];
+    cr_assert_eq(collect(p, v, 1), 1, "the parent's ping completes in the parent");
+    cr_assert_eq(v[0].user, &tag);
+    cr_assert_eq(v[0].result, 0, "%s", v[0].errmsg);
+    cr_assert_eq(sock_ino(shmref_conn_fd(p)), parent_sock);
     shmref_close(p);
     daemon_stop(&d);
 }

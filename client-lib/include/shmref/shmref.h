@@ -591,7 +591,9 @@ typedef struct shmref_completion {
     shmref_desc desc;       /* publish: the descriptor; acquire: the one acquired */
 } shmref_completion;
 
-/* shmref_conn_fd: the socket to poll (owned by conn; never read or write it). */
+/* shmref_conn_fd: the socket to poll (owned by conn; never read or write it). In a forked
+ * child the first call makes the child's own connection (as any call there does) and
+ * returns its socket, never the parent's; -errno if that connection cannot be made. */
 SHMREF_EXPORT int shmref_conn_fd(const shmref_conn *conn);
 /* shmref_conn_events: SHMREF_WANT_READ | SHMREF_WANT_WRITE | SHMREF_READY, or -EINVAL. */
 SHMREF_EXPORT int shmref_conn_events(const shmref_conn *conn);
