@@ -315,9 +315,9 @@ static int setup(struct daemon *d, uv_loop_t *loop)
         log_notice("serving as user %s (uid %u), not root: given no --user, a root shmrefd gives up root once "
                    "its socket and pool are set up (--user root keeps root)", d->opt.user, (unsigned)getuid());
     if (shared)
-        log_notice("uid %u is user nobody's, which other services share: its clients are tenants like any "
-                   "other, not operators (root is; create user shmrefd, or give --user, for an operator uid)",
-                   (unsigned)getuid());
+        log_warning("uid %u is user nobody's, which other services share: its clients are tenants like any "
+                    "other, not operators (root is), and any process of nobody may signal shmrefd; create user "
+                    "shmrefd (the package does) or give --user", (unsigned)getuid());
     uv_signal_t *sigs[] = { &d->sig_term, &d->sig_int, &d->sig_hup };
     int nums[] = { SIGTERM, SIGINT, SIGHUP };
     for (int i = 0; i < 3; i++) {

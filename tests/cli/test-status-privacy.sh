@@ -44,7 +44,7 @@ check "and shows no root client or buffer" bash -c "! grep -Eq ' root ' '$tmp/to
 check "its own buffer is still its to get" test "$(as_nobody "$SHMREFCTL" --socket "$sock" get "$nobody_desc")" = "nobody data"
 kill -TERM "$dpid"; wait "$dpid"; dpid=
 check "the daemon serving as nobody says nobody's clients are no operators" \
-    grep -q "uid $uid is user nobody's, which other services share: its clients are tenants" "$tmp/log"
+    grep -q "uid $uid is user nobody's, which other services share: its clients are tenants like any other, not operators (root is), and any process of nobody may signal shmrefd" "$tmp/log"
 
 # A daemon serving as a user of its own (here: daemon, uid 1): that uid is an operator. It
 # sees root's buffer, and passes allow-users, which names only root.
