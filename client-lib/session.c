@@ -292,7 +292,8 @@ static int hello(shmref_conn *conn, int64_t deadline)
     }
     struct proto_msg req = { .op = PROTO_OP_HELLO };
     req.u.hello.version = PROTO_VERSION;
-    req.u.hello.features = PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN;
+    req.u.hello.features =
+        PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN | PROTO_FEAT_BYE;
     if (localhold_wanted()) /* $SHMREF_LEDGER=0: every acquire asks the daemon */
         req.u.hello.features |= PROTO_FEAT_LEDGER;
     req.u.hello.name = name;
@@ -470,8 +471,9 @@ void shmref_close(shmref_conn *conn)
     /* Never blocks: what has arrived is taken in, releases are one-way messages sent if
      * the socket takes them now, and nothing is waited for. Whatever the daemon still
      * holds for this connection (a release the socket did not take, a lease on its way,
-     * a parked acquire) ends with the connection on its side. In a forked child nothing
-     * of the parent's connection is touched (adopt). */
+     * a parked acquire) ends with the connection on its side; the bye said last makes
+     * that a clean close when all went (transport_bye). In a forked child nothing of the
+     * parent's connection is touched (adopt). */
     adopt(conn);
     conn->closing = true;
     bool pinned = atomic_load(&conn->pins) > 0;
@@ -480,6 +482,7 @@ void shmref_close(shmref_conn *conn)
         pending_intake(conn);
         conn->stock.depth = 0; /* nothing is refilled from now on */
         stock_return(conn);
+        transport_drop_later(conn); /* refills not sent yet never go */
     }
     /* Requests still out become nobody's (a handle they hold is the closer's now); a
      * completion not collected is released. */
@@ -509,6 +512,7 @@ void shmref_close(shmref_conn *conn)
         transport_flush_wait(conn, conn->timeout_ms > 0 && conn->timeout_ms < CLOSE_PUBLISH_MS ? conn->timeout_ms
                                                                                          : CLOSE_PUBLISH_MS);
     if (!pinned) {
+        transport_bye(conn); /* refills still on their way: a clean close all the same */
         client_teardown(conn);
         return;
     }
@@ -553,17 +557,16 @@ void client_unpin(shmref_buf *buf)
         free(buf->share);
     if (last && (conn->features & PROTO_FEAT_NOREPLY_RELEASE) && client_pid() == conn->pid) {
         struct proto_msg req = { .op = PROTO_OP_RELEASE, .id = 1 };
-        uint8_t msg[64];
         req.u.release.handle = buf->handle;
         req.u.release.flags = PROTO_RELEASE_NOREPLY;
-        int len = proto_encode(&req, msg, sizeof(msg));
-        if (len > 0)
-            send(conn->fd, msg, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT); /* else: at close */
+        transport_send_direct(conn, &req); /* else: at close */
     }
     free(buf->meta);
     free(buf);
-    if (atomic_fetch_sub(&conn->pins, 1) == 1)
+    if (atomic_fetch_sub(&conn->pins, 1) == 1) {
+        transport_bye(conn);
         client_teardown(conn);
+    }
 }
 
 const char *shmref_errmsg(const shmref_conn *conn)

@@ -187,6 +187,31 @@ void transport_discard(shmref_conn *conn)
     conn->q_bytes = 0;
 }
 
+void transport_drop_later(shmref_conn *conn)
+{
+    while (conn->later) {
+        struct client_out *m = conn->later;
+        conn->later = m->next;
+        free(m);
+    }
+    conn->later_tail = NULL;
+    conn->n_later = 0;
+}
+
+bool transport_send_direct(shmref_conn *conn, const struct proto_msg *req)
+{
+    uint8_t msg[64];
+    int len = proto_encode(req, msg, sizeof(msg));
+    return len > 0 && send(conn->fd, msg, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT) == len;
+}
+
+bool transport_bye(shmref_conn *conn)
+{
+    if (!(conn->features & PROTO_FEAT_BYE) || conn->q || conn->later || transport_ok(conn) < 0)
+        return false;
+    return transport_send_direct(conn, &(struct proto_msg){ .op = PROTO_OP_BYE, .id = 1 });
+}
+
 /* encode: checks, then req with its id in conn->wbuf: the length, or -errno with the
  * message set. */
 static int encode(shmref_conn *conn, struct proto_msg *req)

@@ -41,6 +41,18 @@ int client_flush(shmref_conn *conn);
 /* transport_discard: drop every message not sent (a forked child's copy of its
  * parent's, or at the end of the connection). */
 void transport_discard(shmref_conn *conn);
+/* transport_drop_later: the kept messages (stock refills) are dropped unsent: at a close,
+ * their leases would only come back. */
+void transport_drop_later(shmref_conn *conn);
+/* transport_send_direct: one small one-way message (64 bytes encoded at most) sent now,
+ * past the send queue and without touching conn's state (a closed connection's
+ * releases, from any thread), if the socket takes it at once. Whether it went. */
+bool transport_send_direct(shmref_conn *conn, const struct proto_msg *req);
+/* transport_bye: the connection's last message, if the daemon agreed PROTO_FEAT_BYE:
+ * what it still has on its way to this connection (the stock's refills) then ends as a
+ * clean close, not a death. Sent only if nothing is queued before it (it must be the
+ * last) and the socket takes it at once; never by a forked child. Whether it went. */
+bool transport_bye(shmref_conn *conn);
 /* transport_holds_publish: whether a one-way publish is still in the send queue. */
 bool transport_holds_publish(const shmref_conn *conn);
 /* transport_flush_wait: flush, waiting for the socket at most ms: 0 all sent, -ETIMEDOUT,

@@ -14,7 +14,8 @@
 #include "log.h"
 #include "text.h"
 
-#define FEATURES (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN)
+#define FEATURES \
+    (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN | PROTO_FEAT_BYE)
 
 static uint8_t wbuf[PROTO_MAX_REPLY];              /* one encoded reply (one loop thread) */
 static uint8_t status_body[PROTO_MAX_REPLY - 64];  /* a status map, before its envelope */
@@ -347,10 +348,12 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
     free(keep);
     uint32_t n = broker_disconnect(env->broker, &s->peer);
     broker_check(env->broker);
-    /* The peer went away (why == NULL): with nothing held it closed cleanly (libshmref
-     * releases before closing); holding leases, it died, or closed without releasing.
-     * The socket cannot tell which signal, if any, ended it. */
-    if (!why && !n)
+    /* The peer went away (why == NULL): with nothing held, or having said bye, it closed
+     * cleanly (libshmref releases before closing, then says bye: what it still held were
+     * leases on their way to it, its stock's refills); holding leases without a bye, it
+     * died, or closed without releasing. The socket cannot tell which signal, if any,
+     * ended it. */
+    if (!why && (!n || s->bye))
         env->counters->clients_closed++;
     else if (!why)
         env->counters->clients_died++;
@@ -361,6 +364,10 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
         log_info("client %llu pid=%d uid=%u disconnected: %s; reclaimed %u lease%s",
                  (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid, why, held,
                  held == 1 ? "" : "s");
+    else if (n && s->bye)
+        log_debug("client %llu pid=%d uid=%u closed; reclaimed %u lease%s on their way to it",
+                  (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid, held,
+                  held == 1 ? "" : "s");
     else if (n)
         log_info("client %llu pid=%d uid=%u died holding %u lease%s (or closed without releasing); reclaimed",
                  (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid, held,
@@ -575,6 +582,9 @@ static void dispatch(struct session *s, const struct proto_msg *m)
     case PROTO_OP_NUDGE: /* never a reply */
         tenantdir_nudge(s->env->tenantdirs, &s->ledger, m->u.nudge.buf_id);
         return;
+    case PROTO_OP_BYE: /* never a reply; the last message (on_message) */
+        s->bye = true;
+        return;
     case PROTO_OP_PING: {
         struct proto_msg r = { .op = PROTO_OP_PING + PROTO_OP_REPLY, .id = m->id };
         session_send(s, &r, -1);
@@ -607,6 +617,13 @@ static void on_message(void *ctx, const uint8_t *data, size_t len)
     }
     if (r < 0) {
         protocol_error(s, m.id, why ? why : "malformed message");
+        return;
+    }
+    if (s->bye) { /* a liar about its close: no clean close for it */
+        char what[64];
+        snprintf(what, sizeof(what), "%s after bye (bye must be the last message)", proto_op_name(m.op));
+        s->bye = false;
+        protocol_error(s, m.id, what);
         return;
     }
     dispatch(s, &m);

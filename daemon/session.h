@@ -65,6 +65,7 @@ struct session {
     char name[PROTO_MAX_NAME + 1];
     bool hello;
     bool fd_once;                /* PROTO_FEAT_FD_ONCE agreed in hello */
+    bool bye;                    /* it said bye (PROTO_FEAT_BYE): its end is a clean close */
     struct idset known;          /* buf_id << 1 | writable: fds this client was sent */
     struct tenantdir_conn ledger; /* PROTO_FEAT_LEDGER agreed: its ledger (dir NULL: none) */
     uint64_t accepted_ms;        /* uv_now at accept, for the hello deadline */

@@ -296,6 +296,7 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
         return true;
     case PROTO_OP_STATUS:
     case PROTO_OP_PING:
+    case PROTO_OP_BYE:
     case PROTO_OP_RELEASE + PROTO_OP_REPLY:
     case PROTO_OP_PING + PROTO_OP_REPLY:
     case PROTO_OP_RELEASE_MANY + PROTO_OP_REPLY:
@@ -305,7 +306,7 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
     }
 }
 
-/* has_reply: forget, took and nudge never have one. */
+/* has_reply: forget, took, nudge and bye never have one. */
 static bool has_reply(uint32_t op)
 {
     return op >= PROTO_OP_HELLO && op <= PROTO_OP_RELEASE_MANY && op != PROTO_OP_FORGET;
@@ -313,7 +314,7 @@ static bool has_reply(uint32_t op)
 
 static bool op_known(uint32_t op)
 {
-    if (op == PROTO_OP_ERROR || (op >= PROTO_OP_HELLO && op <= PROTO_OP_NUDGE))
+    if (op == PROTO_OP_ERROR || (op >= PROTO_OP_HELLO && op <= PROTO_OP_BYE))
         return true;
     return op > PROTO_OP_REPLY && has_reply(op - PROTO_OP_REPLY);
 }
@@ -561,13 +562,13 @@ const char *proto_op_name(uint32_t op)
         [PROTO_OP_ACQUIRE] = "acquire", [PROTO_OP_RELEASE] = "release",
         [PROTO_OP_STATUS] = "status", [PROTO_OP_PING] = "ping", [PROTO_OP_FORGET] = "forget",
         [PROTO_OP_LEASE_MANY] = "lease_many", [PROTO_OP_RELEASE_MANY] = "release_many",
-        [PROTO_OP_TOOK] = "took", [PROTO_OP_NUDGE] = "nudge",
+        [PROTO_OP_TOOK] = "took", [PROTO_OP_NUDGE] = "nudge", [PROTO_OP_BYE] = "bye",
     };
     if (op == PROTO_OP_ERROR)
         return "error";
     if (op > PROTO_OP_REPLY && has_reply(op - PROTO_OP_REPLY))
-        op -= PROTO_OP_REPLY; /* forget, took and nudge have no reply */
-    else if (op > PROTO_OP_NUDGE)
+        op -= PROTO_OP_REPLY; /* forget, took, nudge and bye have no reply */
+    else if (op > PROTO_OP_BYE)
         return "unknown";
     if (names[op])
         return names[op];

@@ -64,6 +64,12 @@
  * does not agree the bit. The client then may send PROTO_OP_TOOK and PROTO_OP_NUDGE. */
 #define PROTO_FEAT_LEDGER (1u << 3)
 
+/* The client says bye (PROTO_OP_BYE) as its last message before it closes, and the
+ * daemon then counts the end of the connection as a clean close (clients_closed) even if
+ * leases were still on their way to it (the stock's refills), not as a client that died
+ * holding them (clients_died). */
+#define PROTO_FEAT_BYE (1u << 4)
+
 /* The daemon marks acquire replies of a buffer whose producer is another tenant
  * (PROTO_BUF_FOREIGN), so a client can refuse another uid's unsealed unit; without this
  * bit the client cannot tell and treats every unsealed unit as another uid's. (A high
@@ -106,6 +112,7 @@ enum proto_op {
     PROTO_OP_RELEASE_MANY = 10,   /* every known handle is released; an error names the first unknown */
     PROTO_OP_TOOK = 11,           /* no reply, ever (PROTO_FEAT_LEDGER) */
     PROTO_OP_NUDGE = 12,          /* no reply, ever (PROTO_FEAT_LEDGER) */
+    PROTO_OP_BYE = 13,            /* no reply, ever; the connection's last message (PROTO_FEAT_BYE) */
     PROTO_OP_REPLY = 64,          /* added to a request op in its reply */
     PROTO_OP_ERROR = 127,
 };

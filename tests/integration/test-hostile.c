@@ -1438,3 +1438,54 @@ Test(hostile, fd_once_sends_each_buffer_once)
     expect_clean(&d, 0);
     daemon_stop(&d);
 }
+
+/* ---- bye: a label for the end of a connection, never a way to keep anything ---------------- */
+
+/* A client that says bye while it still holds a lease loses the lease as at any end (only
+ * its end is counted as a clean close); one that says anything after bye is a protocol
+ * error, closed, its request not served, and counted neither as closed nor as died. */
+Test(hostile, bye_is_the_last_word_and_keeps_nothing, .timeout = 60)
+{
+    struct daemon d;
+    uint8_t msg[256];
+    daemon_start(&d, NULL);
+    /* (every status read is a connection that closes cleanly: clients_closed moves with
+     * them, clients_died does not) */
+    uint64_t died = status_u64(&d, "counters.clients_died");
+
+    int a = connect_hello(&d);
+    raw_lease(a, 2, 1 << 20);
+    size_t len = enc_simple(msg, sizeof(msg), PROTO_OP_BYE, 3);
+    send_all(a, msg, len);
+    close(a);
+    cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, WAIT_MS), 0,
+                 "the lease of a client that said bye is reclaimed");
+    cr_assert_eq(status_u64(&d, "counters.clients_died"), died, "a bye, then the close: no death");
+
+    int z = connect_hello(&d); /* the same without the bye: a death */
+    raw_lease(z, 2, 1 << 20);
+    close(z);
+    cr_assert_eq(wait_status(&d, "counters.clients_died", died + 1, WAIT_MS), died + 1, "no bye: a death");
+    cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, WAIT_MS), 0);
+
+    int b = connect_hello(&d);
+    len = enc_simple(msg, sizeof(msg), PROTO_OP_BYE, 4);
+    send_all(b, msg, len);
+    len = enc_simple(msg, sizeof(msg), PROTO_OP_PING, 5);
+    expect_dropped("a ping after bye", b, msg, len, 5);
+    close(b);
+
+    int c = connect_hello(&d);
+    raw_lease(c, 6, 1 << 20);
+    len = enc_simple(msg, sizeof(msg), PROTO_OP_BYE, 7);
+    send_all(c, msg, len);
+    len = enc_lease(msg, sizeof(msg), 8, 4096);
+    expect_dropped("a lease after bye", c, msg, len, 8);
+    close(c);
+
+    others_served(&d);
+    expect_clean(&d, 2);
+    cr_assert_eq(status_u64(&d, "counters.clients_died"), died + 1,
+                 "a liar after bye, closed by the daemon, is counted as a protocol error only");
+    daemon_stop(&d);
+}

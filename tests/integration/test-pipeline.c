@@ -360,3 +360,26 @@ Test(pipeline, an_unknown_counter_is_enoent)
     shmref_close(p);
     daemon_stop(&d);
 }
+
+/* A clean close right after leases whose stock refills are still kept or in flight counts
+ * as a clean close, not a death: close drops the kept refills and says bye last (before
+ * bye, 9 of these 20 closes counted as deaths). */
+Test(pipeline, a_close_with_refills_in_flight_is_clean, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    for (int round = 0; round < 20; round++) {
+        shmref_conn *p = connect_ok(&d);
+        cr_assert_eq(shmref_set_stock(p, 2), 0);
+        shmref_buf *b;
+        cr_assert_eq(shmref_lease(p, 9000, &b), 0);
+        if (round % 2)
+            cr_assert_eq(shmref_ping(p), 0); /* the refills sent, maybe not answered */
+        shmref_release(b);
+        shmref_close(p);
+    }
+    cr_assert_eq(wait_status(&d, "buffers.leases", 0, 2000), 0);
+    cr_assert_eq(status_u64(&d, "counters.clients_died"), 0, "died: %llu of 20 clean closes",
+                 (unsigned long long)status_u64(&d, "counters.clients_died"));
+    daemon_stop(&d);
+}

@@ -23,7 +23,7 @@ static const uint32_t known_ops[] = {
     REPLY(PROTO_OP_ACQUIRE), REPLY(PROTO_OP_RELEASE), REPLY(PROTO_OP_STATUS),
     REPLY(PROTO_OP_PING), PROTO_OP_ERROR,
     PROTO_OP_LEASE_MANY, REPLY(PROTO_OP_LEASE_MANY), PROTO_OP_RELEASE_MANY, REPLY(PROTO_OP_RELEASE_MANY),
-    PROTO_OP_TOOK, PROTO_OP_NUDGE,
+    PROTO_OP_TOOK, PROTO_OP_NUDGE, PROTO_OP_BYE,
 };
 #define N_KNOWN_OPS (sizeof(known_ops) / sizeof(known_ops[0]))
 
@@ -1308,7 +1308,8 @@ Test(proto, unknown_op_is_eopnotsupp)
     expect_unsupported(op50, sizeof(op50), 50, 1234);
     static const uint8_t op99[] = { 0x94, 99, 0x07, 0xa1, 'x', 0x92, 0x01, 0x02 };
     expect_unsupported(op99, sizeof(op99), 99, 7);
-    static const uint32_t ops[] = { 0, 13, 63, 64, 72, 75, 126, REPLY(PROTO_OP_TOOK), REPLY(PROTO_OP_NUDGE) };
+    static const uint32_t ops[] = { 0, 14, 63, 64, 72, 75, 126, REPLY(PROTO_OP_TOOK), REPLY(PROTO_OP_NUDGE),
+                                    REPLY(PROTO_OP_BYE) };
     for (unsigned i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
         uint8_t b[] = { 0x92, (uint8_t)ops[i], 0xce, 0xff, 0xff, 0xff, 0xff };
         expect_unsupported(b, sizeof(b), ops[i], UINT32_MAX);
@@ -1842,7 +1843,8 @@ Test(proto, op_names)
         { PROTO_OP_RELEASE_MANY, "release_many" }, { REPLY(PROTO_OP_LEASE_MANY), "lease_many" },
         { REPLY(PROTO_OP_RELEASE_MANY), "release_many" }, { PROTO_OP_TOOK, "took" },
         { PROTO_OP_NUDGE, "nudge" }, { REPLY(PROTO_OP_TOOK), "unknown" }, { REPLY(PROTO_OP_NUDGE), "unknown" },
-        { REPLY(PROTO_OP_FORGET), "unknown" }, { 13, "unknown" }, { 75, "unknown" },
+        { PROTO_OP_BYE, "bye" }, { REPLY(PROTO_OP_BYE), "unknown" },
+        { REPLY(PROTO_OP_FORGET), "unknown" }, { 14, "unknown" }, { 75, "unknown" },
         { 0, "unknown" }, { 50, "unknown" }, { 63, "unknown" },
         { PROTO_OP_REPLY, "unknown" }, { 72, "unknown" }, { 99, "unknown" }, { 126, "unknown" },
         { 128, "unknown" }, { 128 + PROTO_OP_HELLO, "unknown" }, { 191, "unknown" },
@@ -1884,7 +1886,7 @@ Test(proto, version_3_flags_round_trip)
 
 /* The ledger's ops (PROTO_FEAT_LEDGER): took [buf_id, token] and nudge [buf_id], both
  * requests without a reply; every field required and checked. */
-Test(proto, took_and_nudge_fields_are_checked)
+Test(proto, took_nudge_and_bye_fields_are_checked)
 {
     struct proto_msg m;
     /* [11, 1, 7, bin16] */
@@ -1909,4 +1911,11 @@ Test(proto, took_and_nudge_fields_are_checked)
     EXPECT_EPROTO(0x92, 12, 0x02);                            /* no buf_id */
     EXPECT_EPROTO(0x93, 12, 0x02, 0xc2);                      /* false */
     EXPECT_EPROTO(0x93, 12, 0x02, 0xd0, 0x80);                /* -128 */
+
+    DECODE_RAW(&m, 0x92, 13, 0x03); /* bye: no field */
+    cr_assert_eq(m.op, PROTO_OP_BYE);
+    cr_assert_eq(m.id, 3);
+    DECODE_RAW(&m, 0x93, 13, 0x04, 0x07); /* a trailing field is ignored, as in every message */
+    cr_assert_eq(m.op, PROTO_OP_BYE);
+    EXPECT_EPROTO(0x91, 13);                                   /* no id */
 }

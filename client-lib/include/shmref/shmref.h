@@ -66,11 +66,12 @@ SHMREF_EXPORT int shmref_connect(const char *path, shmref_conn **ret_conn);
 SHMREF_EXPORT int shmref_set_daemon_uid(long uid);
 
 /* shmref_close: releases every handle still held (one-way messages, no round trip),
- * then closes the connection, so the daemon counts a clean close (clients_closed), not
- * a client that died holding leases (clients_died). Never blocks on the daemon: no reply
- * or ping is waited for (releases the socket cannot take at once, and leases still on
- * their way, end with the connection on the daemon's side); only a one-way publish still
- * queued is flushed, for at most the connection's timeout (2 s without one). In a
+ * says bye, then closes the connection, so the daemon counts a clean close
+ * (clients_closed), not a client that died holding leases (clients_died), even with the
+ * stock's refills still on their way. Never blocks on the daemon: no reply or ping is
+ * waited for (releases the socket cannot take at once, and leases still on their way,
+ * end with the connection on the daemon's side); only a one-way publish still queued is
+ * flushed, for at most the connection's timeout (2 s without one). In a
  * forked child it touches nothing of the parent's connection: see "Lifetimes" in
  * shmref(3).
  * Buffers obtained from it must not be used afterwards (their mappings are unmapped);
