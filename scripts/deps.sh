@@ -7,9 +7,9 @@ SHMREF_BUILD_PACKAGES="build-essential cmake pkg-config libuv1-dev libmsgpack-de
 # the python3 on PATH: pyenv's where there is one, else Debian's, which needs these two).
 SHMREF_TEST_PACKAGES="python3 python3-prometheus-client systemd clang libclang-rt-14-dev strace
     tmux python3-venv python3-dev"
-# The deb test's (debian/control's Build-Depends, lintian): installed by scripts/test only
-# when that test runs, i.e. under CI=true or SHMREF_TEST_HOST=1 (it changes the host).
-SHMREF_PACKAGING_PACKAGES="debhelper dpkg-dev lintian dh-python python3-all-dev python3-setuptools python3-numpy"
+# The deb test's (debian/control's Build-Depends, lintian, mmdebstrap for its throwaway
+# root): installed by scripts/test only under CI=true or SHMREF_TEST_HOST=1.
+SHMREF_PACKAGING_PACKAGES="debhelper dpkg-dev lintian dh-python python3-all-dev python3-setuptools python3-numpy mmdebstrap"
 
 ensure_packages() {
     local missing=() p

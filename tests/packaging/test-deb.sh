@@ -14,21 +14,31 @@
 # the installed units; then dpkg --purge and nothing of the packages left (nor the
 # module's byte code; Debian's python3 no longer imports shmref). The user and group stay
 # (Debian policy: a system user may own files elsewhere; sysusers.d never deletes).
-# The install half CHANGES THE HOST: dpkg -i and --purge on this machine's dpkg database,
-# and the user shmrefd and group shmref, which stay. So it runs only with
-# SHMREF_TEST_HOST=1 (you say this machine may be changed), never in the suite by itself
-# (not under CI=true either); without it the test builds and lints and ends there.
-# Installing into a throwaway root (mmdebstrap + unshare) instead is not done yet. Also skipped when not root, when dpkg-buildpackage or lintian
-# is missing, or when shmrefd is installed already (it would not touch that
-# installation). Cleans up on every exit what it made (its daemon, the packages it
-# installed, /run/shmrefd and its socket only if it created them).
+# Where the install half runs: in a throwaway root by default. mmdebstrap makes a
+# minimal Debian of the host's release (the packages' dependencies and the tools the
+# checks use) in a directory of this test's, and this script runs again inside it
+# (chroot, in a mount namespace of its own with its own /proc, /dev/shm, /run and /tmp;
+# SHMREF_DEB_INSIDE=1, the built packages bound in read-only): dpkg -i and --purge
+# change that root's dpkg database only, and the root is deleted at the end. Network
+# failures of mmdebstrap skip the install half, saying so; any other failure fails. With
+# SHMREF_TEST_HOST=1 (you say this machine may be changed) it runs on the host instead:
+# dpkg -i and --purge on this machine's dpkg database, and the user shmrefd and group
+# shmref, which stay. Skipped when not root, when dpkg-buildpackage, lintian or
+# mmdebstrap is missing, or (on the host) when shmrefd is installed already (it would not
+# touch that installation). Cleans up on every exit what it made (its daemons, the
+# packages it installed, the root, /run/shmrefd and its socket only if it created them).
 # Usage: test-deb.sh SOURCE_DIR
 set -uo pipefail
 src=$(cd "$1" && pwd)
 . "$src/tests/lib.sh"
 skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "needs root: it installs the packages with dpkg -i"
-for t in dpkg-buildpackage lintian systemd-socket-activate setpriv; do
+inside=${SHMREF_DEB_INSIDE:-} # 1: this is the run inside the throwaway root
+host=${SHMREF_TEST_HOST:-}
+tools="systemd-socket-activate setpriv"
+[ -n "$inside" ] || tools="$tools dpkg-buildpackage lintian"
+[ -n "$inside" ] || [ "$host" = 1 ] || tools="$tools mmdebstrap unshare"
+for t in $tools; do
     command -v "$t" >/dev/null || skip "$t is not installed (scripts/deps.sh installs it)"
 done
 PKGS="shmrefd libshmref0 libshmref-dev python3-shmref"
@@ -41,6 +51,7 @@ test_begin deb
 installed_by_us=
 sapid=
 made_sock= made_rundir=
+root=
 deb_cleanup() {
     [ -n "$sapid" ] && { kill "$sapid" 2>/dev/null; wait "$sapid" 2>/dev/null; }
     [ -n "${hpid:-}" ] && { kill "$hpid" 2>/dev/null; wait "$hpid" 2>/dev/null; }
@@ -49,10 +60,18 @@ deb_cleanup() {
     # Only what this test made: a live daemon's socket (./scripts/run) is never touched.
     [ -n "$made_sock" ] && rm -f "$made_sock"
     [ -n "$made_rundir" ] && rmdir "$made_rundir" 2>/dev/null
+    # The root's mounts lived in the namespace of the run inside it, gone with it; never
+    # delete through one (--one-file-system stops at any mount point left).
+    [ -n "$root" ] && [ -d "$root" ] && rm -rf --one-file-system "$root"
     test_cleanup
 }
 trap deb_cleanup EXIT
 show() { [ -s "$1" ] && sed -e 's/^/    | /' "$1" | tail -n "${2:-30}"; return 0; }
+
+if [ -n "$inside" ]; then
+    debdir=$SHMREF_DEB_DIR # bound in read-only by the run outside
+else
+debdir=$tmp
 
 # --- build -----------------------------------------------------------------------------
 copy=$tmp/shmrefd-0.1.0
@@ -81,17 +100,54 @@ grep -v "running with root privileges" "$tmp/lintian.log" >"$tmp/lintian.tags"
 check "lintian reports no errors and no warnings" test "$rc" = 0 -a ! -s "$tmp/lintian.tags"
 show "$tmp/lintian.tags"
 
-# --- install -----------------------------------------------------------------------------
-# Installing changes the host (its dpkg database, a system user and group that stay): only
-# when SHMREF_TEST_HOST=1 says this machine may be changed. The suite (also under CI=true)
-# builds and lints the packages and stops here.
-if [ "${SHMREF_TEST_HOST:-}" != 1 ]; then
-    echo "the install half (dpkg -i/--purge on this machine's dpkg database) runs only with SHMREF_TEST_HOST=1"
+# --- a throwaway root for the install half ------------------------------------------------
+# On the host only with SHMREF_TEST_HOST=1 (it changes the host's dpkg database and leaves
+# a system user and group). Otherwise in a minimal Debian made here, with what the
+# packages depend on (from the .debs: a wrong dependency fails mmdebstrap, and the test)
+# and the tools the checks use; this script then runs again in it.
+if [ "$host" != 1 ]; then
+    deps=$(for p in $PKGS; do dpkg-deb -f "$tmp/${p}_0.1.0-1_amd64.deb" Depends; done | tr ',' '\n' |
+        sed 's/([^)]*)//g; s/|.*//; s/:any//; s/[[:space:]]//g' | grep -vxE "${PKGS// /|}|" | sort -u | paste -sd, -)
+    . /etc/os-release
+    root=$(mktemp -d /tmp/shmref-deb-root-XXXXXX)
+    # mmdebstrap mounts /proc and /dev in the root while it installs: in a mount namespace
+    # of its own, so nothing of them can outlive it on the host.
+    timeout 600 unshare --mount --propagation private --fork \
+        mmdebstrap --variant=apt --include="$deps,systemd,strace,pkg-config,binutils,python3-numpy" \
+        "$VERSION_CODENAME" "$root" http://deb.debian.org/debian >"$tmp/mmdebstrap.log" 2>&1; rc=$?
+    if [ "$rc" != 0 ] && grep -qE "Failed to fetch|Could not resolve|Temporary failure|Unable to connect|Connection (timed out|refused)" "$tmp/mmdebstrap.log"; then
+        show "$tmp/mmdebstrap.log" 10
+        echo "SKIP the install half: mmdebstrap could not reach the Debian mirror (above)"
+        test_end; exit
+    fi
+    check "mmdebstrap makes a throwaway $VERSION_CODENAME root with the packages' dependencies ($deps)" test "$rc" = 0
+    [ "$rc" = 0 ] || { show "$tmp/mmdebstrap.log" 30; test_end; exit; }
+    mkdir -p "$root$src" "$root/debs"
+    # The run inside: its own mount namespace (the binds and mounts vanish with it), the
+    # source and the packages read-only, fresh /proc, /dev/shm, /run and /tmp.
+    unshare --mount --propagation private --fork bash -c '
+        set -e
+        root=$1 src=$2 debs=$3
+        mount --bind "$src" "$root$src" && mount -o remount,bind,ro "$root$src"
+        mount --bind "$debs" "$root/debs" && mount -o remount,bind,ro "$root/debs"
+        mount --rbind /dev "$root/dev"
+        mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
+        mount -t proc proc "$root/proc"
+        mount -t tmpfs -o mode=755 tmpfs "$root/run"
+        mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
+        exec chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root SHMREF_DEB_INSIDE=1 \
+            SHMREF_DEB_DIR=/debs /bin/bash "$src/tests/packaging/test-deb.sh" "$src"
+    ' _ "$root" "$src" "$tmp" >"$tmp/inside.log" 2>&1; rc=$?
+    sed -e 's/^/    inside: /' "$tmp/inside.log"
+    check "the install half passes inside the throwaway root ($(tail -n 1 "$tmp/inside.log"))" test "$rc" = 0
     test_end; exit
 fi
+fi # not inside
+
+# --- install -----------------------------------------------------------------------------
 installed_by_us=1
 # shellcheck disable=SC2046
-(cd "$tmp" && dpkg -i $(printf '%s_0.1.0-1_amd64.deb ' $PKGS)) >"$tmp/dpkg-i.log" 2>&1; rc=$?
+(cd "$debdir" && dpkg -i $(printf '%s_0.1.0-1_amd64.deb ' $PKGS)) >"$tmp/dpkg-i.log" 2>&1; rc=$?
 check "dpkg -i installs the four packages" test "$rc" = 0
 [ "$rc" = 0 ] || show "$tmp/dpkg-i.log"
 # shellcheck disable=SC2086
@@ -103,7 +159,8 @@ check "the socket is enabled (deb-systemd-helper)" test -L /etc/systemd/system/s
 check "/etc/shmrefd/shmrefd.conf is a conffile" \
     bash -c 'dpkg-query -W -f="\${Conffiles}" shmrefd | grep -q "^ /etc/shmrefd/shmrefd.conf "'
 check "the units are in Debian 12's $unitdir" test -f $unitdir/shmrefd.socket -a -f $unitdir/shmrefd.service
-check "the library is in the multiarch libdir" test -e "/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/libshmref.so.0"
+multiarch=$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_config_var("MULTIARCH"))') # no dpkg-dev in the root
+check "the library is in the multiarch libdir ($multiarch)" test -n "$multiarch" -a -e "/usr/lib/$multiarch/libshmref.so.0"
 check "pkg-config finds the installed libshmref" pkg-config --exists shmref
 pyext=$(dpkg -L python3-shmref 2>/dev/null | grep '^/usr/lib/python3/dist-packages/shmref/_shmref\..*\.so$')
 check "python3-shmref's extension is in /usr/lib/python3/dist-packages/shmref" test -n "$pyext" -a -f "$pyext"
