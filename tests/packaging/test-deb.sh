@@ -122,19 +122,20 @@ if [ "$host" != 1 ]; then
     fi
     check "mmdebstrap makes a throwaway $VERSION_CODENAME root with the packages' dependencies ($deps)" test "$rc" = 0
     [ "$rc" = 0 ] || { show "$tmp/mmdebstrap.log" 30; test_end; exit; }
-    mkdir -p "$root$src" "$root/debs"
-    # The run inside: its own mount namespace (the binds and mounts vanish with it), the
-    # source and the packages read-only, fresh /proc, /dev/shm, /run and /tmp.
+    # The run inside: its own mount namespace (the binds and mounts vanish with it), fresh
+    # /proc, /dev/shm, /run and /tmp, then the source and the packages read-only (after
+    # the tmpfs mounts, which would hide a source under /tmp).
     unshare --mount --propagation private --fork bash -c '
         set -e
         root=$1 src=$2 debs=$3
-        mount --bind "$src" "$root$src" && mount -o remount,bind,ro "$root$src"
-        mount --bind "$debs" "$root/debs" && mount -o remount,bind,ro "$root/debs"
         mount --rbind /dev "$root/dev"
         mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
         mount -t proc proc "$root/proc"
         mount -t tmpfs -o mode=755 tmpfs "$root/run"
         mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
+        mkdir -p "$root$src" "$root/debs"
+        mount --bind "$src" "$root$src" && mount -o remount,bind,ro "$root$src"
+        mount --bind "$debs" "$root/debs" && mount -o remount,bind,ro "$root/debs"
         exec chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root SHMREF_DEB_INSIDE=1 \
             SHMREF_DEB_DIR=/debs /bin/bash "$src/tests/packaging/test-deb.sh" "$src"
     ' _ "$root" "$src" "$tmp" >"$tmp/inside.log" 2>&1; rc=$?
