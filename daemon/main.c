@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <sys/un.h>
@@ -106,15 +107,39 @@ static int quota_warning(const struct options *o, char *buf, size_t len)
     return 0;
 }
 
+/* fds_warning: every connection takes two of the daemon's fds (its socket and a pidfd of
+ * its process), and the buffers may take all but a quarter of RLIMIT_NOFILE (pool.c): a
+ * --max-clients whose connections need more than that quarter would meet EMFILE at
+ * accept, which pauses the listener, and clients would wait or time out. A message with
+ * the numbers and both ways out, or 0 if they fit. lim: the limit the daemon will run
+ * with (it raises the soft limit to the hard one at start). */
+static int fds_warning(const struct options *o, unsigned long long lim, char *buf, size_t len)
+{
+    unsigned long long need = 2ULL * (o->max_clients + SERVER_RESERVED_SLOTS), room = lim / 4;
+    if (lim == 0 || lim == (unsigned long long)RLIM_INFINITY || need <= room) /* 0: unknown */
+        return 0;
+    unsigned long long fit = room / 2 > SERVER_RESERVED_SLOTS ? room / 2 - SERVER_RESERVED_SLOTS : 0;
+    snprintf(buf, len,
+             "max-clients %u (and %u for operators) may take %llu fds, a socket and a pidfd each, more than "
+             "the %llu that RLIMIT_NOFILE %llu leaves beside the buffers (a quarter): connections past that wait "
+             "at accept; raise the limit to %llu or more (LimitNOFILE= in the unit, ulimit -n), or lower "
+             "--max-clients to %llu",
+             o->max_clients, SERVER_RESERVED_SLOTS, need, room, lim, need * 4, fit);
+    return 1;
+}
+
 /* check_config: --check-config. What start would refuse (the pool against its
  * directory, O_TMPFILE support) is checked by the same pool_new; exit status as start's. */
 static int check_config(const struct options *o)
 {
     struct pool *p;
     const char *why;
-    char w[256];
+    char w[512];
     options_print(o, stdout);
     if (quota_warning(o, w, sizeof(w)))
+        fprintf(stderr, "shmrefd: warning: %s\n", w);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && fds_warning(o, rl.rlim_max, w, sizeof(w)))
         fprintf(stderr, "shmrefd: warning: %s\n", w);
     if (pool_new(uv_default_loop(), o->pool_dir, o->pool_size, o->memfd, &p, &why) < 0) {
         fprintf(stderr, "shmrefd: %s\n", why);
@@ -389,7 +414,8 @@ int main(int argc, char **argv)
     if (d.opt.sched_batch && sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){ 0 }) < 0)
         log_warning("cannot run as SCHED_BATCH (%s): running as SCHED_OTHER", strerror(errno));
     wait_for_entropy();
-    privs_raise_nofile();
+    if (fds_warning(&d.opt, privs_raise_nofile(), err, sizeof(err)))
+        log_warning("%s", err);
 
     uv_loop_t *loop = uv_default_loop();
     d.server = calloc(1, sizeof(*d.server));

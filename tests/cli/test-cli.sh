@@ -229,6 +229,21 @@ check "naming both numbers" grep -q "pool size .* (1125899906842624 bytes) does 
 check "a tenant quota above the pool size passes with a warning" \
     bash -c '[ "$1" = 0 ] && grep -q "warning: tenant-quota 1.0 GiB is above the pool size 64.0 MiB" "$2"' _ "$rc2" "$dir/cc2"
 
+# Connections take two fds each (a socket, a pidfd): a max-clients that RLIMIT_NOFILE cannot
+# hold beside the buffers' share is a warning with the numbers, at --check-config and start.
+set +e
+(ulimit -n 1024; exec "$SHMREFD" --check-config --config /dev/null) >/dev/null 2>"$dir/cc3"; rc3=$?
+(ulimit -n 1024; exec "$SHMREFD" --check-config --config /dev/null --max-clients 120) >/dev/null 2>"$dir/cc4"; rc4=$?
+set -e
+check "--check-config warns when max-clients' connections do not fit RLIMIT_NOFILE, with both fixes" \
+    bash -c '[ "$1" = 0 ] && grep -q "warning: max-clients 1024 (and 8 for operators) may take 2064 fds, a socket and a pidfd each, more than the 256 that RLIMIT_NOFILE 1024 leaves .* raise the limit to 8256 or more .* or lower --max-clients to 120" "$2"' _ "$rc3" "$dir/cc3"
+check "and not when they fit (max-clients 120)" bash -c '[ "$1" = 0 ] && ! grep -q "max-clients" "$2"' _ "$rc4" "$dir/cc4"
+(ulimit -n 1024; exec "$SHMREFD" --socket "$dir/fd.sock" --config /dev/null --user root) 2>"$dir/fd.log" &
+dpid=$!
+for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/fd.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+check "a daemon started so logs the same warning" grep -q "max-clients 1024 (and 8 for operators) may take 2064 fds" "$dir/fd.log"
+kill -TERM "$dpid"; wait "$dpid"; dpid=
+
 # A refusal by allow-users reaches the user with the daemon's reason and the path.
 if [ "$(id -u)" = 0 ]; then
     chmod 755 "$dir"
