@@ -175,27 +175,28 @@ int client_flush(shmref_conn *conn)
     return 0;
 }
 
-void transport_discard(shmref_conn *conn)
+static void free_outs(struct client_out *m)
 {
-    later_to_q(conn);
-    while (conn->q) {
-        struct client_out *m = conn->q;
-        conn->q = m->next;
+    while (m) {
+        struct client_out *next = m->next;
         free(m);
+        m = next;
     }
-    conn->q_tail = NULL;
-    conn->q_bytes = 0;
 }
 
 void transport_drop_later(shmref_conn *conn)
 {
-    while (conn->later) {
-        struct client_out *m = conn->later;
-        conn->later = m->next;
-        free(m);
-    }
-    conn->later_tail = NULL;
+    free_outs(conn->later);
+    conn->later = conn->later_tail = NULL;
     conn->n_later = 0;
+}
+
+void transport_discard(shmref_conn *conn)
+{
+    transport_drop_later(conn);
+    free_outs(conn->q);
+    conn->q = conn->q_tail = NULL;
+    conn->q_bytes = 0;
 }
 
 bool transport_send_direct(shmref_conn *conn, const struct proto_msg *req)
