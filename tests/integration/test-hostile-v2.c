@@ -89,13 +89,18 @@ static int fds_other(const struct daemon *d, uint64_t csize)
     /* status_u64's connections take no ledger: the daemon makes a uid's directory memfd for
      * its first ledger connection and closes it with its last, so each status call would
      * add a transient fd to the count (CI saw base + 1 once). */
+    /* Each status call is a connection (a socket and a pidfd in the daemon) that ends
+     * when the daemon reads its close, a moment after status_u64 returns: the fds are
+     * counted after the call, twice 50 ms apart, and only an unchanged count is taken
+     * (counting first, then calling, took a connection still ending once: base + 2). */
     setenv("SHMREF_LEDGER", "0", 1);
     for (int i = 0;; i++) {
-        int n = daemon_fds(d);
         uint64_t alloc = status_u64(d, "pool.bytes_allocated");
+        usleep(50000);
+        int n = daemon_fds(d);
+        usleep(50000);
         if ((daemon_fds(d) == n && status_u64(d, "pool.bytes_allocated") == alloc) || i == 100)
             return n - (int)(alloc / csize);
-        usleep(10000);
     }
 }
 

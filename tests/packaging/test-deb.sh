@@ -115,7 +115,11 @@ if [ "$host" != 1 ]; then
     timeout 600 unshare --mount --propagation private --fork \
         mmdebstrap --variant=apt --include="$deps,systemd,strace,pkg-config,binutils,python3-numpy" \
         "$VERSION_CODENAME" "$root" http://deb.debian.org/debian >"$tmp/mmdebstrap.log" 2>&1; rc=$?
-    if [ "$rc" != 0 ] && grep -qE "Failed to fetch|Could not resolve|Temporary failure|Unable to connect|Connection (timed out|refused)" "$tmp/mmdebstrap.log"; then
+    # What says the mirror is unreachable or unusable from here (not a wrong dependency,
+    # which is "Unable to locate package" or "has no installation candidate", a failure).
+    unreachable="Failed to fetch|Could not resolve|Temporary failure|Unable to connect|Connection (timed out|refused)"
+    unreachable="$unreachable|is expired|is not valid yet|does not have a Release file"
+    if [ "$rc" != 0 ] && grep -qE "$unreachable" "$tmp/mmdebstrap.log"; then
         show "$tmp/mmdebstrap.log" 10
         echo "SKIP the install half: mmdebstrap could not reach the Debian mirror (above)"
         test_end; exit
