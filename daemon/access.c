@@ -14,11 +14,11 @@ static bool in_list(const struct options_list *l, uint32_t id)
     return false;
 }
 
-static int64_t operator_uid = -1; /* -1: not set, the current uid; -2: none but root */
+static int64_t operator_uid = -1; /* -1: not set (the current uid) */
 
-void access_set_operator(uid_t daemon_uid, bool shared)
+void access_set_operator(uid_t uid)
 {
-    operator_uid = shared ? -2 : (int64_t)daemon_uid;
+    operator_uid = uid;
 }
 
 bool access_operator(uid_t uid)

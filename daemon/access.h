@@ -13,12 +13,12 @@
 
 bool access_allowed(const struct options *o, const struct ucred *cred, int fd);
 
-/* access_set_operator: the daemon's uid once it has dropped privileges, and whether that
- * uid is user nobody's. Nobody's uid is shared by unrelated services (and by NFS's
- * squashed root), so a daemon serving as nobody (a root shmrefd's default where user
- * shmrefd does not exist) does not make it an operator. Without this call the daemon's
+/* access_set_operator: the operator uid besides root (0: none): the daemon's uid once it
+ * has dropped privileges, unless that is user nobody's, which unrelated services (and
+ * NFS's squashed root) share: a daemon serving as nobody (a root shmrefd's default where
+ * user shmrefd does not exist) makes it no operator. Without this call the daemon's
  * current uid is one (a server run inside a test process). */
-void access_set_operator(uid_t daemon_uid, bool shared);
+void access_set_operator(uid_t uid);
 
 /* access_operator: uid is root or the daemon's own (unshared) uid: it sees every tenant in
  * status, may connect whatever allow-users says, has the reserved slots and no per-uid

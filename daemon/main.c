@@ -108,15 +108,19 @@ static int quota_warning(const struct options *o, char *buf, size_t len)
 }
 
 /* fds_warning: every connection takes two of the daemon's fds (its socket and a pidfd of
- * its process), and the buffers may take all but a quarter of RLIMIT_NOFILE (pool.c): a
- * --max-clients whose connections need more than that quarter would meet EMFILE at
+ * its process), and the buffers may take all but a quarter of RLIMIT_NOFILE (and the
+ * daemon's own: pool_fd_budget_of): a --max-clients whose connections need more than that
+ * quarter would meet EMFILE at
  * accept, which pauses the listener, and clients would wait or time out. A message with
  * the numbers and both ways out, or 0 if they fit. lim: the limit the daemon will run
  * with (it raises the soft limit to the hard one at start). */
 static int fds_warning(const struct options *o, unsigned long long lim, char *buf, size_t len)
 {
-    unsigned long long need = 2ULL * (o->max_clients + SERVER_RESERVED_SLOTS), room = lim / 4;
-    if (lim == 0 || lim == (unsigned long long)RLIM_INFINITY || need <= room) /* 0: unknown */
+    if (lim == 0 || lim == (unsigned long long)RLIM_INFINITY) /* 0: unknown */
+        return 0;
+    unsigned long long need = 2ULL * (o->max_clients + SERVER_RESERVED_SLOTS),
+                       taken = pool_fd_budget_of(lim) + POOL_FDS_DAEMON, room = lim > taken ? lim - taken : 0;
+    if (need <= room)
         return 0;
     unsigned long long fit = room / 2 > SERVER_RESERVED_SLOTS ? room / 2 - SERVER_RESERVED_SLOTS : 0;
     snprintf(buf, len,
@@ -335,7 +339,7 @@ static int setup(struct daemon *d, uv_loop_t *loop)
         return r;
     }
     bool shared = has_nobody && geteuid() == nobody && nobody != 0;
-    access_set_operator(geteuid(), shared);
+    access_set_operator(shared ? 0 : geteuid());
     if (d->default_user)
         log_notice("serving as user %s (uid %u), not root: given no --user, a root shmrefd gives up root once "
                    "its socket and pool are set up (--user root keeps root)", d->opt.user, (unsigned)getuid());

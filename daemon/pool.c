@@ -125,11 +125,9 @@ int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
     }
     p->loop = loop;
     p->cap = cap;
-    /* Every buffer is an fd (two while acquired): keep a quarter of RLIMIT_NOFILE, and
-     * 64 more, for connections and the daemon itself. */
     struct rlimit rl;
     uint64_t lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 1048576;
-    p->fd_budget = lim > 128 ? lim - lim / 4 - 64 : 32;
+    p->fd_budget = pool_fd_budget_of(lim);
     p->unit = (uint64_t)sysconf(_SC_PAGESIZE);
     p->unit_bits = (unsigned)__builtin_ctzll(p->unit);
     *ret = p;
@@ -911,6 +909,13 @@ bool pool_unstock(struct pool *p, struct pool_buf *b)
 uint64_t pool_cap(const struct pool *p) { return p->cap; }
 uint64_t pool_fds(const struct pool *p) { return p->nfds; }
 uint64_t pool_fd_budget(const struct pool *p) { return p->fd_budget; }
+
+uint64_t pool_fd_budget_of(uint64_t nofile)
+{
+    /* Every buffer is an fd (two while acquired): keep a quarter of RLIMIT_NOFILE, and
+     * POOL_FDS_DAEMON more, for connections and the daemon itself. */
+    return nofile > 128 ? nofile - nofile / 4 - POOL_FDS_DAEMON : 32;
+}
 uint64_t pool_bytes_alloc(const struct pool *p) { return p->bytes_alloc; }
 uint64_t pool_bytes_warm(const struct pool *p) { return p->bytes_warm; }
 uint64_t pool_bytes_creating(const struct pool *p) { return p->bytes_creating; }

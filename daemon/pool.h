@@ -179,6 +179,10 @@ int pool_ro_fd(struct pool *pool, struct pool_buf *buf);
 uint64_t pool_cap(const struct pool *pool);
 uint64_t pool_fds(const struct pool *pool);           /* fds held by buffers */
 uint64_t pool_fd_budget(const struct pool *pool);     /* most it may hold (RLIMIT_NOFILE) */
+/* pool_fd_budget_of: the buffers' fd budget under an RLIMIT_NOFILE of nofile: all but a
+ * quarter and POOL_FDS_DAEMON (the daemon's own fds); the quarter is the connections'. */
+#define POOL_FDS_DAEMON 64
+uint64_t pool_fd_budget_of(uint64_t nofile);
 uint64_t pool_bytes_alloc(const struct pool *pool);   /* every backing file */
 uint64_t pool_bytes_warm(const struct pool *pool);    /* free buffers, ready */
 uint64_t pool_bytes_creating(const struct pool *pool); /* buffers being created off the loop */

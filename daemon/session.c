@@ -622,8 +622,7 @@ static void on_message(void *ctx, const uint8_t *data, size_t len)
     if (s->bye) { /* a liar about its close: no clean close for it */
         char what[64];
         snprintf(what, sizeof(what), "%s after bye (bye must be the last message)", proto_op_name(m.op));
-        s->bye = false;
-        protocol_error(s, m.id, what);
+        protocol_error(s, m.id, what); /* its end is no clean close: it has a reason */
         return;
     }
     dispatch(s, &m);
