@@ -67,9 +67,15 @@ static void session_unref(struct session *s)
 
 /* fd_to_send: the fd to attach, or -1 when this client already has the buffer mapped
  * as needed (a writable mapping also serves reading). always: send it anyway (a sealed
- * buffer, whose seals the client checks on its fd); the mapping is counted all the same. */
-static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, bool always, int fd)
+ * buffer, whose seals the client checks on its fd); the mapping is counted all the same.
+ * *ret_counted: false when the fd goes but this mapping is not in the fd-once set (full,
+ * or out of memory). The set is the one record of what this connection maps, which the
+ * ledger's recycle check reads (tenantdir.c): a mapping not in it must not serve a ledger
+ * hold, so its reply tells the client not to cache it (PROTO_BUF_RETIRE); the client's
+ * next acquire of that buffer then goes to the daemon, which counts it as a lease. */
+static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, bool always, int fd, bool *ret_counted)
 {
+    *ret_counted = true;
     /* Without fd-once a client says nothing of what it unmaps: its mappings are not
      * counted, since retirement empties a buffer's file (pool.c). A sealed buffer's cannot
      * be emptied: its mappings are counted all the same, until the connection closes and,
@@ -80,12 +86,14 @@ static int fd_to_send(struct session *s, uint64_t buf_id, bool writable, bool al
     if (idset_has(&s->known, rw) || (!writable && idset_has(&s->known, ro)))
         return always || !s->fd_once ? fd : -1;
     /* Bounded by what a client that forgets properly can hold mapped (its handles plus its
-     * idle cache); if full, the fd is simply sent again next time. */
+     * idle cache); past it the fd goes uncounted, and is sent again next time. */
     uint32_t max_leases = s->env->opt->max_leases;
     uint32_t max = max_leases > (UINT32_MAX - PROTO_MAX_IDLE_MAPPINGS) / 2 ? UINT32_MAX
                                                                        : max_leases * 2 + PROTO_MAX_IDLE_MAPPINGS;
     if (idset_add(&s->known, writable ? rw : ro, max) == 0)
         broker_mapped(s->env->broker, &s->peer, buf_id);
+    else
+        *ret_counted = false;
     return fd;
 }
 
@@ -169,9 +177,19 @@ static void as_peer_reply(struct broker_peer *p, const struct proto_msg *m, int 
     if ((m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY) && owe(s, m, fd))
         return;
     /* A sealed buffer always carries its fd: the consumer checks its seals on it. */
+    bool counted = true;
     if (m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY)
         fd = fd_to_send(s, m->u.lease_reply.buf_id, m->op == PROTO_OP_LEASE + PROTO_OP_REPLY,
-                        (m->u.lease_reply.flags & PROTO_BUF_SEALED) != 0, fd);
+                        (m->u.lease_reply.flags & PROTO_BUF_SEALED) != 0, fd, &counted);
+    /* An uncounted read-only mapping must not be cached (fd_to_send). A writable one may:
+     * ledger holds are taken only on read-only mappings, and the client makes one of those
+     * only from an acquire reply, which says whether it is counted. */
+    if (!counted && m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY) {
+        static struct proto_msg r; /* one loop thread */
+        r = *m;
+        r.u.acquire_reply.flags |= PROTO_BUF_RETIRE;
+        m = &r;
+    }
     session_send(s, m, fd);
 }
 
@@ -186,7 +204,8 @@ static void as_peer_reply_many(struct broker_peer *p, const struct proto_msg *m,
     r = *m;
     for (uint32_t i = 0; i < r.u.lease_many_reply.n && i < PROTO_MAX_BATCH; i++) {
         struct proto_item *it = &r.u.lease_many_reply.items[i];
-        int fd = fd_to_send(s, it->buf_id, true, false, fds[i]);
+        bool counted; /* writable: may be cached uncounted (as_peer_reply) */
+        int fd = fd_to_send(s, it->buf_id, true, false, fds[i], &counted);
         it->has_fd = fd >= 0;
         if (fd >= 0)
             out[n++] = fd;

@@ -83,9 +83,10 @@
 
 /* Flags of a lease or acquire reply. */
 #define PROTO_BUF_SEALED (1u << 0) /* a sealed buffer: verify F_GET_SEALS before mapping */
-/* The buffer is retired (never recycled) once no handle holds it: another tenant mapped
- * it, or it is sealed. A client unmaps it when its last local user goes instead of
- * caching the mapping (which would never serve again). Version 3. */
+/* Do not cache this mapping: the buffer is retired (never recycled) once no handle holds
+ * it (another tenant mapped it, or it is sealed), or this mapping is not in the daemon's
+ * record of the connection's mappings (its fd-once set is full), so it must never serve a
+ * ledger hold. A client unmaps it when its last local user goes. Version 3. */
 #define PROTO_BUF_RETIRE (1u << 1)
 
 /* Flags of a lease or lease_many request. */

@@ -877,3 +877,78 @@ Test(ledger_client, a_forked_child_never_gives_back_its_parents_holds)
     wait_reclaimed(3000, "after close");
     daemon_stop(&d);
 }
+
+/* ---- a hold past every limit still counts ---- */
+
+/* The daemon records which buffers a connection maps (its fd-once set, capped at
+ * 2 x max-leases + 256) and reads ledger counts only for those. A consumer that holds
+ * more buffers in its ledger than that cap must never see one recycled under a hold:
+ * past the cap its acquires go to the daemon (counted as leases). Before, the fd of a
+ * buffer past the cap was sent unrecorded, the client cached the mapping, took the next
+ * publish of it in its ledger, and the producer's next lease rewrote it under the hold. */
+#define CAP_LEASES 8
+#define CAP (CAP_LEASES * 2 + 256)
+#define CAP_HOLDS (CAP + 16)
+
+Test(ledger_client, holds_past_the_record_of_mappings_never_see_a_recycle)
+{
+    daemon_start(&d, "--max-leases", "8", NULL);
+    shmref_conn *p = connect_ok(&d), *c = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(p, 0), 0);
+    cr_assert_eq(shmref_set_stock(c, 0), 0);
+    static shmref_buf *held[CAP_HOLDS];
+    static uint32_t seeds[CAP_HOLDS];
+    unsigned n = 0, misses = 0;
+    uint32_t seed = 1;
+    uint64_t f0 = counter(c, "ledger_fallbacks");
+    /* Each ledger hold pins one buffer; the next lease gets another (a fresh one, first
+     * acquired from the daemon, mapped and released, then recycled and taken in the
+     * ledger). Stop at CAP_HOLDS holds, or after 64 rounds in a row without a ledger take
+     * (what the daemon path does once the consumer maps CAP buffers). */
+    while (n < CAP_HOLDS && misses < 64) {
+        shmref_buf *b, *in;
+        cr_assert_eq(shmref_lease(p, SIZE, &b), 0, "lease: %s", shmref_errmsg(p));
+        fill_pattern(shmref_buf_data(b), SIZE, seed);
+        shmref_desc desc;
+        cr_assert_eq(shmref_publish(b, SIZE, 0, NULL, 0, &desc), 0);
+        uint64_t l0 = counter(c, "ledger_acquires");
+        cr_assert_eq(shmref_acquire(c, &desc, &in), 0, "acquire after %u holds: %s", n, shmref_errmsg(c));
+        cr_assert_eq(check_pattern(shmref_buf_data(in), SIZE, seed), -1, "hold %u: payload at acquire", n);
+        if (counter(c, "ledger_acquires") == l0 + 1) {
+            held[n] = in;
+            seeds[n++] = seed;
+            misses = 0;
+        } else {
+            cr_assert_eq(shmref_release(in), 0);
+            misses++;
+        }
+        cr_assert_eq(shmref_release(b), 0);
+        seed++;
+        /* A hold's bytes stay what they were whatever the producer leases next. */
+        for (unsigned i = n > 4 ? n - 4 : 0; i < n; i++)
+            cr_assert_eq(check_pattern(shmref_buf_data(held[i]), SIZE, seeds[i]), -1,
+                         "ledger hold %u of %u (past the cap of %d: %s) was recycled under it", i, n, CAP,
+                         i >= CAP ? "yes" : "no");
+    }
+    uint64_t fallbacks = counter(c, "ledger_fallbacks") - f0;
+    printf("record of mappings: %u ledger holds (cap %d), %u daemon acquires at the end, %llu ledger fallbacks\n", n,
+           CAP, misses, (unsigned long long)fallbacks);
+    cr_assert_geq(n, CAP - 8, "only %u ledger holds were taken (cap %d)", n, CAP);
+    /* The producer churns: a recycle under any hold would rewrite it. */
+    for (int i = 0; i < 64; i++) {
+        shmref_buf *b;
+        cr_assert_eq(shmref_lease(p, SIZE, &b), 0, "lease: %s", shmref_errmsg(p));
+        fill_pattern(shmref_buf_data(b), SIZE, 0xdead0000u + (uint32_t)i);
+        cr_assert_eq(shmref_release(b), 0);
+    }
+    cr_assert_eq(shmref_ping(p), 0);
+    for (unsigned i = 0; i < n; i++)
+        cr_assert_eq(check_pattern(shmref_buf_data(held[i]), SIZE, seeds[i]), -1,
+                     "ledger hold %u of %u was recycled under it", i, n);
+    for (unsigned i = 0; i < n; i++)
+        cr_assert_eq(shmref_release(held[i]), 0);
+    shmref_close(c);
+    shmref_close(p);
+    wait_reclaimed(3000, "after close");
+    daemon_stop(&d);
+}
