@@ -63,6 +63,10 @@ static int dir_new(struct tenantdirs *t, uint32_t uid, struct tenantdir **ret)
     uint8_t key[16];
     if (getrandom(key, sizeof(key), GRND_NONBLOCK) != (ssize_t)sizeof(key))
         return errno == EAGAIN ? -EAGAIN : -EIO;
+    /* The LENT buffers by slot, for every uid (a slot is one buffer's): found in O(1) by a
+     * nudge or forget, whatever their number. Made with the first directory. */
+    if (!t->lent_at && !(t->lent_at = calloc(LEDGER_SLOTS, sizeof(*t->lent_at))))
+        return -ENOMEM;
     struct tenantdir *d = calloc(1, sizeof(*d));
     if (!d)
         return -ENOMEM;
@@ -115,8 +119,9 @@ static bool held(const struct tenantdir *d, const struct registry_buf *b)
     return false;
 }
 
-static void lent_link(struct tenantdir *d, struct registry_buf *b)
+static void lent_link(struct tenantdirs *t, struct tenantdir *d, struct registry_buf *b)
 {
+    t->lent_at[b->pb->slot] = b; /* slot < LEDGER_SLOTS: lend checked it */
     b->lent_prev = NULL;
     b->lent_next = d->lent;
     if (d->lent)
@@ -124,8 +129,10 @@ static void lent_link(struct tenantdir *d, struct registry_buf *b)
     d->lent = b;
 }
 
-static void lent_unlink(struct tenantdir *d, struct registry_buf *b)
+static void lent_unlink(struct tenantdirs *t, struct tenantdir *d, struct registry_buf *b)
 {
+    if (t->lent_at[b->pb->slot] == b)
+        t->lent_at[b->pb->slot] = NULL;
     if (b->lent_prev) b->lent_prev->lent_next = b->lent_next; else d->lent = b->lent_next;
     if (b->lent_next) b->lent_next->lent_prev = b->lent_prev;
     b->lent_prev = b->lent_next = NULL;
@@ -144,7 +151,7 @@ static bool lend(void *arg, struct registry_buf *b)
         ledger_unmark(d->map, slot);
         return false;
     }
-    lent_link(d, b);
+    lent_link(t, d, b);
     t->st.recycle_waits++;
     return true;
 }
@@ -159,7 +166,7 @@ static void unlend(void *arg, struct registry_buf *b)
     if (!d)
         return;
     ledger_unmark(d->map, b->pb->slot);
-    lent_unlink(d, b);
+    lent_unlink(t, d, b);
 }
 
 /* recheck: b (LENT, on d's list) ends once no ledger holds it. */
@@ -168,16 +175,17 @@ static void recheck(struct tenantdirs *t, struct tenantdir *d, struct registry_b
     if (held(d, b))
         return;
     ledger_unmark(d->map, b->pb->slot);
-    lent_unlink(d, b);
+    lent_unlink(t, d, b);
     registry_lent_end(t->reg, b);
 }
 
-static struct registry_buf *lent_find(const struct tenantdir *d, uint64_t buf_id)
+/* lent_find: d's LENT buffer buf_id, or NULL; O(1) (a client's nudges and forgets choose
+ * buf_id: no walk of a list whose length they could grow). */
+static struct registry_buf *lent_find(const struct tenantdirs *t, const struct tenantdir *d, uint64_t buf_id)
 {
-    for (struct registry_buf *b = d->lent; b; b = b->lent_next)
-        if (b->pb->id == buf_id)
-            return b;
-    return NULL;
+    uint32_t slot = pool_slot_of(t->pool, buf_id, d->uid);
+    struct registry_buf *b = slot < LEDGER_SLOTS ? t->lent_at[slot] : NULL;
+    return b && b->pb->id == buf_id && b->tenant == d->uid ? b : NULL;
 }
 
 /* ---- connections ------------------------------------------------------------------- */
@@ -276,7 +284,7 @@ void tenantdir_nudge(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t bu
         return;
     }
     t->st.nudges++;
-    struct registry_buf *b = lent_find(c->dir, buf_id);
+    struct registry_buf *b = lent_find(t, c->dir, buf_id);
     if (b)
         recheck(t, c->dir, b);
 }
@@ -285,7 +293,7 @@ void tenantdir_forgot(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t b
 {
     if (!t || !c->dir)
         return;
-    struct registry_buf *b = lent_find(c->dir, buf_id);
+    struct registry_buf *b = lent_find(t, c->dir, buf_id);
     if (b)
         recheck(t, c->dir, b);
 }
@@ -317,7 +325,7 @@ void tenantdir_free(struct tenantdirs *t)
         while (d->lent) {
             struct registry_buf *b = d->lent;
             ledger_unmark(d->map, b->pb->slot);
-            lent_unlink(d, b);
+            lent_unlink(t, d, b);
             registry_lent_end(t->reg, b);
         }
         while (d->conns) { /* sessions end first; this is only a net */
@@ -329,5 +337,7 @@ void tenantdir_free(struct tenantdirs *t)
         dir_free(t, d);
     }
     registry_set_lender(t->reg, NULL, NULL, NULL);
+    free(t->lent_at);
+    t->lent_at = NULL;
     t->reg = NULL;
 }

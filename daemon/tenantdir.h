@@ -43,6 +43,7 @@ struct tenantdirs {
     struct pool *pool;
     struct counters *counters;         /* acquires: a took counts as one */
     struct tenantdir *head;
+    struct registry_buf **lent_at;     /* [LEDGER_SLOTS]: the LENT buffer in each slot, or NULL */
     struct tenantdir_stats st;
     bool failed_logged;
 };
