@@ -3,7 +3,9 @@
  * buffer handle and a reference to the connection, exports its bytes (read-only unless
  * it is a lease not yet published) and drops the daemon's reference when the last view
  * of it is gone, or at Client.release when nothing else uses it: numpy arrays keep it as
- * their .base, memoryviews count exports. Publishing freezes it (buffer_freeze). */
+ * their .base, memoryviews count exports. Publishing freezes it (buffer_freeze): the
+ * writable views of shmref's array type are remembered for that, and writable exports
+ * counted, since neither can be found afterwards. */
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL shmrefpy_ARRAY_API
 #include "buffer.h"
@@ -28,6 +30,15 @@ int buffer_set_array_type(PyObject *type)
         PyErr_SetString(PyExc_TypeError, "expected a subclass of numpy.ndarray");
         return -1;
     }
+    /* Its views remember their buffer (to be frozen at publish), its buffer exports are
+     * counted: a C method as __array_finalize__, numpy's buffer slots wrapped. */
+    static PyMethodDef finalize = { "__array_finalize__", (PyCFunction)buffer_array_finalize, METH_O,
+                                    "Remembers a writable view of a lease, which publishing makes read-only." };
+    PyObject *d = PyDescr_NewMethod((PyTypeObject *)type, &finalize);
+    int r = d ? PyObject_SetAttrString(type, "__array_finalize__", d) : -1;
+    Py_XDECREF(d);
+    if (r < 0 || buffer_track_exports((PyTypeObject *)type) < 0)
+        return -1;
     Py_INCREF(type);
     Py_XSETREF(array_type, type);
     return 0;
@@ -49,7 +60,9 @@ BufferObject *buffer_new(ConnObject *conn, shmref_buf *buf, bool lease)
     b->published = b->frozen = b->protected_ = b->released = b->has_desc = false;
     b->layout = NULL;
     b->user = NULL;
-    b->exports = 0;
+    b->exports = b->exports_rw = 0;
+    b->views = NULL;
+    b->views_prune = 0;
     return b;
 }
 
@@ -89,6 +102,7 @@ static void Buffer_dealloc(BufferObject *self)
     Py_XDECREF(self->conn);
     PyMem_Free(self->layout);
     Py_XDECREF(self->user);
+    Py_XDECREF(self->views);
     PyObject_Free(self);
 }
 
@@ -97,17 +111,173 @@ static bool writable(BufferObject *self)
     return self->lease && !self->published && !self->frozen && self->buf;
 }
 
-void buffer_freeze(BufferObject *owner, PyObject *array)
+/* chain_exact: whether nothing but the caller refers to array (at most `allowed`
+ * references), the arrays it views (each only by the view below it) and the owner (only
+ * by the top one): then no view shmref cannot see exists (the rule of buffer_release,
+ * exports aside: those are counted). */
+static bool chain_exact(BufferObject *owner, PyObject *array, Py_ssize_t allowed)
 {
+    if (!array || allowed <= 0)
+        return false;
+    PyObject *o = array;
+    for (int n = 0; o != (PyObject *)owner; n++) {
+        if (n >= 64 || !PyArray_Check(o) || Py_REFCNT(o) > (n == 0 ? allowed : 1))
+            return false;
+        o = PyArray_BASE((PyArrayObject *)o);
+        if (!o)
+            return false;
+    }
+    return Py_REFCNT(owner) - 1 - owner->exports <= 0;
+}
+
+/* weak_get: the object a weak reference refers to (new reference), or NULL when gone. */
+static PyObject *weak_get(PyObject *ref)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *o = NULL;
+    if (PyWeakref_GetRef(ref, &o) < 0)
+        PyErr_Clear();
+    return o;
+#else
+    PyObject *o = PyWeakref_GetObject(ref);
+    if (o == Py_None)
+        return NULL;
+    Py_INCREF(o);
+    return o;
+#endif
+}
+
+/* freeze_views: every live view remembered by buffer_array_finalize read-only. */
+static void freeze_views(BufferObject *owner)
+{
+    PyObject *views = owner->views;
+    owner->views = NULL;
+    if (!views)
+        return;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(views); i++) {
+        PyObject *v = weak_get(PyList_GET_ITEM(views, i));
+        if (v && PyArray_Check(v))
+            PyArray_CLEARFLAGS((PyArrayObject *)v, NPY_ARRAY_WRITEABLE);
+        Py_XDECREF(v);
+    }
+    Py_DECREF(views);
+}
+
+int buffer_freeze(BufferObject *owner, PyObject *array, Py_ssize_t allowed)
+{
+    if (owner->exports_rw > 0) {
+        /* numpy's arrays can be told read-only; a memoryview (or a ctypes from_buffer) holds its own writable Py_buffer, which nothing can take back:
+         * mmap's rule ("cannot close exported pointers exist"). */
+        PyErr_Format(PyExc_BufferError,
+                     "cannot publish: the buffer (%zu bytes) has %zd writable export(s) (memoryviews "
+                     "or ctypes from_buffer views made before publishing), which cannot be made "
+                     "read-only; release them first (memoryview.release(), or drop them)",
+                     owner->size, owner->exports_rw);
+        return -1;
+    }
+    bool exact = chain_exact(owner, array, allowed);
     for (int i = 0; array && PyArray_Check(array) && i < 64; i++) {
         PyArray_CLEARFLAGS((PyArrayObject *)array, NPY_ARRAY_WRITEABLE);
         array = PyArray_BASE((PyArrayObject *)array);
     }
     if (owner->frozen || !owner->lease)
-        return;
+        return 0;
     owner->frozen = true;
-    if (owner->buf && shmrefpy_getpid() == owner->conn->pid)
+    freeze_views(owner);
+    /* Only when nothing else refers to the arrays: a plain ndarray view (np.asarray) or a
+     * torch tensor (from_numpy) made before cannot be told, and a write through one must
+     * not fault. */
+    if (exact && owner->buf && shmrefpy_getpid() == owner->conn->pid)
         protect(owner, true);
+    return 0;
+}
+
+/* track: remember v, a writable view of owner's bytes, weakly; dead references are
+ * dropped whenever the list has doubled since the last look. */
+static int track(BufferObject *owner, PyObject *v)
+{
+    if (!owner->views && !(owner->views = PyList_New(0)))
+        return -1;
+    Py_ssize_t n = PyList_GET_SIZE(owner->views);
+    if (n >= 16 && n >= owner->views_prune) {
+        PyObject *alive = PyList_New(0);
+        if (!alive)
+            return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *w = PyList_GET_ITEM(owner->views, i), *o = weak_get(w);
+            if (o && PyList_Append(alive, w) < 0) {
+                Py_DECREF(o);
+                Py_DECREF(alive);
+                return -1;
+            }
+            Py_XDECREF(o);
+        }
+        Py_SETREF(owner->views, alive);
+        owner->views_prune = 2 * PyList_GET_SIZE(alive);
+    }
+    PyObject *w = PyWeakref_NewRef(v, NULL);
+    if (!w)
+        return -1;
+    int r = PyList_Append(owner->views, w);
+    Py_DECREF(w);
+    return r;
+}
+
+PyObject *buffer_array_finalize(PyObject *self, PyObject *obj)
+{
+    if (!PyArray_Check(self) || !PyArray_ISWRITEABLE((PyArrayObject *)self))
+        Py_RETURN_NONE;
+    BufferObject *owner = buffer_of(self);
+    if (!owner && obj && obj != Py_None)
+        owner = buffer_of(obj);
+    if (!owner || !writable(owner))
+        Py_RETURN_NONE;
+    /* A view of the buffer's bytes, not a new array made like obj (empty_like, copy). */
+    char *p = PyArray_DATA((PyArrayObject *)self);
+    if (p < owner->data || p >= owner->data + owner->size)
+        Py_RETURN_NONE;
+    if (track(owner, self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* numpy's buffer slots, which the tracked type's wrap. */
+static getbufferproc np_getbuffer;
+static releasebufferproc np_releasebuffer;
+
+static int tracked_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    if (np_getbuffer(self, view, flags) < 0)
+        return -1;
+    BufferObject *owner = view->readonly ? NULL : buffer_of(self);
+    if (owner)
+        owner->exports_rw++;
+    return 0;
+}
+
+static void tracked_releasebuffer(PyObject *self, Py_buffer *view)
+{
+    BufferObject *owner = view->readonly ? NULL : buffer_of(self);
+    if (owner)
+        owner->exports_rw--;
+    if (np_releasebuffer)
+        np_releasebuffer(self, view);
+}
+
+int buffer_track_exports(PyTypeObject *type)
+{
+    PyBufferProcs *pb = type->tp_as_buffer;
+    if (!(type->tp_flags & Py_TPFLAGS_HEAPTYPE) || !pb || pb == PyArray_Type.tp_as_buffer) {
+        PyErr_SetString(PyExc_TypeError, "expected a heap subclass of numpy.ndarray");
+        return -1;
+    }
+    if (pb->bf_getbuffer == tracked_getbuffer)
+        return 0;
+    np_getbuffer = PyArray_Type.tp_as_buffer->bf_getbuffer;
+    np_releasebuffer = PyArray_Type.tp_as_buffer->bf_releasebuffer;
+    pb->bf_getbuffer = tracked_getbuffer;
+    pb->bf_releasebuffer = tracked_releasebuffer;
+    return 0;
 }
 
 /* The items of 0-d arrays neutered by a release point here (read as zeros). */
@@ -200,13 +370,16 @@ static int Buffer_getbuffer(BufferObject *self, Py_buffer *view, int flags)
     if (PyBuffer_FillInfo(view, (PyObject *)self, self->data, (Py_ssize_t)self->size, readonly, flags) < 0)
         return -1;
     self->exports++;
+    if (!readonly)
+        self->exports_rw++;
     return 0;
 }
 
 static void Buffer_releasebuffer(BufferObject *self, Py_buffer *view)
 {
-    (void)view;
     self->exports--;
+    if (!view->readonly)
+        self->exports_rw--;
 }
 
 static PyBufferProcs Buffer_as_buffer = {
@@ -460,7 +633,8 @@ PyTypeObject Buffer_Type = {
               "bytes through the buffer protocol (read-only once published, and for acquired "
               "buffers), and releases when the last view is gone or at Client.release() when no "
               "other view exists. Publishing makes the bytes read-only for every view, the ones "
-              "made before included (the mapping is made read-only). Not created directly.",
+              "made before included (BufferError while a writable memoryview of it is alive). "
+              "Not created directly.",
     .tp_dealloc = (destructor)Buffer_dealloc,
     .tp_repr = (reprfunc)Buffer_repr,
     .tp_as_buffer = &Buffer_as_buffer,

@@ -21,7 +21,11 @@ typedef struct {
     shmref_desc desc;
     shmref_meta_array *layout;  /* a lease's layout from empty() (PyMem_Malloc'd), or NULL */
     PyObject *user;             /* the user metadata, or NULL */
-    Py_ssize_t exports;         /* live buffer-protocol exports (memoryviews) */
+    Py_ssize_t exports;         /* live buffer-protocol exports of this object (memoryviews) */
+    Py_ssize_t exports_rw;      /* live writable exports of it and of its arrays (buffer_track_exports) */
+    PyObject *views;            /* a writable lease's numpy views of shmref's type: a list of
+                                 * weak references (buffer_array_finalize), frozen at publish */
+    Py_ssize_t views_prune;     /* the length of views at which dead references are dropped */
 } BufferObject;
 
 extern PyTypeObject Buffer_Type;
@@ -49,11 +53,26 @@ PyObject *buffer_descr_str(const char *typestr);
  * out: computed for numpy's numeric types, asked of numpy for the others. 0, or -1 with
  * an error. */
 int buffer_typestr(PyObject *descr, char out[SHMREF_META_DTYPE_MAX]);
-/* buffer_freeze: the buffer read-only for every view: the array given and each array
- * it is a view of lose NPY_ARRAY_WRITEABLE, later exports and views are read-only, and
- * the mapping is made read-only (mprotect) so that no view made writable before can
- * change the bytes (a write through one faults). array may be NULL. */
-void buffer_freeze(BufferObject *owner, PyObject *array);
+/* buffer_freeze: the buffer read-only for every view: the array given, each array it is
+ * a view of and every live numpy view of shmref's type made from them (slices, reshapes)
+ * lose NPY_ARRAY_WRITEABLE (a write raises), and later exports and views are read-only.
+ * A writable buffer-protocol export still alive (a memoryview made before) cannot be
+ * made read-only: BufferError naming them, nothing frozen. The mapping is also made
+ * read-only (mprotect), but only when nothing but the caller refers to the arrays:
+ * array may be held by `allowed` references (<= 0: unknown, never protected), each
+ * array between it and the owner only by the view below it, the owner only by the top
+ * one. Anything more may be a view shmref cannot see (a plain ndarray view, a torch
+ * tensor): a write through it must not fault, so the mapping stays writable. array may
+ * be NULL (the owner alone: never protected). 0, or -1 with BufferError set. */
+int buffer_freeze(BufferObject *owner, PyObject *array, Py_ssize_t allowed);
+/* buffer_array_finalize: SharedArray.__array_finalize__ (a C method on the type): a
+ * writable view of a writable lease is remembered (weakly) so that publishing freezes
+ * it. New reference to None, or NULL with an error. */
+PyObject *buffer_array_finalize(PyObject *self, PyObject *obj);
+/* buffer_track_exports: count writable buffer-protocol exports of arrays of type (a
+ * heap subclass of ndarray: shmref.SharedArray) in their owner's exports_rw, by
+ * wrapping numpy's getbuffer / releasebuffer in the type's slots. 0, or -1. */
+int buffer_track_exports(PyTypeObject *type);
 /* buffer_release: Client.release's work: give the buffer up now, or BufferError naming
  * what still uses it. array: the array (or memoryview) the caller passed, which may hold
  * `allowed` references (the caller's name and the call's own: 2); every array between it

@@ -353,7 +353,7 @@ static PyObject *Client_empty(ClientObject *self, PyObject *const *args, Py_ssiz
 
 /* publish_array: publish the lease behind arr, which must be contiguous. */
 static PyObject *publish_array(ClientObject *self, PyObject *obj, uint32_t keep, uint32_t max_acquires,
-                               PyObject *user, PyObject *raw)
+                               PyObject *user, PyObject *raw, Py_ssize_t allowed)
 {
     if (!PyArray_Check(obj))
         return PyErr_Format(PyExc_TypeError, "publish takes a numpy array from Client.empty(), not %.100s",
@@ -419,8 +419,12 @@ static PyObject *publish_array(ClientObject *self, PyObject *obj, uint32_t keep,
     int r;
     if (len == 0)
         len = 1; /* an empty array still names a buffer; its metadata says 0 elements */
-    /* The bytes are read-only for every view before anyone else can read them. */
-    buffer_freeze(owner, obj);
+    /* The bytes are read-only for every view before anyone else can read them (obj may be
+     * held by `allowed` references: see buffer_freeze). */
+    if (buffer_freeze(owner, obj, allowed) < 0) {
+        Py_DECREF(conn);
+        return NULL;
+    }
     if (!max_acquires && conn_trylock(conn)) {
         /* A plain publish is one-way and never waits (a request the socket cannot take
          * is queued): with the connection free it runs with the GIL held. */
@@ -458,7 +462,7 @@ static PyObject *Client_publish(ClientObject *self, PyObject *const *args, Py_ss
     uint32_t k, n;
     if (keep_arg(v[1], v[4], &k) < 0 || max_acquires_arg(v[2], 0, &n) < 0)
         return NULL;
-    return publish_array(self, v[0], k, n, v[3] ? v[3] : Py_None, NULL);
+    return publish_array(self, v[0], k, n, v[3] ? v[3] : Py_None, NULL, 2); /* the caller's name, the argument */
 }
 
 /* _publish_raw(array, meta, keep=0.0): publish with metadata bytes given as they are
@@ -471,7 +475,7 @@ static PyObject *Client_publish_raw(ClientObject *self, PyObject *args)
     uint32_t k;
     if (keep_arg(keep, NULL, &k) < 0)
         return NULL;
-    return publish_array(self, arr, k, 0, Py_None, raw);
+    return publish_array(self, arr, k, 0, Py_None, raw, 0);
 }
 
 static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
@@ -509,7 +513,7 @@ static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
     Py_DECREF(conn);
     if (!dst || PyArray_CopyInto((PyArrayObject *)dst, (PyArrayObject *)src) < 0)
         goto done;
-    res = publish_array(self, dst, k, n, meta, NULL);
+    res = publish_array(self, dst, k, n, meta, NULL, 1); /* our copy: ours alone */
     if (res && PyDict_SetItem(self->shares, res, dst) < 0)
         Py_CLEAR(res);
 done:
@@ -934,9 +938,10 @@ static PyMethodDef Client_methods[] = {
       "Publishes an array from empty() (the whole array or a contiguous view of it) and returns "
       "its Ref: dtype, shape, order and offset travel in the metadata (proto/METADATA.md), meta "
       "(bytes) as its user value. The buffer becomes read-only for every view, those made "
-      "before included: numpy refuses writes through the array and the arrays it views, and "
-      "the mapping itself is made read-only, so a write through any other view made earlier "
-      "faults (SIGSEGV) instead of changing what consumers read. keep (float seconds): the "
+      "before included: numpy refuses writes through the array, the arrays it views and "
+      "every numpy view of them made before (slices, reshapes); a writable memoryview (or "
+      "other buffer export) still alive raises BufferError, nothing published. When nothing "
+      "else refers to the array, the mapping is also made read-only. keep (float seconds): the "
       "daemon keeps the buffer that long with no holder, for every consumer that comes within "
       "it, until max_acquires acquires were made (0: no cap). The producer's lease stays while "
       "the array (or any view) lives. keep_ms= (milliseconds) is a deprecated alias of keep." },
@@ -1059,8 +1064,9 @@ PyObject *client_publish_buffer(PyObject *m, PyObject *args)
     ConnObject *conn = owner->conn;
     if (conn_forked(conn) < 0)
         return NULL;
+    if (buffer_freeze(owner, NULL, 0) < 0)
+        return NULL;
     Py_INCREF(conn);
-    buffer_freeze(owner, NULL);
     shmref_desc d;
     char msg[MSG_MAX] = "";
     int r;

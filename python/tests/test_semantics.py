@@ -116,29 +116,108 @@ def test_pickling_a_slice_by_reference_freezes_the_base(client):
     assert b.tolist() == [3.0, 3.0, 3.0]
 
 
-def test_a_view_made_writable_before_publish_cannot_change_the_bytes(daemon, tmp_path):
-    """A sibling view made before publish is not reachable from the published array: the
-    mapping itself is read-only, so the write faults (SIGSEGV) and the consumer keeps
-    reading what was published."""
-    r = run_child(f"""
-        import os, sys, faulthandler
+# Views made before publishing, each in a fresh interpreter: publish either freezes the
+# view (a write through it raises) or refuses with BufferError naming it; the interpreter
+# never faults. Before: the mapping was made read-only (mprotect) under them all, so the
+# write killed the process with SIGSEGV (exit 139, or -11 here).
+VIEW_CHILD = """
+    import os, sys
+    import numpy as np
+    import shmref
+    c = shmref.connect(os.environ["SOCK"])
+    a = c.empty(1000, "uint8")
+    a[:] = 5
+    {make}
+    try:
+        ref = c.publish(a, keep=30.0)
+    except BufferError as e:
+        print("refused:", e, flush=True)
+        {undo}
+        ref = c.publish(a, keep=30.0)  # once the view is gone
+        print("ref", ref, flush=True)
+        sys.exit(0)
+    print("ref", ref, flush=True)
+    try:
+        w[0] = 99
+        print("wrote", flush=True)
+    except (ValueError, TypeError, RuntimeError) as e:
+        print("raised:", type(e).__name__, e, flush=True)
+"""
+
+VIEWS = {
+    # numpy views of shmref's array type are frozen with it: the write raises
+    "slice": ("w = a[2:5]", "", "raised: ValueError"),
+    "reshape": ("w = a.reshape(10, 100)[0]", "", "raised: ValueError"),
+    "slice of a slice": ("w = a[1:][1:4]", "", "raised: ValueError"),
+    # a writable buffer export cannot be taken back: BufferError until it is released
+    "memoryview": ("w = memoryview(a)", "w.release()", "refused: cannot publish"),
+    "memoryview of a view": ("w = memoryview(a[2:5])", "w.release()", "refused: cannot publish"),
+    "memoryview of the buffer": ("w = memoryview(shmref._shmref._buffer_info(a)['buffer'])", "w.release()",
+                                 "refused: cannot publish"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(VIEWS))
+def test_a_view_made_before_publish_is_frozen_or_refused_never_a_fault(daemon, kind):
+    make, undo, want = VIEWS[kind]
+    r = run_child(VIEW_CHILD.format(make=make, undo=undo), env={"SOCK": daemon.socket})
+    assert r.returncode == 0, (kind, r.returncode, r.stdout, r.stderr)
+    assert want in r.stdout, (kind, r.stdout)
+    assert "wrote" not in r.stdout
+    ref = r.stdout.split("ref ")[1].split()[0]
+    b = shmref.connect(daemon.socket).acquire(ref)
+    assert b.tolist() == [5] * 1000                  # the consumer reads what was published
+
+
+def test_a_view_shmref_cannot_see_is_not_a_fault(daemon):
+    """A plain ndarray view (np.asarray) and, where torch is installed, a tensor from
+    torch.from_numpy hold the array without shmref knowing what they are: publish leaves
+    the mapping writable under them (no mprotect), so a write through them does not kill
+    the interpreter (before: SIGSEGV). numpy's own flags still hold for the array."""
+    r = run_child("""
+        import os
+        import numpy as np
         import shmref
-        faulthandler.disable()
-        c = shmref.connect({daemon.socket!r})
+        c = shmref.connect(os.environ["SOCK"])
         a = c.empty(1000, "uint8")
         a[:] = 5
-        w = a[2:5]                     # a writable view, made before publish
-        ref = c.publish(a, keep=30.0)
-        print(ref, flush=True)
-        assert w.flags.writeable       # numpy does not know: the mapping does
-        w[0] = 99                      # must not reach the consumer
-        print("wrote", flush=True)
-    """)
-    assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stdout, r.stderr)
-    ref = r.stdout.split()[0]
-    assert "wrote" not in r.stdout
-    b = shmref.connect(daemon.socket).acquire(ref)
-    assert b.tolist() == [5] * 1000
+        w = np.asarray(a)[2:5]
+        assert type(w) is np.ndarray
+        try:
+            import torch
+            t = torch.from_numpy(a)
+        except ImportError:
+            t = None
+        c.publish(a, keep=30.0)
+        w[0] = 99
+        if t is not None:
+            t[1] = 98
+        try:
+            a[0] = 1
+        except ValueError:
+            print("a read-only", flush=True)
+        print("survived", t is not None, flush=True)
+    """, env={"SOCK": daemon.socket})
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    assert "a read-only" in r.stdout and "survived" in r.stdout
+
+
+def test_publish_with_no_other_reference_still_protects_the_mapping(client):
+    """With nothing but the caller's name on the array, the mapping is made read-only as
+    before: a write that bypasses numpy (ctypes, at the array's address) cannot change
+    what consumers read (checked in /proc/self/maps, not by faulting)."""
+    a = client.empty(1 << 16, "uint8")
+    client.publish(a)
+    addr = a.ctypes.data
+    with open("/proc/self/maps") as f:
+        perms = [ln.split()[1] for ln in f
+                 if int(ln.split()[0].split("-")[0], 16) <= addr < int(ln.split()[0].split("-")[1], 16)]
+    assert perms and perms[0].startswith("r-"), perms
+    v = client.empty(1 << 16, "uint8")
+    w = v[10:20]
+    client.publish(v)                                   # a view alive: frozen, not protected
+    with pytest.raises(ValueError, match="read-only"):
+        w[0] = 1
 
 
 def test_shared_copies_are_read_only_for_every_view(daemon):
