@@ -19,6 +19,11 @@
 #include "requests.h"
 #include "transport.h"
 
+static void no_free(void *p)
+{
+    (void)p;
+}
+
 void lease_link(shmref_conn *conn, shmref_buf *b)
 {
     b->conn = conn;
@@ -184,6 +189,10 @@ fail:
 
 uint64_t lease_forget(shmref_buf *buf)
 {
+    if (buf->pinned && atomic_load(&buf->conn->closed)) {
+        lease_forget_pinned(buf); /* kept past shmref_close: off the list, its conn kept for it */
+        return 0;
+    }
     uint64_t handle = buf->handle;
     if (buf->ledger)
         localhold_give(buf); /* before its mapping's use goes (and maybe a forget is sent) */
@@ -201,6 +210,48 @@ uint64_t lease_forget(shmref_buf *buf)
     free(buf->meta);
     free(buf);
     return handle;
+}
+
+void lease_forget_pinned(shmref_buf *buf)
+{
+    shmref_conn *conn = buf->conn;
+    bool last = !buf->share || atomic_fetch_sub(&buf->share->refs, 1) == 1;
+    if (buf->share && last)
+        free(buf->share);
+    /* A forked child's inherited handle is its parent's: never released here (and the
+     * child's own connection, if it made one, never had it). */
+    if (last && !buf->inherited && (conn->features & PROTO_FEAT_NOREPLY_RELEASE) && client_pid() == conn->pid) {
+        struct proto_msg req = { .op = PROTO_OP_RELEASE, .id = 1 };
+        req.u.release.handle = buf->handle;
+        req.u.release.flags = PROTO_RELEASE_NOREPLY;
+        transport_send_direct(conn, &req); /* else: at close */
+    }
+    free(buf->meta);
+    free(buf);
+    if (atomic_fetch_sub(&conn->pins, 1) == 1) {
+        transport_bye(conn);
+        lease_teardown(conn);
+    }
+}
+
+void lease_teardown(shmref_conn *conn)
+{
+    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
+    /* In a forked child the inherited mappings stay (adopt abandoned them): arrays it
+     * inherited may still be read there; its copy of the socket closes, the parent's
+     * connection stays as it was. */
+    if (client_pid() == conn->pid)
+        mapcache_clear(&conn->cache);
+    else
+        mapcache_abandon(&conn->cache);
+    localhold_unmap(conn);
+    if (conn->fd >= 0)
+        close(conn->fd);
+    pending_discard(conn);
+    transport_discard(conn);
+    tdestroy(conn->by_token, no_free);
+    free(conn->path);
+    free(conn);
 }
 
 void lease_drop(shmref_buf *buf)
@@ -224,11 +275,6 @@ void lease_uncacheable(shmref_buf *buf)
 {
     if (buf->data)
         mapcache_nocache(&buf->conn->cache, buf->data);
-}
-
-static void no_free(void *p)
-{
-    (void)p;
 }
 
 void lease_inherit(shmref_conn *conn)

@@ -18,8 +18,19 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
 void lease_link(shmref_conn *conn, shmref_buf *b);
 /* lease_forget: a handle's local half (list, mapping use, memory; a ledger hold is given
  * back in the ledger). Returns the daemon handle to release, or 0 when another local
- * handle still shares it, it is a forked child's inherited copy or a ledger hold. */
+ * handle still shares it, it is a forked child's inherited copy or a ledger hold. A
+ * handle kept past shmref_close (pinned, of a closed connection: a forked child's
+ * inherited one) goes as lease_forget_pinned (0). */
 uint64_t lease_forget(shmref_buf *buf);
+/* lease_forget_pinned: a pinned handle of a closed connection (a unit's buffer whose
+ * exports outlived shmref_close, or a forked child's inherited handle, kept by its
+ * close): its memory only, after a one-way release of the daemon handle when it is this
+ * process's own and the last local one; the last such handle ends the connection (bye,
+ * lease_teardown). Any thread: only atomics and one send (atomic per message). */
+void lease_forget_pinned(shmref_buf *buf);
+/* lease_teardown: the last of a connection: every mapping (a forked child's inherited
+ * ones stay mapped), the ledger, the socket, the memory. Nothing is sent. */
+void lease_teardown(shmref_conn *conn);
 /* lease_drop: lease_forget, then a one-way release of the daemon handle if it was the
  * last local one (nothing is sent in a forked child or on a broken connection). */
 void lease_drop(shmref_buf *buf);

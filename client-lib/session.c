@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pwd.h>
-#include <search.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,11 +29,6 @@
 #include "units.h"
 
 static int reconnect(shmref_conn *conn);
-
-static void no_free(void *p)
-{
-    (void)p;
-}
 
 /* adopt: the first call in a forked child. Everything of the parent's connection is
  * forgotten without a word on its socket and nothing is unmapped: inherited handles stay
@@ -385,7 +379,7 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
     if (r < 0) {
         copy_msg(errbuf, errcap, conn->errmsg);
         conn->cache.on_unmap = NULL;
-        client_teardown(conn);
+        lease_teardown(conn);
         return r;
     }
     conn->errmsg[0] = '\0';
@@ -441,26 +435,6 @@ int shmref_conn_pid(const shmref_conn *conn)
     return conn ? (int)conn->pid : -EINVAL;
 }
 
-/* client_teardown: the last of a connection: every mapping, the socket, the memory. */
-void client_teardown(shmref_conn *conn)
-{
-    conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
-    /* In a forked child the mappings stay: arrays it inherited may still be read there;
-     * closing the child's copy of the socket leaves the parent's connection as it was. */
-    if (client_pid() == conn->pid)
-        mapcache_clear(&conn->cache);
-    else
-        mapcache_abandon(&conn->cache);
-    localhold_unmap(conn);
-    if (conn->fd >= 0)
-        close(conn->fd);
-    pending_discard(conn);
-    transport_discard(conn);
-    tdestroy(conn->by_token, no_free);
-    free(conn->path);
-    free(conn);
-}
-
 /* CLOSE_PUBLISH_MS: how long shmref_close waits, at most, for a queued publish to go. */
 #define CLOSE_PUBLISH_MS 2000
 
@@ -476,7 +450,6 @@ void shmref_close(shmref_conn *conn)
      * parent's connection is touched (adopt). */
     adopt(conn);
     conn->closing = true;
-    bool pinned = atomic_load(&conn->pins) > 0;
     bool live = client_usable(conn) == 0;
     if (live) {
         pending_intake(conn);
@@ -488,15 +461,24 @@ void shmref_close(shmref_conn *conn)
      * completion not collected is released. */
     pending_orphan_all(conn);
     /* Release every handle (one-way, no round trips). A pinned buffer (its unit's Arrow
-     * exports are alive) stays: the last export releases it. */
+     * exports are alive) stays: the last export releases it. So does, in a forked child,
+     * every handle it inherited: its holder may still read it, and its release (which
+     * frees the child's copy only) may come after this close; the connection's memory
+     * stays for them, and the last one frees it (lease_forget_pinned). */
     conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
+    unsigned inherited = 0;
     for (shmref_buf *b = conn->bufs, *next; b; b = next) {
         next = b->next;
+        bool released = b->doomed; /* shmref_release'd while busy: nobody holds it any more */
         if (b->busy) { /* cannot be after pending_orphan_all; never leaked if it were */
             b->busy = 0;
             b->doomed = false;
         }
-        if (!b->pinned)
+        if (b->inherited && !b->pinned && !released)
+            client_pin(b);
+        if (b->pinned)
+            inherited += b->inherited;
+        else
             lease_drop(b); /* unlinks and frees b, one-way release */
     }
     while (conn->bufs) {
@@ -511,10 +493,16 @@ void shmref_close(shmref_conn *conn)
     if (client_usable(conn) == 0 && client_flush(conn) == 1 && transport_holds_publish(conn))
         transport_flush_wait(conn, conn->timeout_ms > 0 && conn->timeout_ms < CLOSE_PUBLISH_MS ? conn->timeout_ms
                                                                                          : CLOSE_PUBLISH_MS);
-    if (!pinned) {
+    unsigned kept = atomic_load(&conn->pins);
+    if (kept == inherited) { /* nothing of this process's own needs the socket any more */
         transport_bye(conn); /* refills still on their way: a clean close all the same */
-        client_teardown(conn);
-        return;
+        if (!kept) {
+            lease_teardown(conn);
+            return;
+        }
+        if (conn->fd >= 0) /* a forked child's own connection: its inherited handles send nothing */
+            close(conn->fd);
+        conn->fd = -1;
     }
     atomic_store(&conn->closed, true);
 }
@@ -545,28 +533,16 @@ void client_unpin(shmref_buf *buf)
     if (!atomic_load(&conn->closed)) {
         buf->pinned = false;
         atomic_fetch_sub(&conn->pins, 1);
-        client_enter(conn); /* a forked child adopts the connection first */
+        if (buf->inherited)
+            client_adopt(conn); /* the parent's handle: nothing to send, no connection needed */
+        else
+            client_enter(conn); /* a forked child adopts the connection first */
         lease_drop(buf);
         return;
     }
     /* Closed by its owner: only pinned buffers' holders use it now, maybe from several
-     * threads, so no shared state but the atomic count (send is atomic per message). */
-    /* In a forked child the socket is the parent's: its handle is not the child's to drop. */
-    bool last = !buf->share || atomic_fetch_sub(&buf->share->refs, 1) == 1;
-    if (buf->share && last)
-        free(buf->share);
-    if (last && (conn->features & PROTO_FEAT_NOREPLY_RELEASE) && client_pid() == conn->pid) {
-        struct proto_msg req = { .op = PROTO_OP_RELEASE, .id = 1 };
-        req.u.release.handle = buf->handle;
-        req.u.release.flags = PROTO_RELEASE_NOREPLY;
-        transport_send_direct(conn, &req); /* else: at close */
-    }
-    free(buf->meta);
-    free(buf);
-    if (atomic_fetch_sub(&conn->pins, 1) == 1) {
-        transport_bye(conn);
-        client_teardown(conn);
-    }
+     * threads, so no shared state but the atomic counts (send is atomic per message). */
+    lease_forget_pinned(buf);
 }
 
 const char *shmref_errmsg(const shmref_conn *conn)

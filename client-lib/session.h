@@ -25,16 +25,16 @@ int client_enter(shmref_conn *conn);
  * (less when the connection's timeout is shorter). */
 #define CLIENT_ACQUIRE_WAIT_MS 2000
 int client_acquire_wait_default(int timeout_ms);
-/* client_teardown: unmap, close and free everything of conn (nothing is sent). */
-void client_teardown(shmref_conn *conn);
 
 /* client_pin / client_unpin: a buffer whose mapping and daemon-side reference must
- * outlive shmref_close (an acquired unit whose Arrow exports are still alive). While a
- * connection has pinned buffers, shmref_close releases every other handle and keeps the
- * socket and the mappings; client_unpin then releases the buffer (on an open connection:
- * shmref_release; after shmref_close: a one-way release encoded on the stack, so it may
- * run on any thread), and the unpin of the last pinned buffer of a closed connection
- * closes its socket, unmaps everything and frees it. */
+ * outlive shmref_close (an acquired unit whose Arrow exports are still alive; in a forked
+ * child, every inherited handle, which shmref_close pins). While a connection has pinned
+ * buffers, shmref_close releases every other handle and keeps the mappings, and the
+ * socket unless only inherited handles are pinned; client_unpin then releases the buffer
+ * (on an open connection: shmref_release; after shmref_close: lease_forget_pinned, a
+ * one-way release encoded on the stack, so it may run on any thread), and the unpin of
+ * the last pinned buffer of a closed connection closes its socket, unmaps everything
+ * and frees it. */
 void client_pin(shmref_buf *buf);
 void client_unpin(shmref_buf *buf);
 

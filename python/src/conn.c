@@ -167,8 +167,14 @@ static void release_unit(void *unit)
 
 static void conn_release(ConnObject *conn, void (*fn)(void *), void *arg)
 {
-    if (!conn->c || shmrefpy_getpid() != conn->pid)
-        return; /* a forked child: the parent's handle is not ours to drop */
+    if (shmrefpy_getpid() != conn->pid) {
+        /* A forked child: the parent's handle, inherited. libshmref frees the child's copy
+         * only (nothing sent, nothing unmapped), also after the at-fork close, which keeps
+         * such handles until they are released (conn_after_fork_child). No lock: the
+         * connection is closed here, and libshmref's kept handles go with atomics only. */
+        fn(arg);
+        return;
+    }
     if (conn_core_run(conn->core, fn, arg) == 0)
         return;
     Py_BEGIN_ALLOW_THREADS /* out of memory: wait for the lock, without the GIL */
@@ -250,8 +256,9 @@ void conn_after_fork_child(void)
             free(p);
         }
         k->pending = NULL;
-        if (c->c)
-            shmref_close(c->c); /* the child's copy of the socket; mappings stay */
+        if (c->c) /* the child's copy of the socket; mappings stay, and so do the handles
+                   * (units too) that Buffers and Batches hold: each goes at its release */
+            shmref_close(c->c);
         c->c = NULL;
         atomic_store(&k->closed, true);
     }

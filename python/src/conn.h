@@ -42,11 +42,11 @@ void conn_unlock_nogil(ConnObject *conn);
  * for the daemon (a plain publish is one-way), which then keep the GIL. */
 int conn_trylock(ConnObject *conn);
 /* conn_release_buf: drop buf now if the connection is free, else queue it (one-way
- * messages only). GIL held; never waits for another thread's call. */
+ * messages only); in a forked child, free the child's copy of the inherited handle.
+ * GIL held; never waits for another thread's call. */
 void conn_release_buf(ConnObject *conn, shmref_buf *buf);
 /* conn_release_unit: the same for a unit handle. */
 void conn_release_unit(ConnObject *conn, shmref_unit *unit);
-/* conn_after_fork_child: every Conn is closed for the child (mappings kept). */
 /* conn_core_ref / conn_core_unref: a reference to a Conn's core (atomic; no GIL needed). */
 struct conn_core *conn_core_ref(struct conn_core *core);
 void conn_core_unref(struct conn_core *core);
@@ -56,6 +56,8 @@ void conn_core_unref(struct conn_core *core);
  * are thread-safe), else queued and run by the thread holding the lock before it lets
  * go. -ENOMEM when it could be neither (nothing run). */
 int conn_core_run(struct conn_core *core, void (*fn)(void *), void *arg);
+/* conn_after_fork_child: every Conn is closed for the child: its copy of the socket goes,
+ * the mappings and the inherited handles stay until their Buffers and Batches go. */
 void conn_after_fork_child(void);
 
 #endif

@@ -277,6 +277,67 @@ def test_with_block_releases_at_its_end(client, daemon):
     del keep, c2
 
 
+FORK_DROP_CHILD = """
+    import gc, os, sys
+    import numpy as np
+    import shmref
+    c = shmref.connect(os.environ["SOCK"])
+    lease = c.empty(1000, "uint8")
+    lease[:] = 1
+    view = lease[10:20]                    # a writable lease and a view of it
+    pub = c.empty(4096, "uint8")
+    pub[:] = 2
+    ref = c.publish(pub)                   # nothing else refers to it: mapping protected
+    got = c.acquire(ref)                   # an acquire of it on the same connection
+    other = c.empty(100, "float64")
+    other[:] = 3.0
+    ref2 = c.publish(other[:50])
+    got2 = c.acquire(ref2)
+    pid = os.fork()
+    if pid == 0:
+        # The at-fork hook closed every inherited connection; what the child inherited
+        # stays readable, and dropping it (each array's buffer handle) is safe.
+        code = 1
+        try:
+            ok = (int(lease.sum()) == 1000 and int(view.sum()) == 10 and int(pub.sum()) == 8192
+                  and int(got.sum()) == 8192 and float(got2.sum()) == 150.0)
+            del view, lease, got
+            gc.collect()
+            if os.fork() == 0:             # a grandchild drops what it inherited in turn
+                del pub, got2, other
+                gc.collect()
+                os._exit(0)
+            _, st = os.wait()
+            del pub, got2, other
+            gc.collect()
+            with shmref.connect(os.environ["SOCK"]) as mine:   # its own connection works
+                mine.ping()
+            code = 0 if ok and st == 0 else 2
+        finally:
+            os._exit(code)
+    _, st = os.waitpid(pid, 0)
+    print("child", os.waitstatus_to_exitcode(st), flush=True)
+    c.ping()
+    assert int(lease.sum()) == 1000 and int(got.sum()) == 8192 and float(got2.sum()) == 150.0
+    print("parent intact", c.status()["buffers"]["leases"], flush=True)
+"""
+
+
+def test_a_forked_child_drops_what_it_inherited(daemon):
+    """Every connection is closed for a forked child at fork (the at-fork hook), while
+    its arrays still hold their buffer handles: the close keeps those handles (libshmref
+    frees a child's inherited handle only at its own release), and dropping an array in
+    the child releases the child's copy, nothing else. Before: the close freed every
+    handle and dropping a published array read the freed one (ASan: heap-use-after-free
+    in shmref_buf_capacity, called by the unprotect before the handle goes). Fresh
+    interpreters, glibc's MALLOC_PERTURB_ set so that a read of freed memory reads junk
+    and a second free aborts."""
+    r = run_child(FORK_DROP_CHILD, env={"SOCK": daemon.socket, "MALLOC_PERTURB_": "165"})
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    assert "child 0" in r.stdout, r.stdout
+    assert "parent intact" in r.stdout, r.stdout
+
+
 # ---- 4. pickling: by reference only where the receiver can acquire ----
 
 def test_plain_pickle_holds_the_bytes_and_forking_pickler_the_reference(client):

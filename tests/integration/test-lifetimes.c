@@ -2,7 +2,8 @@
 /* test-lifetimes: libshmref's lifetimes through real processes and a real shmrefd (issue
  * 16 items 1-4, issue 17 item 5): a handle an outstanding request refers to stays valid
  * until it completes (release during a sealed publish); a forked child reads what it
- * inherited after releasing it, gets its own connection, and leaves the parent's alone;
+ * inherited after releasing it, gets its own connection, and leaves the parent's alone,
+ * and may drop what it inherited after closing the connection (as an at-fork hook does);
  * the request table and the send queue are bounded (2,000,000 submits to a stopped
  * daemon); shmref_close never waits for a stopped daemon; lookups scale (200,000 local
  * re-acquires); the daemon's credentials are checked at connect and every fd it sends is
@@ -270,6 +271,94 @@ Test(lifetimes, a_forked_child_reads_what_it_inherited_and_gets_its_own_connecti
     cr_assert_str_empty(shmref_errmsg(c), "every release was the parent's own, accepted");
     cr_assert_eq(client_leases(&d, getpid()), 0);
     shmref_close(c);
+    daemon_stop(&d);
+}
+
+/* What an at-fork hook does (shmref's Python binding closes every inherited connection in
+ * the child): the child closes the connection first, then reads and drops what it
+ * inherited, in any order, with either release call, after the close. Every inherited
+ * handle stays valid until its own release: the close frees none of them (before, it
+ * freed them all, and each later read or release in the child was a use after free:
+ * heap-use-after-free under ASan), and the connection's memory goes with the last. */
+Test(lifetimes, a_forked_child_drops_what_it_inherited_after_closing_the_connection, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d), *c = connect_ok(&d);
+    enum { N = 6 };
+    shmref_buf *h[N];
+    uint32_t seed[N];
+    shmref_desc desc, other;
+    /* a plain lease, a published lease, its re-acquire on the same connection, another
+     * process's publish acquired twice (the second shares the first's daemon handle) */
+    cr_assert_eq(shmref_lease(c, 8192, &h[0]), 0, "%s", shmref_errmsg(c));
+    fill_pattern(shmref_buf_data(h[0]), 8192, seed[0] = 1);
+    cr_assert_eq(shmref_lease(c, 8192, &h[1]), 0, "%s", shmref_errmsg(c));
+    fill_pattern(shmref_buf_data(h[1]), 8192, seed[1] = 2);
+    cr_assert_eq(shmref_publish(h[1], 8192, 30000, NULL, 0, &desc), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(shmref_acquire(c, &desc, &h[2]), 0, "%s", shmref_errmsg(c));
+    seed[2] = 2;
+    shmref_buf *pb;
+    cr_assert_eq(shmref_lease(p, 8192, &pb), 0, "%s", shmref_errmsg(p));
+    fill_pattern(shmref_buf_data(pb), 8192, 3);
+    cr_assert_eq(shmref_publish(pb, 8192, 30000, NULL, 0, &other), 0, "%s", shmref_errmsg(p));
+    cr_assert_eq(shmref_acquire(c, &other, &h[3]), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(shmref_acquire(c, &other, &h[4]), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(shmref_lease(c, 100, &h[5]), 0, "%s", shmref_errmsg(c));
+    fill_pattern(shmref_buf_data(h[5]), 100, seed[5] = 6);
+    seed[3] = seed[4] = 3;
+    cr_assert_eq(shmref_ping(c), 0, "%s", shmref_errmsg(c));
+    long before = client_leases(&d, getpid());
+
+    for (int variant = 0; variant < 2; variant++) {
+        pid_t child = fork();
+        cr_assert_geq(child, 0);
+        if (child == 0) {
+            if (variant == 1) { /* the child's own connection first, then the close */
+                shmref_buf *own;
+                if (shmref_lease(c, 4096, &own) < 0 || shmref_conn_pid(c) != getpid())
+                    _exit(20);
+            }
+            shmref_close(c);
+            for (int i = 0; i < N; i++) {
+                size_t len = i == 5 ? 100 : 8192;
+                if (!shmref_buf_data(h[i]) || shmref_buf_size(h[i]) < len)
+                    _exit(21);
+                if (check_pattern(shmref_buf_data(h[i]), len, seed[i]) != -1)
+                    _exit(22);
+            }
+            if (shmref_release(h[2]) < 0 || shmref_release(h[0]) < 0 || shmref_release(h[3]) < 0)
+                _exit(23);
+            /* the rest still readable after some went */
+            if (check_pattern(shmref_buf_data(h[4]), 8192, 3) != -1 ||
+                check_pattern(shmref_buf_data(h[1]), 8192, 2) != -1)
+                _exit(24);
+            shmref_buf *rest[] = { h[1], h[4], h[5] };
+            if (shmref_release_many(rest, 3) < 0)
+                _exit(25);
+            /* and a connection of the child's own works as any */
+            shmref_conn *mine;
+            shmref_buf *b;
+            if (shmref_connect(d.socket, &mine) < 0 || shmref_lease(mine, 4096, &b) < 0)
+                _exit(26);
+            shmref_close(mine);
+            _exit(0);
+        }
+        int st = child_wait(child);
+        cr_assert_eq(st, 0, "variant %d: the child failed (status %d: 20+ = a step, 1 = a sanitizer's report, "
+                     "128+ = a signal)", variant, st);
+    }
+    /* The parent's connection and handles are as they were: nothing released by a child. */
+    cr_assert_eq(shmref_ping(c), 0, "%s", shmref_errmsg(c));
+    cr_assert_str_empty(shmref_errmsg(c), "no late error from the daemon");
+    cr_assert_eq(client_leases(&d, getpid()), before, "a child released the parent's handles");
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(check_pattern(shmref_buf_data(h[i]), i == 5 ? 100 : 8192, seed[i]), -1);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(shmref_release(h[i]), 0, "%d: %s", i, shmref_errmsg(c));
+    shmref_release(pb);
+    shmref_close(c);
+    shmref_close(p);
     daemon_stop(&d);
 }
 
