@@ -183,15 +183,24 @@ def _after_fork_in_child() -> None:
 _os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _default_key(socket) -> tuple:
+    # A path given is the caller's choice; none follows connect()'s rule (the default
+    # socket, and a private daemon when none answers there), per default path.
+    pid = _os.getpid()
+    return (pid, socket) if socket else (pid, None, default_socket())
+
+
 def default_client(socket: Optional[str] = None) -> Client:
-    """This process's own client for socket (default: the C library's default socket),
+    """This process's own client for socket (default: what :func:`connect` with no
+    socket finds: the C library's default socket, else the private daemon it starts),
     made on first use and again in a forked child; unpickling, :func:`shared`,
     :func:`encode` and :func:`decode` use it when given no client. Do not close it."""
-    key = (_os.getpid(), socket or default_socket())
+    key = _default_key(socket)
     with _defaults_lock:
         c = _defaults.get(key)
         if c is None or c.closed:
-            c = _defaults[key] = connect(key[1])
+            # Not connect(default_socket()): a path named turns the private daemon off.
+            c = _defaults[key] = connect(socket or None)
         return c
 
 
@@ -200,7 +209,7 @@ def _unusable(e: OSError) -> bool:
 
 
 def _have_default(socket) -> bool:
-    return (_os.getpid(), socket or default_socket()) in _defaults
+    return _default_key(socket) in _defaults
 
 
 def _on_default(socket, fn):
@@ -220,7 +229,7 @@ def _on_default(socket, fn):
 
 def _drop_default(socket) -> None:
     with _defaults_lock:
-        c = _defaults.pop((_os.getpid(), socket or default_socket()), None)
+        c = _defaults.pop(_default_key(socket), None)
     if c is not None:
         c.close()
 

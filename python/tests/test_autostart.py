@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: MIT
+"""The private daemon (client-lib/autostart.c) through the Python entry points, run the way
+users run them: no socket named, SHMREF_AUTOSTART not set to 0, no daemon answering at the
+default socket. One rule finds or starts the daemon for every entry point (DESIGN 12):
+shmref.connect() with no socket, and the process's default client behind unpickling,
+shared(), encode/decode. A path given explicitly is a choice and never starts one.
+
+Each test runs its processes with an XDG_RUNTIME_DIR of its own (a temporary directory),
+SHMREF_DAEMON naming this build's shmrefd, and stops the daemon they started (the one
+whose socket is in that directory) at the end; nothing else is touched. A system daemon
+answering at /run/shmrefd/shmrefd.sock would be preferred by the rule: then they skip."""
+import os
+import shutil
+import signal
+import socket as socketlib
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SYSTEM_SOCKET = "/run/shmrefd/shmrefd.sock"
+
+
+def _system_daemon_answers() -> bool:
+    s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_SEQPACKET)
+    try:
+        s.connect(SYSTEM_SOCKET)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def runtime_dir():
+    """A private XDG_RUNTIME_DIR; at the end, the daemon started in it is stopped (only
+    a shmrefd whose command line names this directory) and the directory removed."""
+    if not os.environ.get("SHMREFD_BIN"):
+        pytest.fail("SHMREFD_BIN is not set: run through ctest (./scripts/test) or python/tests/run.sh")
+    if _system_daemon_answers():
+        pytest.skip(f"a system shmrefd answers at {SYSTEM_SOCKET}: the rule prefers it to a private one")
+    d = tempfile.mkdtemp(prefix="shmref-autostart-")
+    os.chmod(d, 0o700)
+    yield d
+    for pid in _daemons_in(d):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        for _ in range(200):
+            if not os.path.exists(f"/proc/{pid}"):
+                break
+            time.sleep(0.05)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _daemons_in(d):
+    """The pids of shmrefd processes whose command line names directory d."""
+    found = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if args and os.path.basename(args[0]) == b"shmrefd" and any(d.encode() in a for a in args):
+            found.append(int(p))
+    return found
+
+
+def run_user(code, runtime, **env):
+    """code in a fresh interpreter with the environment a user has: no socket named, no
+    SHMREF_AUTOSTART, XDG_RUNTIME_DIR the test's own."""
+    e = {k: v for k, v in os.environ.items() if k not in ("SHMREFD_SOCKET", "SHMREF_AUTOSTART")}
+    e.update(XDG_RUNTIME_DIR=runtime, SHMREF_DAEMON=os.environ["SHMREFD_BIN"], SHMREF_IDLE_EXIT_S="60", **env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True, text=True,
+                          timeout=120, cwd=HERE)
+
+
+def test_the_default_client_starts_the_private_daemon_as_connect_does(runtime_dir):
+    """Before: default_client() connected to the default path named explicitly, which
+    turns the private daemon off: FileNotFoundError where shmref.connect() worked, so
+    unpickling, shared() and encode/decode failed in a process with no daemon set up."""
+    r = run_user("""
+        import os, pickle
+        from multiprocessing.reduction import ForkingPickler
+        import numpy as np
+        import shmref
+        c = shmref.default_client()
+        print("daemon", c.daemon_pid, flush=True)
+        assert shmref.default_client() is c                      # made once
+        x = shmref.shared(np.arange(10.0))                       # through the default client
+        b = pickle.loads(ForkingPickler.dumps(x))                # unpickling acquires through it
+        assert b.tolist() == list(range(10)), b
+        y = shmref.decode(shmref.encode({"a": np.ones(100_000)}))["a"]
+        assert float(y.sum()) == 100_000.0
+        with shmref.connect() as c2:                             # the same rule, the same daemon
+            assert c2.daemon_pid == c.daemon_pid
+        print("ok", flush=True)
+    """, runtime_dir)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    assert "ok" in r.stdout
+    pid = int(r.stdout.split("daemon ")[1].split()[0])
+    assert _daemons_in(runtime_dir) == [pid], "the daemon it reached is the private one it started"
+    assert os.path.exists(os.path.join(runtime_dir, "shmref", "shmrefd.sock"))
+
+
+def test_a_socket_named_or_autostart_off_starts_no_daemon(runtime_dir):
+    """The other half of the rule, for the default client as for connect(): a path given
+    explicitly (even the default one) is a choice, and SHMREF_AUTOSTART=0 turns the
+    private daemon off; both fail with FileNotFoundError and start nothing."""
+    r = run_user("""
+        import os
+        import shmref
+        for name in (os.path.join(os.environ["XDG_RUNTIME_DIR"], "none.sock"), shmref.default_socket()):
+            for fn in (shmref.connect, shmref.default_client):
+                try:
+                    fn(name)
+                    print("connected", fn.__name__, name)
+                except FileNotFoundError:
+                    pass
+        print("done", flush=True)
+    """, runtime_dir)
+    assert r.returncode == 0 and r.stdout.strip() == "done", (r.returncode, r.stdout, r.stderr)
+    r = run_user("""
+        import shmref
+        for fn in (shmref.connect, shmref.default_client):
+            try:
+                fn()
+                print("connected", fn.__name__)
+            except FileNotFoundError:
+                pass
+        print("done", flush=True)
+    """, runtime_dir, SHMREF_AUTOSTART="0")
+    assert r.returncode == 0 and r.stdout.strip() == "done", (r.returncode, r.stdout, r.stderr)
+    assert not os.path.exists(os.path.join(runtime_dir, "shmref")), os.listdir(runtime_dir)
+    assert _daemons_in(runtime_dir) == []
