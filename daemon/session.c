@@ -26,16 +26,28 @@ static void on_room(void *ctx);
 static const struct transport_ops transport_ops = { on_message, on_close, on_room };
 
 /* A reply held back for room for its fds, rebuilt from its handles when it goes: a lease
- * or acquire reply (n == 0: handle, buf_id), or a lease_many reply of n items. The
+ * or acquire reply (n == 0: handle, buf_id), or a lease_many reply of n items; or an
+ * error reply (len > 0: its encoded bytes), held back behind the others or for room in
+ * the transport's queue, so that many answers at once (waiting requests refused when
+ * their buffer goes or their wait runs out) go as the client reads, never past the
+ * queue's bound (which would close a client that reads as slow). Each answers one request
+ * the client made, and the transport reads none while it cannot send: bounded by what
+ * the connection may have parked (max-leases) plus one read batch. The
  * transport could queue it instead, but only with dups of its fds: replies made off the
  * loop (buffers made in the thread pool) would then hold a second fd per buffer beyond
  * the pool's fd budget, and the daemon could run out of fds (EMFILE) at a dup. */
 struct session_owed {
     struct session_owed *next;
-    uint32_t id, n;
+    uint32_t id, n, len;
     uint64_t handle, buf_id;
-    struct proto_item items[];
+    struct proto_item items[]; /* n items; or, with len, the encoded reply's bytes */
 };
+
+static void owed_append(struct session *s, struct session_owed *o)
+{
+    if (s->owed_tail) s->owed_tail->next = o; else s->owed_head = o;
+    s->owed_tail = o;
+}
 
 static void owed_free(struct session *s)
 {
@@ -108,8 +120,7 @@ static bool owe(struct session *s, const struct proto_msg *m, int fd)
     if (!o)
         return false; /* sent now: the transport queues it */
     *o = (struct session_owed){ .id = m->id, .handle = m->u.lease_reply.handle, .buf_id = m->u.lease_reply.buf_id };
-    if (s->owed_tail) s->owed_tail->next = o; else s->owed_head = o;
-    s->owed_tail = o;
+    owed_append(s, o);
     return true;
 }
 
@@ -125,8 +136,7 @@ static bool owe_many(struct session *s, const struct proto_msg *m)
         return false; /* sent now: the transport queues it */
     *o = (struct session_owed){ .id = m->id, .n = n };
     memcpy(o->items, m->u.lease_many_reply.items, n * sizeof(o->items[0]));
-    if (s->owed_tail) s->owed_tail->next = o; else s->owed_head = o;
-    s->owed_tail = o;
+    owed_append(s, o);
     return true;
 }
 
@@ -158,11 +168,13 @@ static void on_room(void *ctx)
     struct session *s = ctx;
     s->resending = true;
     while (s->owed_head && s->transport && !s->peer.closing &&
-           transport_fd_room(s->transport, s->owed_head->n ? s->owed_head->n : 1)) {
+           transport_fd_room(s->transport, s->owed_head->len ? 0 : s->owed_head->n ? s->owed_head->n : 1)) {
         struct session_owed *o = s->owed_head;
         if (!(s->owed_head = o->next))
             s->owed_tail = NULL;
-        if (o->n)
+        if (o->len)
+            transport_send(s->transport, (const uint8_t *)o->items, o->len, -1);
+        else if (o->n)
             resend_many(s, o);
         else
             broker_resend(s->env->broker, &s->peer, o->id, o->handle, o->buf_id);
@@ -500,8 +512,19 @@ void session_fail(struct session *s, uint32_t id, int code, const char *fmt, ...
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     int len = proto_encode_error(id, code, wbuf, sizeof(wbuf), "%s", msg);
-    if (len > 0)
-        transport_send(s->transport, wbuf, (size_t)len, -1);
+    if (len <= 0)
+        return;
+    /* Behind held replies, or with the queue not empty: held too (session_owed). */
+    if (!s->resending && !s->peer.closing && (s->owed_head || !transport_fd_room(s->transport, 0))) {
+        struct session_owed *o = malloc(sizeof(*o) + (size_t)len);
+        if (o) {
+            *o = (struct session_owed){ .id = id, .len = (uint32_t)len };
+            memcpy(o->items, wbuf, (size_t)len);
+            owed_append(s, o);
+            return;
+        }
+    }
+    transport_send(s->transport, wbuf, (size_t)len, -1);
 }
 
 static void protocol_error(struct session *s, uint32_t id, const char *why)

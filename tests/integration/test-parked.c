@@ -537,3 +537,104 @@ Test(parked, lease_many_of_1024_has_no_timer_cliff, .timeout = 120)
     shmref_close(c);
     daemon_stop(&d);
 }
+
+/* ---- many answers at once go as the client reads: release, expiry, shutdown ---- */
+
+#define PARK_MAX 4096 /* the most acquires one connection may park: max-leases (its default) */
+
+/* park_most: a producer's lease, and PARK_MAX acquires of its token parked (wait_ms) on
+ * one raw connection *ret_cons. Returns the producer's connection; *ret_h its handle. */
+static int park_most(struct daemon *d, uint32_t wait_ms, int *ret_cons, uint64_t *ret_h)
+{
+    int prod = rv_connect(d, 0);
+    uint8_t token[PROTO_TOKEN_LEN];
+    *ret_h = rv_lease(prod, 2, 4 * KiB, token);
+    int cons = rv_connect(d, 0);
+    for (uint32_t i = 0; i < PARK_MAX; i++)
+        rv_acquire_send(cons, 10 + i, token, wait_ms);
+    /* every one parked (none refused: the connection holds nothing else) */
+    uint64_t parked = wait_status(d, "counters.acquire_waits", PARK_MAX, 30000);
+    cr_assert_eq(parked, PARK_MAX, "%llu of %d acquires parked", (unsigned long long)parked, PARK_MAX);
+    *ret_cons = cons;
+    return prod;
+}
+
+/* read_refusals: PARK_MAX ENOENT answers, read slowly (a pause every 100), then a ping on
+ * the same connection: it was kept, and nobody was closed as slow. */
+static void read_refusals(struct daemon *d, int cons, const char *path)
+{
+    for (uint32_t i = 0; i < PARK_MAX; i++) {
+        struct proto_msg r;
+        ssize_t len = rv_recv(cons, 10000, &r);
+        cr_assert_gt(len, 0, "%s: answer %u of %d never came (%zd): the connection was closed", path, i, PARK_MAX,
+                     len);
+        cr_assert_eq(r.op, PROTO_OP_ERROR, "%s: answer %u: op %u", path, i, r.op);
+        cr_assert_eq(r.u.error.code, ENOENT, "%s: answer %u: code %d %.*s", path, i, (int)r.u.error.code,
+                     (int)r.u.error.msg_len, r.u.error.msg);
+        if (i % 100 == 99)
+            usleep(20000); /* a slow reader */
+    }
+    cr_assert_lt(ping_ms(cons, 50000), 10000.0, "%s: the connection was not kept", path);
+    cr_assert_eq(status_u64(d, "counters.slow_clients"), 0, "%s: a client was closed as slow", path);
+}
+
+Test(parked, a_release_refuses_the_most_parked_acquires_as_the_client_reads, .timeout = 300)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    int cons;
+    uint64_t h;
+    int prod = park_most(&d, 60000, &cons, &h);
+    rv_release_send(prod, 3, h); /* never published: every waiter gets ENOENT at once */
+    read_refusals(&d, cons, "release");
+    close(cons);
+    close(prod);
+    cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, 5000), 0);
+    daemon_stop(&d);
+}
+
+Test(parked, expired_waits_refuse_the_most_parked_acquires_as_the_client_reads, .timeout = 300)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    int cons;
+    uint64_t h;
+    int prod = park_most(&d, 300, &cons, &h);
+    /* nothing read until every wait has run out together */
+    uint64_t out = wait_status(&d, "counters.acquire_wait_timeouts", PARK_MAX, 60000);
+    cr_assert_eq(out, PARK_MAX, "%llu of %d waits ran out", (unsigned long long)out, PARK_MAX);
+    read_refusals(&d, cons, "expiry");
+    rv_release_send(prod, 3, h);
+    close(cons);
+    close(prod);
+    cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, 5000), 0);
+    daemon_stop(&d);
+}
+
+Test(parked, a_stopping_daemon_with_the_most_parked_closes_no_client_as_slow, .timeout = 300)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    int cons;
+    uint64_t h;
+    int prod = park_most(&d, 60000, &cons, &h);
+    /* a client that is reading along when the daemon stops: its connection ends as the
+     * daemon's, never as a slow client's */
+    cr_assert_eq(kill(d.pid, SIGTERM), 0);
+    struct proto_msg r;
+    ssize_t len;
+    unsigned answers = 0;
+    while ((len = rv_recv(cons, 10000, &r)) > 0)
+        answers++;
+    cr_assert_eq(len, 0, "the stopping daemon's connection did not end (%zd)", len);
+    printf("stopping with %d parked: %u answers before the end\n", PARK_MAX, answers);
+    cr_assert(!daemon_log_contains(&d, "does not read its replies"), "a reading client was closed as slow");
+    int st = 0;
+    cr_assert_eq(waitpid(d.pid, &st, 0), d.pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "shmrefd did not exit 0 on SIGTERM (status %#x)", st);
+    unlink(d.log);
+    unlink(d.socket);
+    rmdir(d.dir);
+    close(cons);
+    close(prod);
+}
