@@ -365,6 +365,51 @@ def test_cli_and_worker_without_daemon(dask_env, tmp_path):
     assert nothing_held(dask_env)["bytes_leased"] == 0
 
 
+# ---- dask's config reset after import (issue 27 item 1) ----
+
+CONFIG_RESET_CHILD = """
+import copy, sys
+import numpy as np
+import dask, distributed
+from distributed import Client, LocalCluster
+before = copy.deepcopy(dask.config.config)      # a snapshot taken before shmref.dask's import
+import shmref.dask as sd
+assert dask.config.get("distributed.comm.shmref.threshold") == "64 KiB"
+how = sys.argv[1]
+if how == "snapshot":                            # what distributed's test harness restores
+    dask.config.config.clear()
+    dask.config.config.update(before)
+elif how == "set":                               # a section of someone else's, without our keys
+    dask.config.config["distributed"]["comm"]["shmref"] = {}
+try:
+    dask.config.get("distributed.comm.shmref" if how == "snapshot" else "distributed.comm.shmref.threshold")
+    sys.exit("the reset kept the section")
+except KeyError:
+    pass
+with LocalCluster(protocol="shmref://", n_workers=1, threads_per_worker=1, processes=False,
+                  dashboard_address=":0", host="127.0.0.1") as cl, Client(cl) as c:
+    x = c.submit(np.arange, 1 << 20, pure=False).result()       # an 8 MiB frame back to us
+    assert x.sum() == (1 << 20) * ((1 << 20) - 1) // 2
+    st = sd.stats()
+print("mode", st["mode"], "received_by_ref", st["received_by_ref"], flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["snapshot", "set"])
+def test_the_backend_works_after_dask_config_is_reset(dask_env, how):
+    """A program (distributed's test harness, or anyone) that puts back dask's config as
+    it was before shmref.dask added its defaults, or gives the section none of its keys:
+    the backend reads every key with its default. Before: KeyError: 'shmref' at the
+    first comm, and no cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_DISTRIBUTED__COMM__SHMREF")}
+    r = subprocess.run([sys.executable, "-c", CONFIG_RESET_CHILD, how], env=env, capture_output=True,
+                       text=True, timeout=180, cwd=HERE)
+    assert r.returncode == 0, (how, r.returncode, r.stdout, r.stderr[-3000:])
+    assert "KeyError" not in r.stderr, r.stderr[-3000:]
+    m = re.search(r"mode (\w+) received_by_ref (\d+)", r.stdout)
+    assert m and m.group(1) == "shmref" and int(m.group(2)) > 0, (r.stdout, r.stderr[-3000:])
+
+
 # ---- a worker in another network namespace ----
 
 def ip(*args, check=True):

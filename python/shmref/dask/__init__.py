@@ -25,20 +25,10 @@ from __future__ import annotations
 
 import dask
 
-_DEFAULTS = {
-    "distributed": {
-        "comm": {
-            "shmref": {
-                "threshold": "64 KiB",
-                "socket": None,
-                "retention": "60s",
-                "enabled": True,
-            }
-        }
-    }
-}
-dask.config.update_defaults(_DEFAULTS)
+from .comm import DEFAULTS, SHMREF, ShmrefBackend, ShmrefComm, stats
 
-from .comm import SHMREF, ShmrefBackend, ShmrefComm, stats  # noqa: E402
+# In dask's defaults (dask.config.get, DASK_* variables), and read with the same defaults
+# when a program resets dask's config after this import (comm._config).
+dask.config.update_defaults({"distributed": {"comm": {"shmref": dict(DEFAULTS)}}})
 
 __all__ = ["ShmrefBackend", "ShmrefComm", "SHMREF", "stats"]

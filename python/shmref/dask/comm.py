@@ -52,14 +52,27 @@ _OWN_LEASE = 4 << 20
 _NO_SPLIT = 1 << 62
 
 
+#: The config section's defaults (distributed.comm.shmref.*), which the package also adds
+#: to dask's defaults at import.
+DEFAULTS = {"threshold": "64 KiB", "socket": None, "retention": "60s", "enabled": True}
+
+
 def _config():
-    c = dask.config.get("distributed.comm.shmref")
-    threshold = c.get("threshold", "64 KiB")
+    # Every read has its default: a program that resets dask's config after import (as
+    # distributed's test harness restores a snapshot taken before shmref.dask added its
+    # defaults) has no section, or a partial one (issue 27).
+    c = dask.config.get("distributed.comm.shmref", default=None) or {}
+
+    def get(key):
+        v = c.get(key)
+        return DEFAULTS[key] if v is None else v
+
+    threshold = get("threshold")
     threshold = parse_bytes(threshold) if isinstance(threshold, str) else int(threshold)
-    keep = parse_timedelta(c.get("retention", "60s"), default="seconds")
+    keep = parse_timedelta(get("retention"), default="seconds")
     # keep: float seconds, as the binding takes it (at least a millisecond: 0 would mean
     # no retention, and a frame nobody holds would be gone before its receiver's acquire).
-    return bool(c.get("enabled", True)), max(1, threshold), c.get("socket") or None, max(0.001, float(keep))
+    return bool(get("enabled")), max(1, threshold), get("socket") or None, max(0.001, float(keep))
 
 
 class _Stats:
