@@ -611,6 +611,34 @@ Test(parked, expired_waits_refuse_the_most_parked_acquires_as_the_client_reads, 
     daemon_stop(&d);
 }
 
+Test(parked, expired_lease_waits_refuse_the_most_parked_as_the_client_reads, .timeout = 300)
+{
+    struct daemon d;
+    daemon_start(&d, "--tenant-quota", "64K", NULL);
+    int c = rv_connect(&d, 0);
+    uint8_t token[PROTO_TOKEN_LEN];
+    uint64_t h = rv_lease(c, 2, 64 * KiB, token); /* the whole quota */
+    for (uint32_t i = 0; i < PARK_MAX - 1; i++) /* the one held takes a place too */
+        rv_lease_send(c, 10 + i, 4 * KiB, 300);
+    uint64_t out = wait_status(&d, "counters.lease_wait_timeouts", PARK_MAX - 1, 60000);
+    cr_assert_eq(out, PARK_MAX - 1, "%llu of %d lease waits ran out", (unsigned long long)out, PARK_MAX - 1);
+    for (uint32_t i = 0; i < PARK_MAX - 1; i++) {
+        struct proto_msg r;
+        ssize_t len = rv_recv(c, 10000, &r);
+        cr_assert_gt(len, 0, "answer %u of %d never came (%zd): the connection was closed", i, PARK_MAX - 1, len);
+        cr_assert_eq(r.op, PROTO_OP_ERROR, "answer %u: op %u", i, r.op);
+        cr_assert_eq(r.u.error.code, ETIMEDOUT, "answer %u: code %d", i, (int)r.u.error.code);
+        if (i % 100 == 99)
+            usleep(20000); /* a slow reader */
+    }
+    cr_assert_lt(ping_ms(c, 50000), 10000.0, "the connection was not kept");
+    cr_assert_eq(status_u64(&d, "counters.slow_clients"), 0, "a client was closed as slow");
+    rv_release_send(c, 3, h);
+    close(c);
+    cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, 5000), 0);
+    daemon_stop(&d);
+}
+
 Test(parked, a_stopping_daemon_with_the_most_parked_closes_no_client_as_slow, .timeout = 300)
 {
     struct daemon d;
