@@ -1003,3 +1003,81 @@ Test(ledger_daemon, consumer_racing_recycles_never_sees_a_new_generation, .timeo
     munmap(r, sizeof(*r));
     daemon_stop(&d);
 }
+
+/* ---- a flood of nudges costs per nudge, not per LENT buffer ---- */
+
+/* daemon_cpu_ticks: the daemon's user + system time so far, in clock ticks. */
+static long daemon_cpu_ticks(const struct daemon *d)
+{
+    char path[64], line[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)d->pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    cr_assert_not_null(fgets(line, sizeof(line), f));
+    fclose(f);
+    const char *p = strrchr(line, ')'); /* the name may hold spaces */
+    long ut = 0, stt = 0;
+    cr_assert_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &ut, &stt), 2);
+    return ut + stt;
+}
+
+/* nudge_cpu: the daemon's CPU ticks for n nudges of buf_id from c (answered once a ping
+ * after them is). */
+static long nudge_cpu(const struct daemon *d, struct lc *c, uint64_t buf_id, unsigned n)
+{
+    cr_assert_eq(lc_ping(c), 0);
+    long t0 = daemon_cpu_ticks(d);
+    for (unsigned i = 0; i < n; i++)
+        cr_assert_eq(lc_nudge(c, buf_id), 0);
+    cr_assert_eq(lc_ping(c), 0);
+    return daemon_cpu_ticks(d) - t0;
+}
+
+#define FLOOD_LENT 4000
+#define FLOOD_SIZE 4096
+#define FLOOD_NUDGES 200000
+
+/* A nudge names a buffer; the daemon looked it up by walking its uid's LENT list, newest
+ * first, so nudges of the oldest of 4,000 LENT buffers each walked all 4,000 (a client
+ * chose the length of a loop in the daemon). The daemon's CPU time for a flood of nudges
+ * of the oldest is compared with one of the newest (first on the list either way): the
+ * same within noise now, not a multiple. */
+Test(ledger_daemon, a_nudge_flood_costs_per_nudge_not_per_lent_buffer, .timeout = 300)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    struct lc prod, cons;
+    open_ok(&prod, &d);
+    open_ok(&cons, &d);
+    static struct lbuf x[FLOOD_LENT];
+    for (unsigned i = 0; i < FLOOD_LENT; i++) {
+        struct lbuf a;
+        lease_ok(&prod, FLOOD_SIZE, &x[i]);
+        if (x[i].fd >= 0)
+            close(x[i].fd);
+        cr_assert_eq(lc_publish_dir(&prod, &x[i], FLOOD_SIZE), 0);
+        cr_assert_eq(lc_publish(&prod, x[i].handle, FLOOD_SIZE, 0, 0), 0);
+        acquire_ok(&cons, x[i].token, &a); /* the consumer is sent the fd, then holds in its ledger */
+        if (a.fd >= 0)
+            close(a.fd);
+        cr_assert_eq(lc_release(&cons, a.handle), 0);
+        cr_assert_eq(lc_take(&cons, x[i].token, FLOOD_SIZE, x[i].buf_id), 0, "take %u", i);
+        cr_assert_eq(lc_release(&prod, x[i].handle), 0);
+    }
+    cr_assert_eq(wait_st(&d, "ledger.lent", FLOOD_LENT, WAIT_MS), FLOOD_LENT);
+    /* the newest LENT first, then the oldest, then the newest again: each flood as long */
+    long newest = nudge_cpu(&d, &cons, x[FLOOD_LENT - 1].buf_id, FLOOD_NUDGES);
+    long oldest = nudge_cpu(&d, &cons, x[0].buf_id, FLOOD_NUDGES);
+    newest = (newest + nudge_cpu(&d, &cons, x[FLOOD_LENT - 1].buf_id, FLOOD_NUDGES)) / 2;
+    printf("nudge flood, %d LENT: %d nudges of the newest took the daemon %ld ticks, of the oldest %ld\n", FLOOD_LENT,
+           FLOOD_NUDGES, newest, oldest);
+    cr_assert_leq(oldest, 2 * newest + 10, "nudges of the oldest of %d LENT buffers cost %ld ticks, of the newest %ld",
+                  FLOOD_LENT, oldest, newest);
+    cr_assert_eq(st(&d, "ledger.lent"), FLOOD_LENT, "a nudge of a held buffer ended it");
+    for (unsigned i = 0; i < FLOOD_LENT; i++)
+        cr_assert_eq(lc_give(&cons, x[i].token, x[i].buf_id), 0);
+    cr_assert_eq(wait_st(&d, "ledger.lent", 0, WAIT_MS), 0, "the gives did not end every loan");
+    lc_close(&cons);
+    lc_close(&prod);
+    daemon_stop(&d);
+}
