@@ -32,6 +32,16 @@ test_end() {
     [ "$fail" = 0 ]
 }
 
+# test_end_skipping WHY: the end of a test whose remaining part cannot run here: what ran
+# is reported, and the test exits 77 (ctest's SKIP_RETURN_CODE: shown as skipped, never as
+# passed) unless something failed, which fails it.
+test_end_skipping() {
+    echo "SKIP the rest: $*"
+    echo "$pass passed, $fail failed"
+    [ "$fail" = 0 ] || exit 1
+    exit 77
+}
+
 # asan_env LIB: what a program built without sanitizers (python3 with ctypes) needs in its
 # environment to load LIB when LIB was built with AddressSanitizer (./scripts/test
 # --sanitize): the ASan runtime preloaded, leak checks off (they would report Python's).
