@@ -143,3 +143,27 @@ def test_a_socket_named_or_autostart_off_starts_no_daemon(runtime_dir):
     assert r.returncode == 0 and r.stdout.strip() == "done", (r.returncode, r.stdout, r.stderr)
     assert not os.path.exists(os.path.join(runtime_dir, "shmref")), os.listdir(runtime_dir)
     assert _daemons_in(runtime_dir) == []
+
+
+def test_the_dask_backend_starts_the_private_daemon_as_connect_does(runtime_dir):
+    """shmref:// with no socket configured follows the same rule: frames go by reference
+    through the private daemon. Before: the backend connected to the default path named
+    explicitly, found nothing there, and sent every frame over TCP ('no shmrefd
+    reachable')."""
+    pytest.importorskip("distributed", reason="dask.distributed is not installed (shmref[dask])")
+    r = run_user("""
+        import numpy as np
+        from distributed import Client, LocalCluster
+        import shmref.dask as sd
+        with LocalCluster(protocol="shmref://", n_workers=1, threads_per_worker=1, processes=False,
+                          dashboard_address=":0", host="127.0.0.1") as cl, Client(cl) as c:
+            x = c.submit(np.arange, 1 << 20, pure=False).result()   # an 8 MiB frame back to us
+            assert x.sum() == (1 << 20) * ((1 << 20) - 1) // 2
+            st = sd.stats()
+        print("mode", st["mode"], "by_ref", st["received_by_ref"], "socket", st["socket"], flush=True)
+    """, runtime_dir, DASK_DISTRIBUTED__COMM__SHMREF__RETENTION="5s")
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-3000:])
+    words = r.stdout.split()
+    assert words[1] == "shmref" and int(words[3]) > 0, (r.stdout, r.stderr[-3000:])
+    assert words[5] == os.path.join(runtime_dir, "shmref", "shmrefd.sock"), r.stdout
+    assert len(_daemons_in(runtime_dir)) == 1

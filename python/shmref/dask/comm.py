@@ -120,7 +120,7 @@ class _State:
         self.pid = os.getpid()
         self.lock = threading.Lock()
         enabled, self.threshold, sock, self.keep = _config()
-        self.socket = sock or shmref.default_socket()
+        self.socket = sock or shmref.default_socket()  # until connected: where it looks
         self.client = None
         self.identity = None
         self.starts: list = []   # sorted start addresses of live mappings
@@ -129,12 +129,16 @@ class _State:
             logger.info("shmref: distributed.comm.shmref.enabled is false: frames travel over TCP")
             return
         try:
-            self.client = shmref.connect(self.socket, timeout=10)
+            # A socket configured is a choice; none follows shmref.connect()'s rule (the
+            # default socket, else the private daemon libshmref starts), as every entry
+            # point does: naming the default path would turn the private daemon off.
+            self.client = shmref.connect(sock, timeout=10)
+            self.socket = sock or _reached_socket(self.client)
             # No lease stock: frames come in every size, so a stock would keep up to 4
             # classes x 2 leases (of up to 16 MiB each) per process leased and charged
             # after the transfers are done; a frame's lease is one round trip without it.
             self.client.set_stock(0)
-            self.identity = _identity(self.client)
+            self.identity = _identity(self.client, self.socket)
         except OSError as e:
             self.client = None
             logger.warning("shmref: no shmrefd reachable at %s (%s): frames travel over TCP", self.socket, e)
@@ -196,7 +200,19 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _identity(client) -> str:
+def _reached_socket(client) -> str:
+    """The socket a client connected with no socket named reached: the default path, or,
+    when nothing is there (libshmref started a private daemon elsewhere), the path the
+    daemon says it serves on."""
+    if os.path.exists(client.socket):
+        return client.socket
+    try:
+        return client.status()["daemon"]["socket"]
+    except (OSError, KeyError, TypeError):
+        return client.socket
+
+
+def _identity(client, socket) -> str:
     """Who the daemon is, as both ends of a comm can check: the host's boot id, the
     daemon's pid and start time (/proc/PID/stat) and its socket's device and inode."""
     with open("/proc/sys/kernel/random/boot_id") as f:
@@ -207,7 +223,7 @@ def _identity(client) -> str:
             start = f.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         start = "?"  # another pid namespace: the socket's inode still tells the daemon
-    st = os.stat(client.socket)
+    st = os.stat(socket)
     return f"{boot}:{pid}:{start}:{st.st_dev}:{st.st_ino}"
 
 
