@@ -338,6 +338,7 @@ static int setup(struct daemon *d, uv_loop_t *loop)
         log_error("cannot drop privileges: %s", why);
         return r;
     }
+    server_warn_unremovable(d->server);
     bool shared = has_nobody && geteuid() == nobody && nobody != 0;
     access_set_operator(shared ? 0 : geteuid());
     if (d->default_user)
@@ -430,15 +431,16 @@ int main(int argc, char **argv)
     int code = 1;
     if (setup(&d, loop) == 0) {
         uv_run(loop, UV_RUN_DEFAULT);
-        /* An activated socket belongs to the service manager: leave it. */
-        if (!d.activated && unlink(d.opt.socket_path) < 0 && errno != ENOENT)
-            log_debug("cannot remove %s: %s", d.opt.socket_path, strerror(errno));
         code = d.server->failed ? 1 : 0;
         uv_signal_t *sigs[] = { &d.sig_term, &d.sig_int, &d.sig_hup };
         for (int i = 0; i < 3; i++) /* still open when the loop stopped on a failure */
             if (!uv_is_closing((uv_handle_t *)sigs[i]))
                 uv_close((uv_handle_t *)sigs[i], NULL);
     }
+    /* Only the socket it bound, and only while the path is still that file: an activated
+     * socket belongs to the service manager, a path rebound since to another daemon's. Also
+     * when setup failed after binding. */
+    server_remove_socket(d.server);
     notify_stopping(&d.notify);
     server_stop(d.server);
     uv_run(loop, UV_RUN_DEFAULT); /* let closes and in-flight pool work finish */

@@ -388,13 +388,70 @@ int server_listen_path(struct server *s)
     mode_t old = umask(0777 & ~s->opt->socket_mode);
     r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
     umask(old);
+    struct stat st;
+    if (r == 0 && lstat(path, &st) == 0) { /* ours from here: server_remove_socket */
+        s->bound = true;
+        s->bound_dev = st.st_dev;
+        s->bound_ino = st.st_ino;
+    }
     if (r < 0 || chmod(path, s->opt->socket_mode) < 0 || listen(fd, 128) < 0) {
         r = -errno;
         log_error("cannot listen on %s: %s%s", path, strerror(errno), socket_hint(errno));
         close(fd);
+        server_remove_socket(s);
         return r;
     }
     return server_listen_fd(s, fd);
+}
+
+/* still_ours: whether path is still the socket file server_listen_path bound. */
+static bool still_ours(const struct server *s, const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_dev == s->bound_dev &&
+           st.st_ino == s->bound_ino;
+}
+
+void server_remove_socket(struct server *s)
+{
+    const char *path = s->opt ? s->opt->socket_path : NULL;
+    if (!s->bound || !path)
+        return;
+    s->bound = false;
+    if (!still_ours(s, path)) {
+        if (access(path, F_OK) == 0)
+            log_info("leaving %s: it is no longer the socket this daemon bound", path);
+        return;
+    }
+    if (unlink(path) < 0 && errno != ENOENT)
+        log_warning("cannot remove the socket %s: %s%s; the next start replaces it", path, strerror(errno),
+                    errno == EACCES || errno == EPERM ? " (the user shmrefd serves as may not write its directory)" : "");
+}
+
+void server_warn_unremovable(struct server *s)
+{
+    const char *path = s->opt->socket_path;
+    if (!s->bound)
+        return;
+    char *dir = strdup(path), *slash = dir ? strrchr(dir, '/') : NULL;
+    if (!slash) {
+        free(dir);
+        return;
+    }
+    if (slash == dir)
+        slash[1] = '\0';
+    else
+        *slash = '\0';
+    struct stat ds, ss;
+    /* A sticky directory (/tmp) lets only the owner of the file or of the directory remove it. */
+    bool blocked = access(dir, W_OK | X_OK) < 0 ||
+                   (stat(dir, &ds) == 0 && (ds.st_mode & S_ISVTX) && ds.st_uid != geteuid() &&
+                    lstat(path, &ss) == 0 && ss.st_uid != geteuid());
+    if (blocked)
+        log_warning("uid %u, which shmrefd serves as, may not remove files in %s: the socket %s will stay "
+                    "at exit (the next start replaces it); give the directory to that user, or put the "
+                    "socket in a directory shmrefd makes", (unsigned)geteuid(), dir, path);
+    free(dir);
 }
 
 static void noop_close(uv_handle_t *h)

@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <uv.h>
 
@@ -27,6 +28,9 @@ struct server {
     bool listening, stopping;
     bool failed;               /* the listening socket broke: the daemon exits 1 */
     bool created_dir;          /* server_listen_path made the socket's directory */
+    bool bound;                /* server_listen_path bound the socket file at opt->socket_path */
+    dev_t bound_dev;           /* and this is its inode, taken right after bind: at exit the */
+    ino_t bound_ino;           /* path is removed only if it is still that file */
     uv_poll_t listen_poll;
     uv_timer_t accept_retry;   /* re-arms accepting after EMFILE */
     uv_timer_t housekeeping;   /* once a second: connections that never said hello */
@@ -47,6 +51,13 @@ int server_init(struct server *s, uv_loop_t *loop, struct options *opt);
 /* server_listen_path: binds a SOCK_SEQPACKET socket at opt->socket_path (mode
  * opt->socket_mode), replacing a stale one, refusing a live one. */
 int server_listen_path(struct server *s);
+/* server_remove_socket: removes the socket file server_listen_path bound, if the path
+ * still names that file (same st_dev and st_ino): never a socket the service manager
+ * passed, nor one another daemon bound there since. Logs when it cannot. Once. */
+void server_remove_socket(struct server *s);
+/* server_warn_unremovable: after the privilege drop, warns if the user the daemon now
+ * serves as will not be able to remove its socket at exit (server_remove_socket). */
+void server_warn_unremovable(struct server *s);
 /* server_listen_fd: serves on an already-listening socket (socket activation). */
 int server_listen_fd(struct server *s, int fd);
 /* server_apply_limits: (re)applies quotas, per-uid quotas and limits from s->opt. */

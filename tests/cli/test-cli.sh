@@ -127,6 +127,22 @@ kill -TERM "$dpid"; wait "$dpid"; rc=$?; dpid=
 check "SIGTERM exits 0" test "$rc" = 0
 check "the socket is removed" test ! -e "$sock"
 
+# A daemon removes only the socket it bound: once its path names another daemon's socket
+# (its own was deleted, and a second daemon bound a new one there), it leaves that alone.
+"$SHMREFD" --socket "$dir/two.sock" --config /dev/null --pool-size 32M --pool-hugepages no --user root 2>"$dir/two1.log" &
+dpid=$!
+for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/two.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+rm "$dir/two.sock"
+"$SHMREFD" --socket "$dir/two.sock" --config /dev/null --pool-size 32M --pool-hugepages no --user root 2>"$dir/two2.log" &
+dpid2=$!
+for _ in $(seq 200); do "$SHMREFCTL" --socket "$dir/two.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
+kill -TERM "$dpid"; wait "$dpid"; dpid=
+check "a daemon whose socket path now names another daemon's socket leaves it at exit" test -S "$dir/two.sock"
+check "and that daemon still answers there" "$SHMREFCTL" --socket "$dir/two.sock" ping
+check "the first says why it left it" grep -q "leaving $dir/two.sock: it is no longer the socket this daemon bound" "$dir/two1.log"
+kill -TERM "$dpid2"; wait "$dpid2"
+check "the second removes its own" test ! -e "$dir/two.sock"
+
 # A root daemon given no --user serves as an unprivileged user (the package's shmrefd if it
 # exists, else nobody) once its socket and pool are set up; --user root keeps root.
 if [ "$(id -u)" = 0 ]; then
@@ -254,6 +270,8 @@ if [ "$(id -u)" = 0 ]; then
     setpriv --reuid=nobody --regid=nogroup --clear-groups "$ctl_nobody" --socket "$dir/acl.sock" ping 2>"$dir/acl.err"
     rc=$?
     set -e
+    check "a root daemon serving as nobody in a directory of root's warns that its socket will stay" \
+        grep -q "uid $(id -u nobody), which shmrefd serves as, may not remove files in $dir: the socket $dir/acl.sock will stay" "$dir/acl.log"
     check "a user not in allow-users is refused (exit 1)" test "$rc" = 1
     check "with the daemon's reason and the socket path" \
         grep -q "shmrefd at $dir/acl.sock: access denied: uid $(id -u nobody) .* not in allow-users" "$dir/acl.err"
