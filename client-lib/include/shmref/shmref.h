@@ -75,7 +75,9 @@ SHMREF_EXPORT int shmref_set_daemon_uid(long uid);
  * forked child it touches nothing of the parent's connection: see "Lifetimes" in
  * shmref(3).
  * Buffers obtained from it must not be used afterwards (their mappings are unmapped);
- * their handles are freed. Accepts NULL. Exception: while Arrow structures exported from
+ * their handles are freed. In a forked child, the handles it inherited are not freed:
+ * each stays valid (and readable) until its own shmref_release, which frees the child's
+ * copy, and the last one frees what is left of the connection. Accepts NULL. Exception: while Arrow structures exported from
  * an acquired unit (shmref_unit_export_*) are alive, the connection's socket and those
  * units' mappings stay open (every other handle is released now); the release callback
  * of the last of them releases the unit's buffer, closes the socket and frees the rest. */
