@@ -3,6 +3,7 @@
 same shmrefd travel as descriptors (see the package's docstring)."""
 from __future__ import annotations
 
+import asyncio
 import bisect
 import logging
 import os
@@ -268,6 +269,28 @@ def _mark_read_only(frames: list, by_ref: set) -> None:
             frames[off] = msgpack.dumps(sub, use_bin_type=True)
 
 
+def _linger(pins: deque, seconds: float) -> None:
+    """Keeps the forwarded frames of a comm that closes before its peer acknowledged the
+    messages carrying them, for the retention (issue 27, item 3a). A forwarded frame is a
+    buffer this process acquired: the descriptor the peer got names it, and only holders
+    keep it (its publish's retention ended at this process's own acquire). The daemon has
+    no request that gives an acquired buffer a retention of its own, and the peer's read
+    can no longer tell this end that it took the frame, so the hold stays the retention's
+    time, the time a copied frame's publish waits for its reader."""
+    held = [frames for _, frames in pins]
+    pins.clear()
+    if not held:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # closed outside a loop: a timer thread drops the frames
+        t = threading.Timer(seconds, held.clear)
+        t.daemon = True
+        t.start()
+    else:
+        loop.call_later(seconds, held.clear)
+
+
 class ShmrefComm(TCP):
     """A TCP comm whose first frame of each message says which frames travel as
     descriptors (and acknowledges the peer's messages read, so a forwarded buffer is held
@@ -463,15 +486,18 @@ class ShmrefComm(TCP):
             raise
         return logical
 
+    # A message written is delivered even if this end closes right after: frames it
+    # forwarded and the peer has not acknowledged stay held for the retention (_linger);
+    # frames it copied are the daemon's to keep (their publish's retention).
     def abort(self) -> None:
-        self._pins.clear()
+        _linger(self._pins, _state().keep)
         super().abort()
 
     async def close(self):
         try:
             await super().close()
         finally:
-            self._pins.clear()
+            _linger(self._pins, _state().keep)
 
 
 class ShmrefConnector(TCPConnector):
