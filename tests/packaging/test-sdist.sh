@@ -34,8 +34,8 @@ esac
 sdist=$(ls -t "$src"/dist/shmref-*.tar.gz 2>/dev/null | head -n 1)
 if [ -z "$sdist" ] || [ -n "$(cd "$src" && find python client-lib daemon proto tools scripts/dist -newer "$sdist" \
         -type f -not -path '*/__pycache__/*' -not -path 'python/build/*' | head -n 1)" ]; then
-    echo "building the sdist: scripts/dist"
-    "$src/scripts/dist" >"$tmp/dist.log" 2>&1 || tail -n 30 "$tmp/dist.log"
+    echo "building the sdist: scripts/dist --sdist"
+    "$src/scripts/dist" --sdist >"$tmp/dist.log" 2>&1 || tail -n 30 "$tmp/dist.log"
     sdist=$(ls -t "$src"/dist/shmref-*.tar.gz 2>/dev/null | head -n 1)
 fi
 check "scripts/dist made an sdist" test -n "$sdist"
