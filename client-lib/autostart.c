@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* autostart.c: see autostart.h. A private shmrefd for the calling uid:
- *   where:   $XDG_RUNTIME_DIR/shmref/ (else /tmp/shmref-UID/), a 0700 directory the uid
- *            owns, holding shmrefd.sock, shmrefd.lock and shmrefd.log;
+ *   where:   $XDG_RUNTIME_DIR/shmref/ (else /tmp/shmref-UID/, or $HOME/.cache/shmref/
+ *            when another uid took that name), a 0700 directory the uid owns, holding
+ *            shmrefd.sock, shmrefd.lock and shmrefd.log;
+ *   as whom: the caller, root included; it inherits no fd of the caller's but the lock;
  *   who:     --allow-users UID and a 0600 socket: no other uid connects;
  *   sizes:   the daemon's defaults, from its memory cgroup (the user's) and /dev/shm;
  *   life:    --exit-idle $SHMREF_IDLE_EXIT_S (60): it exits when nothing is held;
@@ -15,8 +17,10 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -27,6 +31,7 @@
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -64,43 +69,118 @@ static bool enabled(void)
     return strcmp(e, "0") && strcasecmp(e, "no") && strcasecmp(e, "off") && strcasecmp(e, "false");
 }
 
-/* answers: a daemon accepts connections at path (a full backlog counts: it lives). */
-static bool answers(const char *path)
+/* probe: 0 if a daemon accepts connections at path (a full backlog counts: it lives),
+ * else -errno of the connect (-ENOENT: nothing there, -EACCES: the socket refuses us). */
+static int probe(const char *path)
 {
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     if (strlen(path) >= sizeof(sa.sun_path))
-        return false;
+        return -ENAMETOOLONG;
     strcpy(sa.sun_path, path);
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
-        return false;
+        return -errno;
     int r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
     int e = errno;
     close(fd);
-    return r == 0 || e == EAGAIN;
+    return r == 0 || e == EAGAIN ? 0 : -e;
 }
 
-/* private_dir: the uid's directory, made 0700 if missing; refused unless it is a real
- * directory of this uid that no one else may enter. */
-static int private_dir(char *dir, size_t cap, char *msg, size_t msgcap)
+static bool answers(const char *path)
+{
+    return probe(path) == 0;
+}
+
+/* refused_note: why the system socket refused this uid, and what would let it in, for the
+ * private daemon's log (the library itself never logs). Empty when it did not refuse. */
+static void refused_note(int err, char *note, size_t cap)
+{
+    note[0] = '\0';
+    if (err != -EACCES && err != -EPERM)
+        return;
+    struct stat st;
+    char group[64] = "";
+    if (stat(PATHS_SYSTEM_SOCKET, &st) == 0) {
+        struct group gr, *g = NULL;
+        char buf[1024];
+        if (getgrgid_r(st.st_gid, &gr, buf, sizeof(buf), &g) == 0 && g)
+            snprintf(group, sizeof(group), "%s", g->gr_name);
+        else
+            snprintf(group, sizeof(group), "%u", (unsigned)st.st_gid);
+    }
+    snprintf(note, cap, "the system shmrefd at %s refused uid %u (%s): its socket admits group %s (mode %04o); "
+             "join that group (then log in again) to use the system daemon", PATHS_SYSTEM_SOCKET,
+             (unsigned)getuid(), strerror(-err), group[0] ? group : "?", (unsigned)(st.st_mode & 07777));
+}
+
+/* own_dir: dir, made 0700 if missing, checked to be a real directory of this uid that no
+ * one else may enter. Returns 0; -EEXIST (with *ret_st) when something of another uid, or
+ * not a directory, is there; another -errno when dir cannot be made or read. */
+static int own_dir(const char *dir, struct stat *ret_st)
+{
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+        return -errno;
+    if (lstat(dir, ret_st) < 0)
+        return -errno;
+    if (!S_ISDIR(ret_st->st_mode) || ret_st->st_uid != getuid())
+        return -EEXIST;
+    return ret_st->st_mode & 077 ? -EPERM : 0;
+}
+
+/* alt_dir: where the private daemon lives when /tmp/shmref-UID is taken by another uid
+ * (which, in sticky /tmp, the victim cannot remove): ${XDG_CACHE_HOME:-$HOME/.cache}/shmref,
+ * a directory of the uid's own that no other uid can plant. */
+static int alt_dir(char *dir, size_t cap)
+{
+    const char *base = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int n = base && base[0] == '/' ? snprintf(dir, cap, "%s", base)
+            : home && home[0] == '/' ? snprintf(dir, cap, "%s/.cache", home) : -1;
+    if (n < 0)
+        return -ENOENT;
+    if ((size_t)n >= cap - sizeof("/shmref/shmrefd.sock"))
+        return -ENAMETOOLONG;
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+        return -errno;
+    strcat(dir, "/shmref");
+    struct stat st;
+    int r = own_dir(dir, &st);
+    return r == -EEXIST ? -EPERM : r;
+}
+
+int autostart_dir(char *dir, size_t cap, char *msg, size_t msgcap)
 {
     const char *xdg = getenv("XDG_RUNTIME_DIR");
     struct stat st;
-    int n = xdg && *xdg && stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == getuid()
-                ? snprintf(dir, cap, "%s/shmref", xdg)
-                : snprintf(dir, cap, "/tmp/shmref-%u", (unsigned)getuid());
+    bool runtime = xdg && *xdg && stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == getuid();
+    int n = runtime ? snprintf(dir, cap, "%s/shmref", xdg) : snprintf(dir, cap, "/tmp/shmref-%u", (unsigned)getuid());
     if (n < 0 || (size_t)n >= cap - sizeof("/shmrefd.sock"))
         return fail(msg, msgcap, -ENAMETOOLONG, "private shmrefd: directory name too long: %s", dir);
-    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
-        return fail(msg, msgcap, -errno, "private shmrefd: cannot make %s: %s", dir, strerror(errno));
-    if (lstat(dir, &st) < 0)
-        return fail(msg, msgcap, -errno, "private shmrefd: %s: %s", dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077))
+    int r = own_dir(dir, &st);
+    if (r == -EPERM)
+        return fail(msg, msgcap, -EPERM, "private shmrefd: %s is yours but others may enter it (mode %04o): "
+                    "chmod 0700 %s", dir, (unsigned)(st.st_mode & 07777), dir);
+    if (r == -EEXIST && !runtime) {
+        /* Planted in /tmp by another uid: the uid's own alternative, where no one plants. */
+        char squatted[PATH_MAX];
+        snprintf(squatted, sizeof(squatted), "%s", dir);
+        int a = alt_dir(dir, cap);
+        if (a == 0)
+            return 1;
+        return fail(msg, msgcap, -EPERM,
+                    "private shmrefd: %s belongs to uid %u (%s, mode %04o), and in /tmp you cannot remove it; "
+                    "the alternative, $XDG_CACHE_HOME or $HOME/.cache/shmref, is not usable either (%s): set "
+                    "XDG_RUNTIME_DIR to a directory of yours (export XDG_RUNTIME_DIR=$(mktemp -d)), or ask root "
+                    "to remove %s", squatted, (unsigned)st.st_uid, S_ISDIR(st.st_mode) ? "a directory" : "not a directory",
+                    (unsigned)(st.st_mode & 07777), strerror(-a), squatted);
+    }
+    if (r == -EEXIST)
         return fail(msg, msgcap, -EPERM,
                     "private shmrefd: %s must be a directory of uid %u with mode 0700 (it is %s of uid %u, "
                     "mode %04o): remove it, or set SHMREFD_SOCKET", dir, (unsigned)getuid(),
                     S_ISDIR(st.st_mode) ? "a directory" : "not a directory", (unsigned)st.st_uid,
                     (unsigned)(st.st_mode & 07777));
+    if (r < 0)
+        return fail(msg, msgcap, r, "private shmrefd: cannot make %s: %s", dir, strerror(-r));
     return 0;
 }
 
@@ -158,21 +238,54 @@ static unsigned idle_seconds(void)
     return errno || *end || v > 86400u * 365 ? AUTOSTART_IDLE_DEFAULT_S : (unsigned)v;
 }
 
-/* spawn: the daemon, detached (setsid, reparented by a double fork), with the lock fd
- * and the write end of `alive` inherited: EOF on alive[0] means it is gone. Only
- * async-signal-safe calls between fork and exec (the caller may have threads). */
-static int spawn(const char *exe, const char *sock, int logfd, int lockfd, int alive_w, char *msg, size_t msgcap)
+/* close_from: closes every fd >= lo but keep_a and keep_b (async-signal-safe). */
+static void close_from(int lo, int keep_a, int keep_b, int maxfd)
 {
-    char uid[16], idle[16], banner[PATH_MAX * 2 + 200];
+    int keep[2] = { keep_a < keep_b ? keep_a : keep_b, keep_a < keep_b ? keep_b : keep_a };
+    for (int i = 0; i <= 2; i++) {
+        int hi = i < 2 ? keep[i] - 1 : INT_MAX;
+        if (hi >= lo && syscall(SYS_close_range, (unsigned)lo, (unsigned)hi, 0) < 0)
+            for (int fd = lo; fd <= hi && fd < maxfd; fd++) /* kernel < 5.9 */
+                close(fd);
+        if (i < 2)
+            lo = keep[i] + 1;
+    }
+}
+
+/* spawn: the daemon, detached (setsid, reparented by a double fork), with the lock fd
+ * and the write end of `alive` inherited and no other fd of the caller's (a pipe it
+ * holds must see EOF when the caller exits, not when the daemon does): EOF on alive[0]
+ * means it is gone. Root's daemon stays root (--user root): shmrefd otherwise gives root
+ * up for nobody, whom any process of nobody may signal. Only async-signal-safe calls
+ * between fork and exec (the caller may have threads). */
+static int spawn(const char *exe, const char *sock, int logfd, int lockfd, int alive_w, const char *note,
+                 char *msg, size_t msgcap)
+{
+    char uid[16], idle[16], banner[PATH_MAX * 2 + 1024], root[64] = "";
     snprintf(uid, sizeof(uid), "%u", (unsigned)getuid());
     snprintf(idle, sizeof(idle), "%u", idle_seconds());
-    char *const argv[] = { (char *)exe, "--socket", (char *)sock, "--socket-mode", "0600", "--allow-users", uid,
-                           "--exit-idle", idle, "--config=", NULL };
-    int blen = snprintf(banner, sizeof(banner), "libshmref (pid %d): starting a private shmrefd: %s --socket %s "
-                        "--socket-mode 0600 --allow-users %s --exit-idle %s --config=\n", (int)getpid(), exe, sock,
-                        uid, idle);
-    if (blen < 0 || (size_t)blen >= sizeof(banner))
+    if (getuid() == 0) {
+        struct passwd pw, *p = NULL;
+        char buf[1024];
+        snprintf(root, sizeof(root), "%s", getpwuid_r(0, &pw, buf, sizeof(buf), &p) == 0 && p ? p->pw_name : "root");
+    }
+    char *argv[16] = { (char *)exe, "--socket", (char *)sock, "--socket-mode", "0600", "--allow-users", uid,
+                       "--exit-idle", idle, "--config=" };
+    int argc = 10;
+    if (root[0]) {
+        argv[argc++] = "--user";
+        argv[argc++] = root;
+    }
+    argv[argc] = NULL;
+    int blen = snprintf(banner, sizeof(banner), "libshmref (pid %d): %s%sstarting a private shmrefd:", (int)getpid(),
+                        note, note[0] ? "; " : "");
+    for (int i = 0; i < argc && blen > 0 && (size_t)blen < sizeof(banner); i++)
+        blen += snprintf(banner + blen, sizeof(banner) - (size_t)blen, " %s", argv[i]);
+    if (blen < 0 || (size_t)blen >= sizeof(banner) - 1)
         blen = 0;
+    else
+        banner[blen++] = '\n';
+    long maxfd = sysconf(_SC_OPEN_MAX);
     int nullfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (nullfd < 0)
         return fail(msg, msgcap, -errno, "private shmrefd: /dev/null: %s", strerror(errno));
@@ -191,6 +304,7 @@ static int spawn(const char *exe, const char *sock, int logfd, int lockfd, int a
         sigprocmask(SIG_SETMASK, &none, NULL);
         if (chdir("/") < 0 || dup2(nullfd, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
             _exit(127);
+        close_from(3, lockfd, alive_w, maxfd > 0 && maxfd < INT_MAX ? (int)maxfd : 65536);
         fcntl(lockfd, F_SETFD, 0);
         fcntl(alive_w, F_SETFD, 0);
         if (blen > 0 && write(2, banner, (size_t)blen) < 0)
@@ -225,7 +339,8 @@ static void last_line(const char *log, char *buf, size_t cap)
 }
 
 /* start: with the lock held, the daemon at sock; waits until it answers. */
-static int start(const char *dir, const char *sock, int lockfd, int64_t deadline, char *msg, size_t msgcap)
+static int start(const char *dir, const char *sock, int lockfd, int64_t deadline, const char *note, char *msg,
+                 size_t msgcap)
 {
     char exe[PATH_MAX], log[PATH_MAX];
     int r = find_daemon(exe, sizeof(exe), msg, msgcap);
@@ -243,7 +358,7 @@ static int start(const char *dir, const char *sock, int lockfd, int64_t deadline
         close(logfd);
         return fail(msg, msgcap, -errno, "private shmrefd: pipe: %s", strerror(errno));
     }
-    r = spawn(exe, sock, logfd, lockfd, alive[1], msg, msgcap);
+    r = spawn(exe, sock, logfd, lockfd, alive[1], note, msg, msgcap);
     close(logfd);
     close(alive[1]);
     while (r == 0) {
@@ -275,20 +390,25 @@ static int start(const char *dir, const char *sock, int lockfd, int64_t deadline
 
 int autostart_socket(int err, char *path, size_t cap, int64_t deadline, char *msg, size_t msgcap)
 {
-    /* Never from a setuid/setgid program: its environment (SHMREF_DAEMON, PATH) is the
-     * caller's to choose. */
-    if ((err != -ENOENT && err != -ECONNREFUSED) || !enabled() || getauxval(AT_SECURE))
+    /* Nothing at the default socket, or (no XDG_RUNTIME_DIR) the system socket refuses
+     * this uid: the same choice either way, the private daemon. Never from a
+     * setuid/setgid program: its environment (SHMREF_DAEMON, PATH) is the caller's. */
+    bool refused = (err == -EACCES || err == -EPERM) && strcmp(path, PATHS_SYSTEM_SOCKET) == 0;
+    if ((err != -ENOENT && err != -ECONNREFUSED && !refused) || !enabled() || getauxval(AT_SECURE))
         return err;
     const char *explicit = getenv("SHMREFD_SOCKET");
     if (explicit && *explicit)
         return err;
     /* A system daemon is always preferred. */
-    if (strcmp(path, PATHS_SYSTEM_SOCKET) != 0 && answers(PATHS_SYSTEM_SOCKET)) {
+    int sys = refused ? err : strcmp(path, PATHS_SYSTEM_SOCKET) == 0 ? err : probe(PATHS_SYSTEM_SOCKET);
+    if (sys == 0) {
         snprintf(path, cap, "%s", PATHS_SYSTEM_SOCKET);
         return 0;
     }
+    char note[512];
+    refused_note(sys, note, sizeof(note));
     char dir[PATH_MAX - 32], sock[PATH_MAX], lock[PATH_MAX];
-    int r = private_dir(dir, sizeof(dir), msg, msgcap);
+    int r = autostart_dir(dir, sizeof(dir), msg, msgcap);
     if (r < 0)
         return r;
     snprintf(sock, sizeof(sock), "%s/shmrefd.sock", dir);
@@ -306,7 +426,7 @@ int autostart_socket(int err, char *path, size_t cap, int64_t deadline, char *ms
         if (answers(sock))
             r = 0;
         else if (flock(lockfd, LOCK_EX | LOCK_NB) == 0)
-            r = answers(sock) ? 0 : start(dir, sock, lockfd, deadline, msg, msgcap);
+            r = answers(sock) ? 0 : start(dir, sock, lockfd, deadline, note, msg, msgcap);
         else if (errno != EWOULDBLOCK && errno != EINTR)
             r = fail(msg, msgcap, -errno, "private shmrefd: flock %s: %s", lock, strerror(errno));
         else if (mono_ms() >= deadline)

@@ -8,13 +8,21 @@
 #include <stdint.h>
 
 /* autostart_socket: connecting to the default socket `path` failed with err (-errno).
- * When err says no daemon listens there (-ENOENT, -ECONNREFUSED), $SHMREFD_SOCKET is
- * unset and $SHMREF_AUTOSTART is not 0: the system socket (when path was another), then
+ * When err says no daemon listens there (-ENOENT, -ECONNREFUSED) or path is the system
+ * socket and it refuses this uid (-EACCES), $SHMREFD_SOCKET is unset and
+ * $SHMREF_AUTOSTART is not 0: the system socket (when path was another), then
  * the calling uid's private daemon, started here if it does not answer (one per uid: a
  * flock on a lock file beside its socket). On success writes the socket that answers
  * into path and returns 0. Returns err untouched, writing nothing, when it does not
  * apply; another -errno with why (the daemon's log file named) in msg when it fails.
  * deadline: client_mono_ms() time to give up at, or -1 (then a 30 s bound). */
 int autostart_socket(int err, char *path, size_t cap, int64_t deadline, char *msg, size_t msgcap);
+
+/* autostart_dir: the directory of the uid's private daemon, made 0700 if missing:
+ * $XDG_RUNTIME_DIR/shmref when XDG_RUNTIME_DIR is a directory of the uid's, else
+ * /tmp/shmref-UID, or, when another uid holds that name (which the uid cannot remove from
+ * sticky /tmp), ${XDG_CACHE_HOME:-$HOME/.cache}/shmref. Returns 0, 1 for that last
+ * alternative, or -errno with why and what to do in msg. */
+int autostart_dir(char *dir, size_t cap, char *msg, size_t msgcap);
 
 #endif

@@ -323,6 +323,34 @@ static void copy_msg(char *errbuf, size_t errcap, const char *msg)
         snprintf(errbuf, errcap, "%s", msg);
 }
 
+/* Attempts at the daemon autostart finds: a private one exiting as it is reached resets
+ * the connection, and the next attempt waits for it to be gone. */
+#define CONNECT_AUTOSTART_TRIES 10
+
+/* hello_failed: the daemon at path refused or dropped the hello: its words, prefixed with
+ * where it listens. Returns r. */
+static int hello_failed(shmref_conn *conn, int r, const char *path)
+{
+    char msg[sizeof(conn->errmsg)];
+    snprintf(msg, sizeof(msg), "%s", conn->errmsg);
+    return client_fail(conn, r, "shmrefd at %.*s: %.*s", 200, path, (int)(sizeof(conn->errmsg) - 220), msg);
+}
+
+/* drop_connection: a connection whose hello failed, forgotten, to be made anew. */
+static void drop_connection(shmref_conn *conn)
+{
+    if (conn->fd >= 0)
+        close(conn->fd);
+    conn->fd = -1;
+    conn->failed = 0;
+    conn->abandoned = NULL;
+    conn->fail_msg[0] = '\0';
+    pending_discard(conn);
+    transport_discard(conn);
+    conn->next_id = 0;
+    conn->daemon_pid = 0;
+}
+
 int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_t errcap,
                            shmref_conn **ret_conn)
 {
@@ -362,20 +390,35 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
     conn->acquire_wait_ms = client_acquire_wait_default(conn->timeout_ms);
     int64_t deadline = conn->timeout_ms > 0 ? client_mono_ms() + conn->timeout_ms : -1;
     int r = connect_path(conn, path, deadline);
-    /* No daemon at the default socket: the system's, or the uid's private one (autostart.c). */
-    if (r < 0 && path == def &&
-        (r = autostart_socket(r, def, sizeof(def), deadline, conn->errmsg, sizeof(conn->errmsg))) == 0) {
+    bool greeted = false;
+    /* No daemon at the default socket: the system's, or the uid's private one (autostart.c).
+     * A private daemon in its idle exit still takes connections into its backlog, then
+     * resets them: asked again, autostart waits for it to let go of its lock and starts
+     * another. */
+    for (int tries = 0; r < 0 && path == def && tries < CONNECT_AUTOSTART_TRIES; tries++) {
+        if ((r = autostart_socket(r, def, sizeof(def), deadline, conn->errmsg, sizeof(conn->errmsg))) < 0)
+            break;
         free(conn->path);
-        if (!(conn->path = strdup(def)))
+        if (!(conn->path = strdup(def))) {
             r = client_fail(conn, -ENOMEM, "out of memory");
-        else
-            r = connect_path(conn, conn->path, deadline);
+            break;
+        }
+        if ((r = connect_path(conn, conn->path, deadline)) == 0 && (greeted = (r = hello(conn, deadline)) == 0))
+            break;
+        if (conn->fd >= 0)
+            hello_failed(conn, r, path);
+        if ((r != -ECONNRESET && r != -EPIPE && r != -ECONNREFUSED && r != -ENOENT) ||
+            (deadline >= 0 && client_mono_ms() >= deadline)) {
+            greeted = true; /* said */
+            break;
+        }
+        drop_connection(conn);
+        r = -ECONNREFUSED;
+        struct timespec ts = { .tv_nsec = 10 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
     }
-    if (r == 0 && (r = hello(conn, deadline)) < 0) {
-        char msg[sizeof(conn->errmsg)];
-        snprintf(msg, sizeof(msg), "%s", conn->errmsg);
-        client_fail(conn, r, "shmrefd at %.*s: %.*s", 200, path, (int)(sizeof(conn->errmsg) - 220), msg);
-    }
+    if (r == 0 && !greeted && (r = hello(conn, deadline)) < 0)
+        hello_failed(conn, r, path);
     if (r < 0) {
         copy_msg(errbuf, errcap, conn->errmsg);
         conn->cache.on_unmap = NULL;

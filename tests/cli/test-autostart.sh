@@ -7,9 +7,14 @@
 #     it exits when idle (--exit-idle, SHMREF_IDLE_EXIT_S) and removes its socket;
 #   - six processes at once: one daemon (one pid, one start in its log);
 #   - a named socket (--socket, $SHMREFD_SOCKET) or SHMREF_AUTOSTART=0 never starts one;
-#   - hostile: another uid's directory planted at /tmp/shmref-UID is refused with a
-#     message naming it, and nothing is started; a daemon that cannot start is reported
-#     with its log file and its last words.
+#   - hostile: another uid's directory planted at /tmp/shmref-UID: the daemon runs in
+#     $HOME/.cache/shmref instead (with no usable HOME, a message saying what to do), and
+#     nothing is started in it; a daemon that cannot start is reported with its log file
+#     and its last words;
+#   - hardened (issue 25 item 6): the first connect's time (printed); the daemon keeps no
+#     fd of its starter's; root's runs as root; a connect during an idle exit starts a new
+#     one; a system socket that refuses the uid: a private daemon with and without
+#     XDG_RUNTIME_DIR, its log saying why.
 # Needs root (setpriv); 77 = skipped. Usage: test-autostart.sh SHMREFD SHMREFCTL
 set -uo pipefail
 SHMREFD=$1 SHMREFCTL=$2
@@ -24,17 +29,27 @@ fi
 mount -t tmpfs -o mode=0755,size=1m tmpfs /run || { echo "SKIP: cannot mount a tmpfs on /run"; exit 77; }
 test_begin autostart
 chmod 0755 "$tmp"
-owner=64998 attacker=64997 fallback=64996
-planted=/tmp/shmref-$owner fb=/tmp/shmref-$fallback
-for d in "$planted" "$fb"; do
+owner=64998 attacker=64997 fallback=64996 refusee=64995
+planted=/tmp/shmref-$owner fb=/tmp/shmref-$fallback rf=/tmp/shmref-$refusee
+for d in "$planted" "$fb" "$rf"; do
     [ -e "$d" ] && { echo "SKIP: $d exists (not made by this test)"; exit 77; }
 done
 started=()
+# ours: the shmrefd processes whose command line names a path of this test's ($tmp, the
+# /tmp/shmref-UID directories it made); nothing else is stopped.
+ours() {
+    local f p
+    for f in /proc/[0-9]*/cmdline; do
+        p=${f#/proc/}; p=${p%/cmdline}
+        tr '\0' ' ' 2>/dev/null <"$f" | grep -q -e "shmrefd .*--socket \($tmp\|$planted\|$fb\|$rf\)/" && echo "$p"
+    done
+}
 cleanup() {
     for p in $(cat "$tmp"/pids.* 2>/dev/null | sort -u); do
         grep -q shmrefd "/proc/$p/cmdline" 2>/dev/null && kill "$p" 2>/dev/null
     done
-    rm -rf "$planted" "$fb"
+    for p in $(ours); do kill "$p" 2>/dev/null; done
+    rm -rf "$planted" "$fb" "$rf"
     test_cleanup
 }
 trap cleanup EXIT
@@ -121,18 +136,25 @@ check "no XDG_RUNTIME_DIR: the daemon lives in /tmp/shmref-UID (0700, the uid's)
 sed -n 's/.*\(pid [0-9]*\).*/\1/p' "$fb/shmrefd.log" >/dev/null
 pgrep -f -- "--socket $fb/shmrefd.sock" >"$tmp/pids.3" || true
 
-# Hostile: a directory planted by another uid where the owner's would be.
+# Hostile: a directory planted by another uid where the owner's would be. In sticky /tmp
+# the owner cannot remove it, so the daemon moves to a directory of the owner's
+# ($HOME/.cache/shmref); with no usable HOME either, the message says what to do.
+home=$tmp/home-$owner
+mkdir -m 0700 "$home" && chown "$owner" "$home"
 mkdir -m 0777 "$planted" && chown "$attacker" "$planted"
-as "$owner" -- "$SHMREFCTL" ping >"$tmp/planted.err" 2>&1
+as "$owner" HOME="$home" -- "$SHMREFCTL" ping >"$tmp/planted.out" 2>&1
+sed -e 's/^/    | /' "$tmp/planted.out"
+check "a planted directory of another uid: the daemon runs in \$HOME/.cache/shmref (0700, the uid's)" bash -c \
+    "grep -q '^pong' '$tmp/planted.out' && test \"\$(stat -c '%a %u' '$home/.cache/shmref' 2>/dev/null)\" = '700 $owner'"
+check "and nothing was started in the planted one" test -z "$(ls -A "$planted")"
+as "$owner" HOME=/nonexistent -- "$SHMREFCTL" ping >"$tmp/planted.err" 2>&1
 sed -e 's/^/    | /' "$tmp/planted.err"
-check "a planted directory of another uid is refused, named in the message" \
-    grep -q "$planted must be a directory of uid $owner with mode 0700 (it is a directory of uid $attacker, mode 0777)" \
-    "$tmp/planted.err"
-check "and nothing was started in it" test -z "$(ls -A "$planted")"
+check "no usable HOME either: the message names the squatter and an action the user can take" bash -c \
+    "grep -q '$planted belongs to uid $attacker' '$tmp/planted.err' && grep -q 'export XDG_RUNTIME_DIR=' '$tmp/planted.err'"
 rm -rf "$planted"
 ln -s "$run" "$planted"
-as "$owner" -- "$SHMREFCTL" ping >"$tmp/link.err" 2>&1
-check "a planted symlink is refused" grep -q "$planted must be a directory of uid $owner" "$tmp/link.err"
+as "$owner" HOME="$home" -- "$SHMREFCTL" ping >"$tmp/link.out" 2>&1
+check "a planted symlink: the same alternative" bash -c "grep -q '^pong' '$tmp/link.out' && test -z \"\$(ls -A '$run/shmref' 2>/dev/null)\""
 rm -f "$planted"
 
 # A daemon that cannot start: its log file and last words in the message.
@@ -146,4 +168,70 @@ check "a daemon that fails to start: the message quotes it and names its log" \
 as "$owner" XDG_RUNTIME_DIR="$run" SHMREF_DAEMON=/nonexistent/shmrefd -- "$SHMREFCTL" ping >"$tmp/none.err" 2>&1
 check "SHMREF_DAEMON that is not a program: said so" grep -q "SHMREF_DAEMON=/nonexistent/shmrefd is not an executable" \
     "$tmp/none.err"
+# Hardened (issue 25 item 6). The first connect that starts a daemon: its time, printed.
+r6=$tmp/run6
+mkdir -m 0700 "$r6" && chown "$owner" "$r6"
+t0=$(date +%s%N)
+as "$owner" XDG_RUNTIME_DIR="$r6" -- "$SHMREFCTL" ping >"$tmp/first.out" 2>&1
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+echo "    first connect, daemon started (shmrefctl ping, exec included): $ms ms"
+check "the first connect that starts the daemon takes under 500 ms (target 50)" bash -c \
+    "grep -q '^pong' '$tmp/first.out' && test $ms -lt 500"
+# It keeps no fd of the process that started it: a pipe's reader sees EOF when the
+# starter exits, not when the daemon does (fd 9, a copy of the pipe, not close-on-exec).
+r7=$tmp/run7
+mkdir -m 0700 "$r7" && chown "$owner" "$r7"
+t0=$(date +%s%N)
+as "$owner" XDG_RUNTIME_DIR="$r7" -- bash -c 'exec 8>"$1/probe8"; "$2" ping 9>&1' sh "$r7" "$SHMREFCTL" | cat >"$tmp/pipe.out"
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+p=$(sed -n 's/.*pid \([0-9]*\).*/\1/p' "$tmp/pipe.out"); echo "${p:-}" >"$tmp/pids.7"
+echo "    a pipe's reader saw EOF after $ms ms (the daemon idles out after 2 s)"
+check "a pipe the starter had open: its reader sees EOF with the starter (< 1.5 s), not with the daemon" \
+    bash -c "grep -q '^pong' '$tmp/pipe.out' && test $ms -lt 1500"
+ls -l "/proc/${p:-0}/fd" 2>/dev/null | sed -n 's/.* -> /    daemon fd -> /p' >"$tmp/fds.7"
+check "the daemon holds none of its starter's fds (a file it had open)" bash -c \
+    "test -n '${p:-}' && ! grep -q probe8 '$tmp/fds.7'"
+# Root's private daemon runs as root: as nobody, any process of nobody could signal it.
+rr=$tmp/runroot
+mkdir -m 0700 "$rr"
+env -i PATH=/usr/bin:/bin SHMREF_IDLE_EXIT_S=2 XDG_RUNTIME_DIR="$rr" "$SHMREFCTL" status >"$tmp/root.out" 2>&1
+p=$(pid_of "$tmp/root.out"); echo "${p:-}" >"$tmp/pids.8"
+check "root's private daemon runs as root" bash -c "test -n '${p:-}' && test \"\$(stat -c %u /proc/${p:-0})\" = 0"
+# A connect while the private daemon is exiting (it still holds the lock, and its listener
+# takes connections it will never serve) starts a new daemon once that one is gone.
+r9=$tmp/run9
+mkdir -m 0700 "$r9" "$r9/shmref" && chown -R "$owner" "$r9"
+printf '%s\n' 'import fcntl, os, socket, sys, time' 'd = sys.argv[1]' \
+    'lock = open(os.path.join(d, "shmrefd.lock"), "a")' 'fcntl.flock(lock, fcntl.LOCK_EX)' \
+    's = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)' 's.bind(os.path.join(d, "shmrefd.sock"))' \
+    's.listen(16)' 'open(os.path.join(d, "ready"), "w").close()' \
+    'time.sleep(0.5)  # exiting: connections wait in the backlog, then are reset' \
+    'os.unlink(os.path.join(d, "shmrefd.sock"))' >"$tmp/dying.py"
+chmod 0644 "$tmp/dying.py"
+as "$owner" -- /usr/bin/python3 "$tmp/dying.py" "$r9/shmref" &
+dying=$!
+for _ in $(seq 1 100); do [ -e "$r9/shmref/ready" ] && break; sleep 0.02; done
+as "$owner" XDG_RUNTIME_DIR="$r9" -- "$SHMREFCTL" ping >"$tmp/dying.out" 2>&1
+wait "$dying"
+sed -e 's/^/    | /' "$tmp/dying.out"
+check "a connect during a private daemon's exit starts a new one" grep -q '^pong' "$tmp/dying.out"
+# The system socket refuses the uid (mode 0660, group root): with and without
+# XDG_RUNTIME_DIR the same choice, a private daemon, whose log says why and what to do.
+mkdir -m 0755 /run/shmrefd
+"$SHMREFD" --socket /run/shmrefd/shmrefd.sock --socket-mode 0660 --config= >"$tmp/system2.log" 2>&1 &
+dpid=$!
+for _ in $(seq 1 100); do [ -S /run/shmrefd/shmrefd.sock ] && break; sleep 0.05; done
+ra=$tmp/runa
+mkdir -m 0700 "$ra" && chown "$owner" "$ra"
+as "$owner" XDG_RUNTIME_DIR="$ra" -- "$SHMREFCTL" ping >"$tmp/refused.xdg" 2>&1
+as "$refusee" HOME=/nonexistent -- "$SHMREFCTL" ping >"$tmp/refused.tmp" 2>&1
+sed -e 's/^/    | /' "$tmp/refused.xdg" "$tmp/refused.tmp"
+grep -h 'refused uid' "$ra/shmref/shmrefd.log" "$rf/shmrefd.log" | sed -e 's/^/    log: /'
+check "refused by the system socket, with XDG_RUNTIME_DIR: a private daemon" grep -q '^pong' "$tmp/refused.xdg"
+check "refused by the system socket, without XDG_RUNTIME_DIR: the same" grep -q '^pong' "$tmp/refused.tmp"
+check "the private daemon's log says the system daemon refused the uid, and the group to join" bash -c \
+    "grep -q 'shmrefd at /run/shmrefd/shmrefd.sock refused uid $owner (Permission denied).*group root' '$ra/shmref/shmrefd.log' &&
+     grep -q 'refused uid $refusee (Permission denied)' '$rf/shmrefd.log'"
+kill "$dpid"; wait "$dpid" 2>/dev/null; dpid=
+rm -rf /run/shmrefd
 test_end
