@@ -103,3 +103,45 @@ async def test_a_forwarded_frame_whose_reader_never_comes_is_let_go_after_the_re
             assert b["live"] == 0, b
         finally:
             sdcomm._the_state = None
+
+
+# ---- item 2: independent frames of one message ----
+
+@gen_test()
+async def test_frames_of_one_message_do_not_share_a_buffer():
+    """Frames between the threshold and 4 MiB of one message each arrive in a buffer of
+    their own, as over tcp:// (TCP.read gives each frame its own buffer, so that one
+    object does not keep the others alive: distributed's
+    test_rechunk_in_memory_shards_dont_share_buffer). Before: all in one lease."""
+    xs = [np.full(256 * KiB // 8, i, dtype=np.float64) for i in range(6)]
+    got = []
+
+    async def keep(comm):
+        got.append(await comm.read())
+        await comm.close()
+
+    async with listen("shmref://127.0.0.1:0", keep) as lst:
+        comm = await connect(lst.contact_address)
+        assert comm.by_ref
+        await comm.write({"xs": [to_serialize(x) for x in xs]})
+        for _ in range(200):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+        await comm.close()
+    ys = list(got[0]["xs"])
+    assert all(np.array_equal(x, y) for x, y in zip(xs, ys))
+    assert all(shmref._shmref._buffer_info(_host(y)) is not None for y in ys), "not by reference"
+    hosts = {id(_host(y)) for y in ys}
+    assert len(hosts) == len(ys), f"{len(ys)} frames in {len(hosts)} buffer(s)"
+    # What the daemon holds follows the objects: one frame kept, one frame's buffer held.
+    st = sdcomm._state()
+    del got, ys[1:]
+    gc.collect()
+    for _ in range(100):
+        s = st.client.status()
+        if s["buffers"]["live"] <= 1:
+            break
+        await asyncio.sleep(0.02)
+    assert s["buffers"]["live"] == 1, s["buffers"]
+    assert s["pool"]["bytes_leased"] <= 512 * KiB, s["pool"]

@@ -45,9 +45,6 @@ SHMREF = "shmref://"
 MARK_VERSION = 1
 #: Frames above this many bytes in one message make the copy run on Dask's offload thread.
 _OFFLOAD_BYTES = 8 << 20
-#: Frames of at least this many bytes get a lease of their own; smaller ones (above the
-#: threshold) of one message share one.
-_OWN_LEASE = 4 << 20
 #: Sharding (distributed.comm.shard) exists for TCP's sake; a frame that goes by reference
 #: stays whole, so the receiver gets one mapping (merge_memoryviews needs no copy).
 _NO_SPLIT = 1 << 62
@@ -330,15 +327,16 @@ class ShmrefComm(TCP):
 
     def _to_refs(self, frames: list):
         """(marker entries, frames with the by-reference ones emptied, forwarded frames to
-        hold). Frames of at least _OWN_LEASE bytes get a lease each (so each is released
-        on its own, as Dask wants for large buffers); smaller ones of one message share one
-        lease (one publish and one acquire for all of them). A frame that cannot get a lease
-        (pool full, daemon gone) stays in the TCP frames."""
+        hold). Every frame copied gets a lease of its own, so that each is released on its
+        own: the receiver's objects of one message (P2P's shards, a list of arrays) do not
+        keep each other mapped, as TCP.read gives each frame its own buffer on purpose
+        (issue 27, item 2). A frame that cannot get a lease (pool full, daemon gone) stays
+        in the TCP frames."""
         st = _state()
         client = st.client
         entries, pins, out = [], [], list(frames)
         forwarded = 0
-        own, shared = [], []
+        own = []
         for i, f in enumerate(frames):
             n = nbytes(f)
             if n < st.threshold or client is None:
@@ -351,30 +349,22 @@ class ShmrefComm(TCP):
                 out[i] = b""
                 forwarded += 1
             else:
-                (own if n >= _OWN_LEASE else shared).append((i, mv, n))
-        groups = [[x] for x in own] + ([shared] if shared else [])
+                own.append((i, mv, n))
         copied = 0
-        for group in groups:
-            offsets, total = [], 0
-            for _, _, n in group:
-                offsets.append(total)
-                total += (n + 63) & ~63  # each frame 64-byte aligned in the lease
+        for i, mv, n in own:
             try:
-                arr = client.empty(total, np.uint8)
-                for (i, mv, n), off in zip(group, offsets):
-                    np.copyto(arr[off:off + n], np.frombuffer(mv, dtype=np.uint8))
+                arr = client.empty(n, np.uint8)
+                np.copyto(arr, np.frombuffer(mv, dtype=np.uint8))
                 ref = _shmref._publish_buffer(_shmref._buffer_info(arr)["buffer"], st.keep)
                 client.release(arr)  # the retention holds it until the receiver's acquire
                 del arr
             except OSError as e:
-                _stats.add(fallbacks=1, sent_large_tcp=len(group))
-                logger.warning("shmref: %d frame(s) of %d bytes go over TCP: %s", len(group), total, e)
+                _stats.add(fallbacks=1, sent_large_tcp=1)
+                logger.warning("shmref: a frame of %d bytes goes over TCP: %s", n, e)
                 continue
-            text = str(ref)
-            for (i, _, n), off in zip(group, offsets):
-                entries.append((i, text, off, n))
-                out[i] = b""
-                copied += n
+            entries.append((i, str(ref), 0, n))
+            out[i] = b""
+            copied += n
         if entries:
             _stats.add(sent_by_ref=len(entries), sent_forwarded=forwarded, sent_copied_bytes=copied,
                        sent_bytes_by_ref=sum(e[3] for e in entries))
