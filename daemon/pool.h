@@ -13,7 +13,7 @@
 
 #include <uv.h>
 
-#define POOL_MAX_CLASSES 256
+#define POOL_MAX_CLASSES 1024 /* class indexes (pool_cls.idx, pool_buf.cls: uint16_t) */
 
 /* pool_pin: how many of a uid's client mappings of a buffer the sessions know of. */
 struct pool_pin {
@@ -78,7 +78,8 @@ int pool_new(uv_loop_t *loop, const char *dir, uint64_t cap, bool use_memfd,
 void pool_free(struct pool *pool);
 
 /* pool_class_size: the size class that holds size bytes (page-rounded, then rounded up
- * to one of four steps per power of two, so at most 25% is wasted; on a huge-page pool,
+ * to one of four steps per power of two below 1 MiB, so at most 25% is wasted, and of 32
+ * steps per power of two from 1 MiB up, so at most 1/32 (3.1%); on a huge-page pool,
  * sizes above 1 MiB first round up to whole 2 MiB pages); 0 if too large. */
 uint64_t pool_class_size(const struct pool *pool, uint64_t size);
 

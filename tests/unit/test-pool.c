@@ -123,12 +123,15 @@ Test(pool, class_size_table)
         { 16385, 20480 },
         { 20481, 24576 },
         { 28673, 32768 },
-        { 80000000, 83886080 },
+        { 80000000, 81788928 },   /* 78 MiB: 2 MiB steps from 64 MiB */
         { 1 << 20, 1 << 20 },
-        { (1 << 20) + 1, 1310720 },
+        { (1 << 20) + 1, 1081344 }, /* 32 KiB steps from 1 MiB */
         { 1572864, 1572864 },
-        { 1572865, 1835008 },
-        { 1835009, 2097152 },
+        { 1572865, 1605632 },
+        { 1835009, 1867776 },
+        { 1048575, 1048576 },
+        { 983041, 1048576 },     /* 128 KiB steps below 1 MiB */
+        { 786433, 917504 },
         { UINT64_C(1) << 46, UINT64_C(1) << 46 },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
@@ -212,7 +215,7 @@ Test(pool, class_size_waste_bounded_and_monotonic)
     }
     cr_assert_gt(n, 3000);
 
-    /* four classes per power of two: 1 MiB..4 MiB spans 8 classes plus 4 MiB itself */
+    /* 32 classes per power of two from 1 MiB: 1 MiB..4 MiB spans 64 classes plus 4 MiB itself */
     uint64_t classes = 0, last = 0;
     for (uint64_t s = MiB; s <= 4 * MiB; s += pg) {
         uint64_t c = pool_class_size(f.pool, s);
@@ -220,7 +223,68 @@ Test(pool, class_size_waste_bounded_and_monotonic)
             classes++;
         last = c;
     }
-    cr_assert_eq(classes, 9, "classes from 1 MiB to 4 MiB: %" PRIu64, classes);
+    cr_assert_eq(classes, 65, "classes from 1 MiB to 4 MiB: %" PRIu64, classes);
+    fx_close(&f);
+}
+
+/* Checks a size of 1 MiB or more: its class (what a lease of it is charged) holds it,
+ * wastes at most a 32nd of the page-rounded size, is its own class, and has an index
+ * below POOL_MAX_CLASSES that no other class size has (idx_size: the size seen per index). */
+static void check_large_class(const struct pool *p, uint64_t s, uint64_t *idx_size)
+{
+    const uint64_t pg = page_size();
+    uint64_t rounded = (s + pg - 1) / pg * pg;
+    struct pool_cls cls;
+    cr_assert_eq(pool_class(p, s, &cls), 0, "no class for %" PRIu64, s);
+    cr_assert_eq(cls.size, pool_class_size(p, s));
+    cr_assert_geq(cls.size, s);
+    cr_assert_eq(cls.size % pg, 0);
+    cr_assert_leq(cls.size - rounded, rounded / 32, "%" PRIu64 " (%.1f MiB) is charged %" PRIu64 " (%.1f MiB): %.2f%% more",
+                  s, (double)s / MiB, cls.size, (double)cls.size / MiB, 100.0 * (double)(cls.size - s) / (double)s);
+    cr_assert_eq(pool_class_size(p, cls.size), cls.size, "class %" PRIu64 " is not its own class", cls.size);
+    cr_assert_lt(cls.idx, POOL_MAX_CLASSES);
+    cr_assert(idx_size[cls.idx] == 0 || idx_size[cls.idx] == cls.size, "index %u holds %" PRIu64 " and %" PRIu64,
+              (unsigned)cls.idx, idx_size[cls.idx], cls.size);
+    idx_size[cls.idx] = cls.size;
+}
+
+/* Large arrays are charged at most a 32nd more than their size (issue 25 item 2): with
+ * four classes per power of two a 150 MB array was charged 160 MiB. Edge sizes around
+ * every power of two and its steps, and random sizes, from 1 MiB to 4 GiB. */
+Test(pool, large_classes_waste_at_most_a_thirty_second)
+{
+    struct fx f;
+    static uint64_t idx_size[POOL_MAX_CLASSES];
+    fx_open(&f, 0, false);
+    const uint64_t pg = page_size();
+    uint64_t c150 = pool_class_size(f.pool, 150000000), c200 = pool_class_size(f.pool, 200000000);
+    cr_expect_eq(c150, 144 * MiB, "150 MB is charged %.1f MiB", (double)c150 / MiB);
+    cr_expect_eq(c200, 192 * MiB, "200 MB is charged %.1f MiB", (double)c200 / MiB);
+    for (unsigned k = 20; k <= 32; k++) {
+        uint64_t p2 = UINT64_C(1) << k;
+        for (uint64_t j = 0; j < 32; j++) {
+            uint64_t at = p2 + j * (p2 / 32);
+            if (at > (UINT64_C(4) << 30))
+                break;
+            check_large_class(f.pool, at - 1, idx_size);
+            check_large_class(f.pool, at, idx_size);
+            check_large_class(f.pool, at + 1, idx_size);
+            check_large_class(f.pool, at + pg, idx_size);
+        }
+    }
+    uint64_t x = 0x9e3779b97f4a7c15u; /* xorshift64: the same sizes every run */
+    for (unsigned i = 0; i < 2000; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        check_large_class(f.pool, MiB + x % ((UINT64_C(4) << 30) - MiB + 1), idx_size);
+    }
+    check_large_class(f.pool, UINT64_C(4) << 30, idx_size);
+    /* bounded: sizes up to 2^46 still have an index */
+    struct pool_cls top;
+    cr_assert_eq(pool_class(f.pool, UINT64_C(1) << 46, &top), 0);
+    cr_assert_lt(top.idx, POOL_MAX_CLASSES);
+    cr_assert_eq(pool_class(f.pool, (UINT64_C(1) << 46) - 1, &top), 0);
     fx_close(&f);
 }
 
