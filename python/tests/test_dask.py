@@ -96,10 +96,13 @@ def nothing_held(d, seconds=20.0):
 
 @pytest.fixture(scope="module")
 def dask_env(daemon):
-    """Worker processes inherit these: the daemon's socket (conftest) and a short retention,
-    so a frame whose receiver died is gone within seconds."""
-    old = {k: os.environ.get(k) for k in ("DASK_DISTRIBUTED__COMM__SHMREF__RETENTION",)}
-    os.environ["DASK_DISTRIBUTED__COMM__SHMREF__RETENTION"] = "3s"
+    """Worker processes inherit these: the daemon's socket (conftest), a short retention,
+    so a frame whose receiver died is gone within seconds, and writable false: the tests
+    here look at the mappings themselves (read-only views, no copy out of them);
+    test_dask_semantics.py tests the default (objects writable as over tcp://)."""
+    env = {"DASK_DISTRIBUTED__COMM__SHMREF__RETENTION": "3s", "DASK_DISTRIBUTED__COMM__SHMREF__WRITABLE": "False"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     import dask
     dask.config.refresh()
     yield daemon

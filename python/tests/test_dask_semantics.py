@@ -47,8 +47,10 @@ async def test_a_message_written_before_close_keeps_its_forwarded_frames():
     (the frame is forwarded: its descriptor travels, no copy) and closes the comm at once:
     the peer reads the message, as over tcp://. Before: CommClosedError ... shmref frames:
     [Errno 2] no published buffer for this descriptor (the handler's hold ended at close,
-    before the peer acquired the frame)."""
+    before the peer acquired the frame). x is read-only, so it arrives as a view of the
+    mapping (a writable one arrives as a copy, which is sent on by a copy)."""
     x = np.arange(MiB // 8, dtype=np.float64)
+    x.setflags(write=False)
 
     async def echo_and_close(comm):
         msg = await comm.read()
@@ -76,6 +78,7 @@ async def test_a_forwarded_frame_whose_reader_never_comes_is_let_go_after_the_re
     import dask
 
     x = np.arange(MiB // 8, dtype=np.float64)
+    x.setflags(write=False)
     with dask.config.set({"distributed.comm.shmref.retention": "1s"}):
         sdcomm._the_state = None  # the retention is read once per process
         try:
@@ -114,6 +117,8 @@ async def test_frames_of_one_message_do_not_share_a_buffer():
     object does not keep the others alive: distributed's
     test_rechunk_in_memory_shards_dont_share_buffer). Before: all in one lease."""
     xs = [np.full(256 * KiB // 8, i, dtype=np.float64) for i in range(6)]
+    for x in xs:
+        x.setflags(write=False)  # arrive as views of the mappings (writable ones are copied out)
     got = []
 
     async def keep(comm):
@@ -145,3 +150,28 @@ async def test_frames_of_one_message_do_not_share_a_buffer():
         await asyncio.sleep(0.02)
     assert s["buffers"]["live"] == 1, s["buffers"]
     assert s["pool"]["bytes_leased"] <= 512 * KiB, s["pool"]
+
+
+# ---- item 3b: a task that writes into its input ----
+
+def _add_one_in_place(x):
+    x += 1
+    return x
+
+
+def _make(n):
+    return np.arange(n, dtype=np.float64)
+
+
+@gen_cluster(client=True, scheduler="shmref://127.0.0.1",
+             nthreads=[("shmref://127.0.0.1", 1), ("shmref://127.0.0.1", 1)])
+async def test_a_task_may_write_into_its_input(c, s, a, b):
+    """A task that updates its input in place works, as over tcp://: the input arrived by
+    reference from the other worker. Before: ValueError: output array is read-only."""
+    assert s.address.startswith("shmref://") and a.address.startswith("shmref://")
+    before = sd.stats()
+    x = c.submit(_make, MiB // 8, workers=[a.address], pure=False)
+    y = c.submit(_add_one_in_place, x, workers=[b.address], pure=False)
+    got = await y
+    assert np.array_equal(got, np.arange(MiB // 8, dtype=np.float64) + 1)
+    assert sd.stats()["received_by_ref"] > before["received_by_ref"]

@@ -13,13 +13,15 @@ start time, its socket's inode); when they do, every frame of at least
 ``distributed.comm.shmref.threshold`` bytes (default 64 KiB) travels as a descriptor: the
 sender copies it once into a lease and publishes it for one consumer (or forwards the
 descriptor of a buffer it received through shmref, without a copy), the receiver maps it
-read-only and hands Dask a memoryview over the mapping. Objects received that way are
-read-only (as Arrow data is): a task that writes into its input must copy it first.
+read-only and hands Dask a memoryview over the mapping. An object its sender had writable
+arrives writable, as over tcp:// (Dask copies it out of the mapping when it deserializes
+it); with ``writable`` false it stays a read-only view of the mapping, with no copy.
 
 Config keys (``distributed.comm.shmref.*``, also ``DASK_DISTRIBUTED__COMM__SHMREF__*``):
 ``threshold`` (bytes, "64 KiB"), ``socket`` (the daemon's socket; null: libshmref's
 default rule), ``retention`` (how long a published frame waits for its receiver, "60s"),
-``enabled`` (false: plain TCP frames).
+``enabled`` (false: plain TCP frames), ``writable`` (true: received objects are writable
+when their sender's were, at a copy; false: read-only views of the mapping, no copy).
 """
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ _NO_SPLIT = 1 << 62
 
 #: The config section's defaults (distributed.comm.shmref.*), which the package also adds
 #: to dask's defaults at import.
-DEFAULTS = {"threshold": "64 KiB", "socket": None, "retention": "60s", "enabled": True}
+DEFAULTS = {"threshold": "64 KiB", "socket": None, "retention": "60s", "enabled": True, "writable": True}
 
 
 def _config():
@@ -70,7 +70,16 @@ def _config():
     keep = parse_timedelta(get("retention"), default="seconds")
     # keep: float seconds, as the binding takes it (at least a millisecond: 0 would mean
     # no retention, and a frame nobody holds would be gone before its receiver's acquire).
-    return bool(get("enabled")), max(1, threshold), get("socket") or None, max(0.001, float(keep))
+    return (bool(get("enabled")), max(1, threshold), get("socket") or None, max(0.001, float(keep)),
+            _boolean(get("writable")))
+
+
+def _boolean(v) -> bool:
+    """A config value as a bool ("false" from a DASK_* variable is parsed by dask already;
+    a string that is left is taken as YAML would)."""
+    if isinstance(v, str):
+        return v.strip().lower() not in ("false", "no", "off", "0", "")
+    return bool(v)
 
 
 class _Stats:
@@ -117,7 +126,7 @@ class _State:
     def __init__(self):
         self.pid = os.getpid()
         self.lock = threading.Lock()
-        enabled, self.threshold, sock, self.keep = _config()
+        enabled, self.threshold, sock, self.keep, self.writable = _config()
         self.socket = sock or shmref.default_socket()  # until connected: where it looks
         self.client = None
         self.identity = None
@@ -249,7 +258,9 @@ def _clear_writeable(obj) -> bool:
 
 def _mark_read_only(frames: list, by_ref: set) -> None:
     """Objects that arrive in mapped (read-only) frames are deserialized read-only: Dask
-    would otherwise copy a frame its sender had writable (numpy, the pickle serializer)."""
+    would otherwise copy a frame its sender had writable (numpy, the pickle serializer).
+    Only with distributed.comm.shmref.writable false: by default Dask's rule stands (an
+    object its sender had writable arrives writable, copied out of the mapping)."""
     subs = []
 
     def hook(obj):
@@ -384,7 +395,8 @@ class ShmrefComm(TCP):
                 raise CommClosedError(f"in {self}: frame {i} ({off}+{n} bytes) lies outside {text}")
             frames[i] = memoryview(arr).cast("B")[off:off + n]
         _stats.add(received_by_ref=len(entries), received_bytes_by_ref=sum(e[3] for e in entries))
-        _mark_read_only(frames, {e[0] for e in entries})
+        if not st.writable:
+            _mark_read_only(frames, {e[0] for e in entries})
         return frames
 
     async def read(self, deserializers=None):
