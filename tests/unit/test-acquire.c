@@ -17,73 +17,26 @@
 #include <uv.h>
 
 #include "acquire.h"
-#include "core-fixture.h"
+#include "broker-fixture.h"
+#include "core-hold.h"
+#include "fake-peer.h"
 #include "ledger.h"
 #include "ledgers.h"
-#include "pool-callback.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
 
-struct fake {
-    struct broker_peer peer;
-    unsigned replies, refusals;
-    struct proto_msg last;       /* the last reply (pointers not kept) */
-    int last_fd;
-    int code;                    /* of the last refusal */
-    char msg[PROTO_MAX_ERRMSG + 1];
-};
-
-static void fake_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
-{
-    struct fake *f = (struct fake *)p;
-    f->replies++;
-    f->last = *m;
-    f->last_fd = fd;
-}
-
-static void fake_refuse(struct broker_peer *p, uint32_t id, int code, const char *msg)
-{
-    struct fake *f = (struct fake *)p;
-    (void)id;
-    f->refusals++;
-    f->code = code;
-    snprintf(f->msg, sizeof(f->msg), "%s", msg);
-}
-
-static void fake_ref(struct broker_peer *p) { (void)p; }
-static void fake_unref(struct broker_peer *p) { (void)p; }
-
-static const struct broker_peer_ops fake_ops = { fake_reply, fake_refuse, fake_ref, fake_unref, NULL };
-
 struct fx {
-    uv_loop_t loop;
-    struct core core;
-    struct options opt;
-    struct counters counters;
-    struct broker bk;
+    BROKER_FIXTURE_FIELDS;
     struct fake prod, same, other;   /* uid 1000 twice, uid 1001 */
 };
 
-static void fake_init(struct fake *f, uint64_t id, uid_t uid)
-{
-    memset(f, 0, sizeof(*f));
-    f->peer.ops = &fake_ops;
-    f->peer.id = id;
-    f->peer.pid = 4242;
-    f->peer.uid = uid;
-    f->last_fd = -1;
-}
-
 static void fx_open(struct fx *f)
 {
-    memset(f, 0, sizeof(*f));
-    core_open(&f->core, &f->loop, "acquire", 64 * MiB, 16 * MiB);
+    broker_fixture_open(f, "acquire", 64 * MiB, 16 * MiB);
     f->opt.max_lease_size = 32 * MiB;
     f->opt.max_leases = 4;
     f->opt.max_parked_per_uid = 16;
-    f->bk = (struct broker){ .opt = &f->opt, .pool = f->core.pool, .quota = f->core.quota, .reg = f->core.reg,
-                             .counters = &f->counters };
     fake_init(&f->prod, 1, 1000);
     fake_init(&f->same, 2, 1000);
     fake_init(&f->other, 3, 1001);
@@ -99,27 +52,11 @@ static void fx_close(struct fx *f)
     core_close(&f->core, &f->loop);
 }
 
-/* lease_buf: what a lease does, by hand: a buffer of p's uid (warm, or made off the
- * loop: the loop runs until it is there), its class charged, held writable by p. */
+/* lease_buf: what a lease does, by hand (core_hold): a buffer of p's uid, its class
+ * charged, held writable by p. */
 static struct registry_buf *lease_buf(struct fx *f, struct fake *p, uint64_t size, uint64_t *ret_handle)
 {
-    struct got g = { 0 };
-    struct pool_buf *pb = NULL;
-    struct quota_ticket t;
-    char why[PROTO_MAX_ERRMSG];
-    int r = pool_get(f->bk.pool, size, p->peer.uid, &pb, got_cb, &g);
-    cr_assert(r == 0 || r == 1, "pool_get: %d", r);
-    if (r == 1) {
-        while (g.calls == 0)
-            uv_run(&f->loop, UV_RUN_ONCE);
-        cr_assert_eq(g.err, 0, "creating a buffer: %s", strerror(-g.err));
-        pb = g.buf;
-    }
-    cr_assert_eq(quota_take(f->bk.quota, p->peer.uid, pb->size, &t, why, sizeof(why)), 0, "%s", why);
-    struct registry_buf *b = registry_buf_charged(f->bk.reg, pb, &t, size);
-    cr_assert_not_null(b);
-    cr_assert_eq(registry_hold(f->bk.reg, &p->peer.holder, b, true, ret_handle), 0);
-    return b;
+    return core_hold(&f->core, &f->loop, p->peer.uid, size, &p->peer.holder, ret_handle);
 }
 
 /* produce: a lease (lease_buf) filled with byte and published at size with metadata. */

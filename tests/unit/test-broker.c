@@ -15,11 +15,13 @@
 #include <uv.h>
 
 #include "broker.h"
-#include "core-fixture.h"
+#include "broker-fixture.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
 
+/* Not fake-peer.h's: a refusal here is one more reply (a PROTO_OP_ERROR), in order with
+ * the others, as the session sends it; the tests wait for replies and read the last. */
 struct fake {
     struct broker_peer peer;
     unsigned replies, refs;
@@ -68,11 +70,7 @@ static void fake_reply_many(struct broker_peer *p, const struct proto_msg *m, co
 static const struct broker_peer_ops fake_ops = { fake_reply, fake_refuse, fake_ref, fake_unref, fake_reply_many };
 
 struct fx {
-    uv_loop_t loop;
-    struct core core;
-    struct options opt;
-    struct counters counters;
-    struct broker bk;
+    BROKER_FIXTURE_FIELDS;
     struct fake a, b;            /* uid 1000 and uid 1001 */
 };
 
@@ -87,13 +85,10 @@ static void fake_init(struct fake *f, uint64_t id, uid_t uid)
 
 static void fx_open(struct fx *f)
 {
-    memset(f, 0, sizeof(*f));
-    core_open(&f->core, &f->loop, "broker", 64 * MiB, 16 * MiB);
+    broker_fixture_open(f, "broker", 64 * MiB, 16 * MiB);
     f->opt.max_lease_size = 32 * MiB;
     f->opt.max_leases = 4;
     f->opt.max_parked_per_uid = 1024;
-    f->bk = (struct broker){ .opt = &f->opt, .pool = f->core.pool, .quota = f->core.quota, .reg = f->core.reg,
-                             .counters = &f->counters };
     fake_init(&f->a, 1, 1000);
     fake_init(&f->b, 2, 1001);
     broker_start(&f->bk, &f->loop);

@@ -17,74 +17,25 @@
 #include <uv.h>
 
 #include "access.h"
-#include "core-fixture.h"
+#include "broker-fixture.h"
+#include "fake-peer.h"
 #include "lease.h"
 #include "ledgers.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
 
-struct fake {
-    struct broker_peer peer;
-    unsigned replies, refusals;
-    int refs;
-    struct proto_msg last;       /* the last reply (pointers not kept) */
-    int last_fd;
-    int code;                    /* of the last refusal */
-    uint32_t refused_id;
-    char msg[PROTO_MAX_ERRMSG + 1];
-};
-
-static void fake_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
-{
-    struct fake *f = (struct fake *)p;
-    f->replies++;
-    f->last = *m;
-    f->last_fd = fd;
-}
-
-static void fake_refuse(struct broker_peer *p, uint32_t id, int code, const char *msg)
-{
-    struct fake *f = (struct fake *)p;
-    f->refusals++;
-    f->code = code;
-    f->refused_id = id;
-    snprintf(f->msg, sizeof(f->msg), "%s", msg);
-}
-
-static void fake_ref(struct broker_peer *p) { ((struct fake *)p)->refs++; }
-static void fake_unref(struct broker_peer *p) { ((struct fake *)p)->refs--; }
-
-static const struct broker_peer_ops fake_ops = { fake_reply, fake_refuse, fake_ref, fake_unref, NULL };
-
 struct fx {
-    uv_loop_t loop;
-    struct core core;
-    struct options opt;
-    struct counters counters;
-    struct broker bk;
+    BROKER_FIXTURE_FIELDS;
     struct fake a, b;            /* uid 1000 and uid 1001 */
 };
 
-static void fake_init(struct fake *f, uint64_t id, uid_t uid)
-{
-    memset(f, 0, sizeof(*f));
-    f->peer.ops = &fake_ops;
-    f->peer.id = id;
-    f->peer.pid = 4242;
-    f->peer.uid = uid;
-    f->last_fd = -1;
-}
-
 static void fx_open_cap(struct fx *f, uint64_t pool_cap, uint64_t quota)
 {
-    memset(f, 0, sizeof(*f));
-    core_open(&f->core, &f->loop, "lease", pool_cap, quota);
+    broker_fixture_open(f, "lease", pool_cap, quota);
     f->opt.max_lease_size = pool_cap;
     f->opt.max_leases = 64;
     f->opt.max_parked_per_uid = 256;
-    f->bk = (struct broker){ .opt = &f->opt, .pool = f->core.pool, .quota = f->core.quota, .reg = f->core.reg,
-                             .counters = &f->counters };
     fake_init(&f->a, 1, 1000);
     fake_init(&f->b, 2, 1001);
     cr_assert_not(access_operator(1000) || access_operator(1001), "run these tests as another uid than 1000/1001");

@@ -17,28 +17,21 @@
 
 #include <uv.h>
 
-#include "core-fixture.h"
+#include "broker-fixture.h"
+#include "core-hold.h"
 #include "ledgers.h"
-#include "pool-callback.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
 
 struct fx {
-    uv_loop_t loop;
-    struct core core;
-    struct options opt;
-    struct counters counters;
-    struct broker bk;
+    BROKER_FIXTURE_FIELDS;
 };
 
 static void fx_open(struct fx *f)
 {
-    memset(f, 0, sizeof(*f));
-    core_open(&f->core, &f->loop, "ledgers", 64 * MiB, 16 * MiB);
+    broker_fixture_open(f, "ledgers", 64 * MiB, 16 * MiB);
     f->opt.max_leases = 4;
-    f->bk = (struct broker){ .opt = &f->opt, .pool = f->core.pool, .quota = f->core.quota, .reg = f->core.reg,
-                             .counters = &f->counters };
 }
 
 static void fx_close(struct fx *f)
@@ -152,20 +145,9 @@ Test(ledgers, a_charge_without_a_buffer_aborts)
 {
     struct fx f;
     fx_open(&f);
-    struct quota_ticket t = charge(&f, 1000, 8 * KiB);
-    struct got g = { 0 };
-    struct pool_buf *pb = NULL;
-    int r = pool_get(f.bk.pool, 8 * KiB, 1000, &pb, got_cb, &g);
-    if (r == 1) {
-        while (g.calls == 0)
-            uv_run(&f.loop, UV_RUN_ONCE);
-        pb = g.buf;
-    }
-    cr_assert_not_null(pb);
-    struct registry_buf *b = registry_buf_charged(f.bk.reg, pb, &t, 8 * KiB);
     struct registry_holder h = { 0 };
     uint64_t handle;
-    cr_assert_eq(registry_hold(f.bk.reg, &h, b, true, &handle), 0);
+    core_hold(&f.core, &f.loop, 1000, 8 * KiB, &h, &handle);
     assert_agree(&f);
     struct quota_ticket extra = charge(&f, 1001, 4096);
     assert_aborts(&f, "quota holds 12288 bytes, registry 8192 (+0 pending), pool hands out 8192");
@@ -201,19 +183,9 @@ Test(ledgers, registry_drift_alone_aborts)
 {
     struct fx f;
     fx_open(&f);
-    struct quota_ticket t = charge(&f, 1000, 8 * KiB);
-    struct got g = { 0 };
-    struct pool_buf *pb = NULL;
-    int r = pool_get(f.bk.pool, 8 * KiB, 1000, &pb, got_cb, &g);
-    if (r == 1) {
-        while (g.calls == 0)
-            uv_run(&f.loop, UV_RUN_ONCE);
-        pb = g.buf;
-    }
-    struct registry_buf *b = registry_buf_charged(f.bk.reg, pb, &t, 8 * KiB);
     struct registry_holder h = { 0 };
     uint64_t handle;
-    cr_assert_eq(registry_hold(f.bk.reg, &h, b, true, &handle), 0);
+    core_hold(&f.core, &f.loop, 1000, 8 * KiB, &h, &handle);
     /* someone credits the charge behind the registry's back */
     cr_assert_eq(quota_credit(f.bk.quota, 1000, 8 * KiB), 0);
     assert_aborts(&f, "quota holds 0 bytes, registry 8192 (+0 pending), pool hands out 8192");

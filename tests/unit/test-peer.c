@@ -16,73 +16,25 @@
 
 #include <uv.h>
 
-#include "core-fixture.h"
+#include "broker-fixture.h"
+#include "core-hold.h"
+#include "fake-peer.h"
 #include "peer.h"
-#include "pool-callback.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
 
-struct fake {
-    struct broker_peer peer;
-    unsigned replies, refusals;
-    struct proto_msg last;       /* the last reply (pointers not kept) */
-    int last_fd;
-    int code;                    /* of the last refusal */
-    uint32_t refused_id;
-    char msg[PROTO_MAX_ERRMSG + 64];
-};
-
-static void fake_reply(struct broker_peer *p, const struct proto_msg *m, int fd)
-{
-    struct fake *f = (struct fake *)p;
-    f->replies++;
-    f->last = *m;
-    f->last_fd = fd;
-}
-
-static void fake_refuse(struct broker_peer *p, uint32_t id, int code, const char *msg)
-{
-    struct fake *f = (struct fake *)p;
-    f->refusals++;
-    f->code = code;
-    f->refused_id = id;
-    snprintf(f->msg, sizeof(f->msg), "%s", msg);
-}
-
-static void fake_ref(struct broker_peer *p) { (void)p; }
-static void fake_unref(struct broker_peer *p) { (void)p; }
-
-static const struct broker_peer_ops fake_ops = { fake_reply, fake_refuse, fake_ref, fake_unref, NULL };
-
 struct fx {
-    uv_loop_t loop;
-    struct core core;
-    struct options opt;
-    struct counters counters;
-    struct broker bk;
+    BROKER_FIXTURE_FIELDS;
     struct fake a, b;            /* uid 1000 and uid 1001 */
 };
 
-static void fake_init(struct fake *f, uint64_t id, uid_t uid)
-{
-    memset(f, 0, sizeof(*f));
-    f->peer.ops = &fake_ops;
-    f->peer.id = id;
-    f->peer.pid = 4242;
-    f->peer.uid = uid;
-    f->last_fd = -1;
-}
-
 static void fx_open(struct fx *f)
 {
-    memset(f, 0, sizeof(*f));
-    core_open(&f->core, &f->loop, "peer", 64 * MiB, 16 * MiB);
+    broker_fixture_open(f, "peer", 64 * MiB, 16 * MiB);
     f->opt.max_lease_size = 32 * MiB;
     f->opt.max_leases = 4;
     f->opt.max_parked_per_uid = 16;
-    f->bk = (struct broker){ .opt = &f->opt, .pool = f->core.pool, .quota = f->core.quota, .reg = f->core.reg,
-                             .counters = &f->counters };
     fake_init(&f->a, 1, 1000);
     fake_init(&f->b, 2, 1001);
 }
@@ -93,31 +45,6 @@ static void fx_close(struct fx *f)
     registry_release_all(f->bk.reg, &f->b.peer.holder);
     cr_assert_eq(quota_total(f->bk.quota), 0, "a charge outlived every lease");
     core_close(&f->core, &f->loop);
-}
-
-/* hold_new: what lease.c does for a lease, by hand: a pool buffer of uid (made off the
- * loop: the loop runs until it is there), its class charged, a registry buffer with a
- * token, and a writable handle on it for holder. */
-static struct registry_buf *hold_new(struct fx *f, struct pool *pool, uint32_t uid, uint64_t size,
-                                     struct registry_holder *holder, uint64_t *ret_handle)
-{
-    struct got g = { 0 };
-    struct pool_buf *pb = NULL;
-    struct quota_ticket t;
-    char why[PROTO_MAX_ERRMSG];
-    int r = pool_get(pool, size, uid, &pb, got_cb, &g);
-    cr_assert(r == 0 || r == 1, "pool_get: %d", r);
-    if (r == 1) {
-        while (g.calls == 0)
-            uv_run(&f->loop, UV_RUN_ONCE);
-        cr_assert_eq(g.err, 0, "creating a buffer: %s", strerror(-g.err));
-        pb = g.buf;
-    }
-    cr_assert_eq(quota_take(f->bk.quota, uid, pb->size, &t, why, sizeof(why)), 0, "%s", why);
-    struct registry_buf *b = registry_buf_charged(f->bk.reg, pb, &t, size);
-    cr_assert_not_null(b);
-    cr_assert_eq(registry_hold(f->bk.reg, holder, b, true, ret_handle), 0);
-    return b;
 }
 
 static uint64_t tenant_refusals(struct fx *f, uint32_t uid, int which)
@@ -279,7 +206,7 @@ Test(peer, send_buffer_lease_then_acquire_reply)
     struct fx f;
     fx_open(&f);
     uint64_t h;
-    struct registry_buf *b = hold_new(&f, f.bk.pool, 1000, 5000, &f.a.peer.holder, &h);
+    struct registry_buf *b = core_hold(&f.core, &f.loop, 1000, 5000, &f.a.peer.holder, &h);
     uint8_t token[PROTO_TOKEN_LEN];
     memcpy(token, b->token, sizeof(token));
     peer_send_buffer(&f.a.peer, 7, h, b, b->pb->fd);
@@ -326,32 +253,28 @@ Test(peer, send_buffer_lease_then_acquire_reply)
 Test(peer, send_buffer_sealed_flags)
 {
     struct fx f;
-    struct pool *mp;
     const char *why = NULL;
     fx_open(&f);
-    cr_assert_eq(pool_new(&f.loop, f.core.dir, 16 * MiB, true, &mp, &why), 0, "%s", why ? why : "");
-    cr_assert(pool_sealable(mp));
-    /* this buffer's registry entry lives in a registry of the memfd pool */
-    struct registry *reg;
-    cr_assert_eq(registry_new(&f.loop, mp, f.bk.quota, &reg), 0);
-    struct registry *main_reg = f.bk.reg;
-    f.bk.reg = reg;
+    /* a memfd pool and a registry of its own, on the fixture's quota */
+    struct core mc = { .quota = f.bk.quota };
+    cr_assert_eq(pool_new(&f.loop, f.core.dir, 16 * MiB, true, &mc.pool, &why), 0, "%s", why ? why : "");
+    cr_assert(pool_sealable(mc.pool));
+    cr_assert_eq(registry_new(&f.loop, mc.pool, mc.quota, &mc.reg), 0);
     uint64_t h;
     struct registry_holder holder = { 0 };
-    struct registry_buf *b = hold_new(&f, mp, 1000, 4096, &holder, &h);
-    cr_assert_eq(pool_seal(mp, b->pb), 0);
-    cr_assert_eq(registry_publish(reg, b, 10, 0, NULL, 0), 0);
+    struct registry_buf *b = core_hold(&mc, &f.loop, 1000, 4096, &holder, &h);
+    cr_assert_eq(pool_seal(mc.pool, b->pb), 0);
+    cr_assert_eq(registry_publish(mc.reg, b, 10, 0, NULL, 0), 0);
     peer_send_buffer(&f.a.peer, 5, h, b, b->pb->fd);
     cr_assert_eq(f.a.last.op, PROTO_OP_ACQUIRE + PROTO_OP_REPLY);
     cr_assert_eq(f.a.last.u.acquire_reply.flags, PROTO_BUF_SEALED | PROTO_BUF_RETIRE);
     peer_send_buffer(&f.b.peer, 6, h, b, b->pb->fd);
     cr_assert_eq(f.b.last.u.acquire_reply.flags, PROTO_BUF_SEALED | PROTO_BUF_FOREIGN | PROTO_BUF_RETIRE);
-    registry_release_all(reg, &holder);
-    registry_free(reg);
+    registry_release_all(mc.reg, &holder);
+    registry_free(mc.reg);
     uv_run(&f.loop, UV_RUN_DEFAULT);
-    pool_free(mp);
+    pool_free(mc.pool);
     uv_run(&f.loop, UV_RUN_DEFAULT);
-    f.bk.reg = main_reg;
     fx_close(&f);
 }
 
@@ -364,8 +287,8 @@ Test(peer, leases_left_counts_held_pending_and_parked)
     fx_open(&f);
     f.opt.max_leases = 3;
     uint64_t h;
-    hold_new(&f, f.bk.pool, 1000, 4096, &f.a.peer.holder, &h);
-    hold_new(&f, f.bk.pool, 1000, 4096, &f.a.peer.holder, &h);
+    core_hold(&f.core, &f.loop, 1000, 4096, &f.a.peer.holder, &h);
+    core_hold(&f.core, &f.loop, 1000, 4096, &f.a.peer.holder, &h);
     cr_assert_eq(f.a.peer.holder.leases, 2);
     cr_assert(peer_leases_left(&f.bk, &f.a.peer, 1, "lease"), "%s", f.a.msg);
     cr_assert_eq(f.a.refusals, 0);

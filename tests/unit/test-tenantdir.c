@@ -19,8 +19,8 @@
 #include <uv.h>
 
 #include "core-fixture.h"
+#include "core-hold.h"
 #include "ledger.h"
-#include "pool-callback.h"
 #include "tenantdir.h"
 
 #define KiB (UINT64_C(1) << 10)
@@ -103,28 +103,13 @@ static void conn_forget(struct fx *f, struct conn *k, const struct registry_buf 
     tenantdir_forgot(&f->td, &k->c, b->pb->id);
 }
 
-/* lease: a buffer of uid (warm, or made off the loop: the loop runs until it is there),
- * its class charged, held writable by holder. */
+/* lease: a buffer of uid, its class charged, held writable by holder (core_hold); its
+ * slot one a ledger has. */
 static struct registry_buf *lease(struct fx *f, uint32_t uid, uint64_t size, struct registry_holder *holder,
                                   uint64_t *ret_handle)
 {
-    struct got g = { 0 };
-    struct pool_buf *pb = NULL;
-    struct quota_ticket t;
-    char why[PROTO_MAX_ERRMSG];
-    int r = pool_get(f->core.pool, size, uid, &pb, got_cb, &g);
-    cr_assert(r == 0 || r == 1, "pool_get: %d", r);
-    if (r == 1) {
-        while (g.calls == 0)
-            uv_run(&f->loop, UV_RUN_ONCE);
-        cr_assert_eq(g.err, 0, "creating a buffer: %s", strerror(-g.err));
-        pb = g.buf;
-    }
-    cr_assert_lt(pb->slot, LEDGER_SLOTS);
-    cr_assert_eq(quota_take(f->core.quota, uid, pb->size, &t, why, sizeof(why)), 0, "%s", why);
-    struct registry_buf *b = registry_buf_charged(f->core.reg, pb, &t, size);
-    cr_assert_not_null(b);
-    cr_assert_eq(registry_hold(f->core.reg, holder, b, true, ret_handle), 0);
+    struct registry_buf *b = core_hold(&f->core, &f->loop, uid, size, holder, ret_handle);
+    cr_assert_lt(b->pb->slot, LEDGER_SLOTS);
     return b;
 }
 
@@ -235,22 +220,30 @@ struct scene {
     uint64_t csize;
 };
 
-/* scene_open: a producer and a consumer of uid 1000 with ledgers; the producer leases b
- * (5000 bytes) and publishes it; the consumer was sent b's read-only fd (it maps b) and
- * takes the publish in its ledger. */
+/* scene_hand: the producer leases a buffer (5000 bytes, held in s->holder) and publishes
+ * it; the consumer was sent its read-only fd (it maps it) and takes the publish in its
+ * ledger. */
+static struct registry_buf *scene_hand(struct fx *f, struct scene *s, uint64_t *ret_handle)
+{
+    struct registry_buf *b = lease(f, 1000, 5000, &s->holder, ret_handle);
+    conn_sent(&s->prod, b, true);
+    publish(f, &s->prod, b, 5000);
+    conn_sent(&s->cons, b, false);
+    cr_assert_eq(take(&s->cons, b, 5000), 0, "a consumer that maps it could not take the publish");
+    cr_assert_eq(entry_state(&s->cons, b->pb->slot), LEDGER_PUBLISHED);
+    return b;
+}
+
+/* scene_open: a producer and a consumer of uid 1000 with ledgers, and b handed from one to
+ * the other (scene_hand). */
 static void scene_open(struct fx *f, struct scene *s)
 {
     memset(s, 0, sizeof(*s));
     conn_join(f, &s->prod, 1000);
     conn_join(f, &s->cons, 1000);
-    s->b = lease(f, 1000, 5000, &s->holder, &s->handle);
+    s->b = scene_hand(f, s, &s->handle);
     s->csize = s->b->pb->size;
     s->slot = s->b->pb->slot;
-    conn_sent(&s->prod, s->b, true);
-    publish(f, &s->prod, s->b, 5000);
-    conn_sent(&s->cons, s->b, false);
-    cr_assert_eq(take(&s->cons, s->b, 5000), 0, "a consumer that maps it could not take the publish");
-    cr_assert_eq(entry_state(&s->cons, s->slot), LEDGER_PUBLISHED);
 }
 
 /* scene_release: the producer's last daemon handle goes. */
@@ -259,6 +252,7 @@ static void scene_release(struct fx *f, struct scene *s)
     cr_assert_eq(registry_release(f->core.reg, &s->holder, s->handle), 0);
 }
 
+/* assert_lent: b is LENT: charged, out of the pool, not found, its entry LENT. */
 static void assert_lent(struct fx *f, struct scene *s)
 {
     cr_assert_eq(tenantdir_lent(&f->td), 1);
@@ -269,14 +263,24 @@ static void assert_lent(struct fx *f, struct scene *s)
     cr_assert_null(registry_find(f->core.reg, s->b->token), "a LENT buffer is found");
 }
 
-/* assert_ended: the buffer ended: credited, warm for its tenant, its entry FREE. */
-static void assert_ended(struct fx *f, struct scene *s)
+/* scene_lent: scene_open, then the producer's last daemon handle goes while the
+ * consumer's take holds b: LENT. */
+static void scene_lent(struct fx *f, struct scene *s)
 {
-    cr_assert_eq(tenantdir_lent(&f->td), 0);
+    scene_open(f, s);
+    scene_release(f, s);
+    assert_lent(f, s);
+}
+
+/* assert_ended: the buffer ended: credited, warm for its tenant, its entry FREE as k's
+ * mapping of the directory reads it. */
+static void assert_ended(struct fx *f, struct scene *s, struct conn *k)
+{
+    cr_assert_eq(tenantdir_lent(&f->td), 0, "a LENT buffer did not end");
     cr_assert_eq(registry_stats(f->core.reg).buffers, 0);
     cr_assert_eq(quota_total(f->core.quota), 0);
     cr_assert_eq(pool_bytes_warm(f->core.pool), s->csize);
-    cr_assert_eq(entry_state(&s->prod, s->slot), LEDGER_FREE);
+    cr_assert_eq(entry_state(k, s->slot), LEDGER_FREE, "the entry stayed LENT");
 }
 
 static void scene_close(struct fx *f, struct scene *s)
@@ -293,9 +297,7 @@ Test(tenantdir, a_ledger_hold_keeps_it_lent_until_given)
     struct fx f;
     struct scene s;
     fx_open(&f);
-    scene_open(&f, &s);
-    scene_release(&f, &s);
-    assert_lent(&f, &s);
+    scene_lent(&f, &s);
     cr_assert_eq(f.td.st.recycle_waits, 1);
 
     tenantdir_nudge(&f.td, &s.cons.c, s.b->pb->id);
@@ -306,7 +308,7 @@ Test(tenantdir, a_ledger_hold_keeps_it_lent_until_given)
     cr_assert(ledger_give(s.cons.dir, s.cons.counts, s.b->pb->slot), "the give did not see LENT");
     tenantdir_nudge(&f.td, &s.cons.c, s.b->pb->id);
     cr_assert_eq(f.td.st.nudges, 2);
-    assert_ended(&f, &s);
+    assert_ended(&f, &s, &s.prod);
     scene_close(&f, &s);
     fx_close(&f);
 }
@@ -320,7 +322,7 @@ Test(tenantdir, no_hold_ends_at_once)
     scene_open(&f, &s);
     cr_assert_not(ledger_give(s.cons.dir, s.cons.counts, s.b->pb->slot));
     scene_release(&f, &s);
-    assert_ended(&f, &s);
+    assert_ended(&f, &s, &s.prod);
     cr_assert_eq(f.td.st.recycle_waits, 0);
     scene_close(&f, &s);
     fx_close(&f);
@@ -347,7 +349,7 @@ Test(tenantdir, counts_that_keep_nothing)
     cr_assert_not(tenantdir_holds(&f.td, &liar.c));
     cr_assert_not(tenantdir_holds(&f.td, &other.c));
     scene_release(&f, &s);
-    assert_ended(&f, &s);
+    assert_ended(&f, &s, &s.prod);
     cr_assert_eq(f.td.st.recycle_waits, 0);
     conn_leave(&f, &liar);
     conn_leave(&f, &other);
@@ -377,11 +379,7 @@ Test(tenantdir, leave_rechecks_what_it_knew)
     /* the consumer's process died holding it: its ledger goes with its connection */
     tenantdir_leave(&f.td, &s.cons.c);
     cr_assert_eq(f.td.st.dirs, 1, "idle[1] is still joined");
-    cr_assert_eq(tenantdir_lent(&f.td), 0, "a LENT buffer outlived the only ledger that held it");
-    cr_assert_eq(registry_stats(f.core.reg).buffers, 0);
-    cr_assert_eq(quota_total(f.core.quota), 0);
-    cr_assert_eq(pool_bytes_warm(f.core.pool), s.csize);
-    cr_assert_eq(entry_state(&idle[1], s.slot), LEDGER_FREE, "the entry stayed LENT");
+    assert_ended(&f, &s, &idle[1]); /* though the only ledger that held it went */
     conn_leave(&f, &idle[1]);
     cr_assert_eq(f.td.st.dirs, 0);
     conn_leave(&f, &s.cons);
@@ -396,18 +394,12 @@ Test(tenantdir, last_leave_ends_every_lent_buffer)
     struct fx f;
     struct scene s;
     fx_open(&f);
-    scene_open(&f, &s);
-    scene_release(&f, &s);
-    assert_lent(&f, &s);
+    scene_lent(&f, &s);
     conn_leave(&f, &s.prod);
     assert_lent(&f, &s);
     tenantdir_leave(&f.td, &s.cons.c);
     cr_assert_eq(f.td.st.dirs, 0);
-    cr_assert_eq(tenantdir_lent(&f.td), 0);
-    cr_assert_eq(quota_total(f.core.quota), 0);
-    cr_assert_eq(pool_bytes_warm(f.core.pool), s.csize);
-    /* the client's mapping outlives the directory */
-    cr_assert_eq(entry_state(&s.cons, s.slot), LEDGER_FREE, "the entry stayed LENT");
+    assert_ended(&f, &s, &s.cons); /* the client's mapping outlives the directory */
     conn_leave(&f, &s.cons);
     registry_release_all(f.core.reg, &s.holder);
     fx_close(&f);
@@ -425,13 +417,9 @@ Test(tenantdir, nudge_ends_only_its_own_uids_buffer)
     scene_open(&f, &s);
     /* a second buffer, published and taken by the same consumer */
     uint64_t h2;
-    struct registry_buf *b2 = lease(&f, 1000, 5000, &s.holder, &h2);
+    struct registry_buf *b2 = scene_hand(&f, &s, &h2);
     uint64_t id2 = b2->pb->id;
     uint32_t slot2 = b2->pb->slot;
-    conn_sent(&s.prod, b2, true);
-    publish(&f, &s.prod, b2, 5000);
-    conn_sent(&s.cons, b2, false);
-    cr_assert_eq(take(&s.cons, b2, 5000), 0);
     conn_join(&f, &stranger, 1001);
     conn_sent(&stranger, s.b, false);
 
@@ -469,13 +457,11 @@ Test(tenantdir, forget_ends_a_lent_buffer)
     struct fx f;
     struct scene s;
     fx_open(&f);
-    scene_open(&f, &s);
-    scene_release(&f, &s);
-    assert_lent(&f, &s);
+    scene_lent(&f, &s);
     conn_forget(&f, &s.prod, s.b, true); /* the producer, whose count is 0: still held */
     assert_lent(&f, &s);
     conn_forget(&f, &s.cons, s.b, false);
-    assert_ended(&f, &s);
+    assert_ended(&f, &s, &s.prod);
     scene_close(&f, &s);
     fx_close(&f);
 }
@@ -488,9 +474,7 @@ Test(tenantdir, revived_then_lent_again)
     struct fx f;
     struct scene s;
     fx_open(&f);
-    scene_open(&f, &s);
-    scene_release(&f, &s);
-    assert_lent(&f, &s);
+    scene_lent(&f, &s);
     struct registry_buf *b = registry_revive(f.core.reg, s.b->token);
     cr_assert_eq(b, s.b);
     cr_assert_not(b->lent);
@@ -509,7 +493,7 @@ Test(tenantdir, revived_then_lent_again)
     cr_assert_eq(f.td.st.recycle_waits, 2);
     cr_assert(ledger_give(s.cons.dir, s.cons.counts, b->pb->slot));
     tenantdir_nudge(&f.td, &s.cons.c, b->pb->id);
-    assert_ended(&f, &s);
+    assert_ended(&f, &s, &s.prod);
     registry_release_all(f.core.reg, &h);
     scene_close(&f, &s);
     fx_close(&f);
@@ -522,9 +506,7 @@ Test(tenantdir, free_ends_every_lent_buffer)
     struct fx f;
     struct scene s;
     fx_open(&f);
-    scene_open(&f, &s);
-    scene_release(&f, &s);
-    assert_lent(&f, &s);
+    scene_lent(&f, &s);
     tenantdir_free(&f.td);
     cr_assert_eq(registry_stats(f.core.reg).lent, 0);
     cr_assert_eq(registry_stats(f.core.reg).buffers, 0);
