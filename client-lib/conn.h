@@ -151,6 +151,7 @@ struct client_counters {
     uint64_t ledger_acquires;   /* acquires taken in the ledger (localhold.c): no daemon */
     uint64_t ledger_fallbacks;  /* acquires the ledger could not take: asked of the daemon */
     uint64_t ledger_refused;    /* ledgers offered at hello and refused (bad size, seals, header) */
+    uint64_t reconnects;        /* new connections after the daemon closed this one for idleness */
 };
 
 /* The same-tenant ledger (proto/ledger.h) of a connection, mapped at hello (localhold.c):
@@ -177,6 +178,8 @@ struct shmref_conn {
     void *by_token;         /* tsearch root: acquired handles a re-acquire may share */
     char *path;             /* the socket path: a forked child connects to it again */
     bool closing;           /* shmref_close runs: a forked child does not connect again */
+    bool idle_closed;       /* the daemon closed the connection for idleness (its id-0 ETIMEDOUT) */
+    bool default_path;      /* path is the default socket resolved at connect: autostart applies */
     atomic_uint pins;       /* pinned buffers (client_pin) */
     atomic_bool closed;     /* shmref_close was called while pins were held */
     struct pending *out, *out_tail; /* outstanding requests, in the order sent */
@@ -196,6 +199,9 @@ struct shmref_conn {
     struct localhold lh;
     /* whether a request with this id is outstanding (requests.c): ids wrap at 2^32 */
     bool (*id_taken)(shmref_conn *conn, uint32_t id);
+    /* the daemon closed the connection for idleness: a new one is made and the outstanding
+     * requests are sent again on it when nothing is lost by it (session.c): 0, or -errno */
+    int (*revive)(shmref_conn *conn);
     /* a reply that answers nothing outstanding: what it brings is given back (handle.c) */
     void (*on_stray)(shmref_conn *conn, const struct proto_msg *rep, int *fds, unsigned nfds, bool lost);
     char errmsg[PROTO_MAX_ERRMSG + 1];

@@ -250,6 +250,7 @@ int shmref_conn_counter(const shmref_conn *conn, const char *name, uint64_t *ret
         { "ledger_acquires", offsetof(struct client_counters, ledger_acquires) },
         { "ledger_fallbacks", offsetof(struct client_counters, ledger_fallbacks) },
         { "ledger_refused", offsetof(struct client_counters, ledger_refused) },
+        { "reconnects", offsetof(struct client_counters, reconnects) },
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (strcmp(name, names[i].name) == 0) {

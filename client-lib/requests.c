@@ -250,9 +250,62 @@ void pending_discard(shmref_conn *conn)
     conn->n_out = conn->n_parked = conn->n_records = 0;
 }
 
+int pending_send_plain(shmref_conn *conn, struct pending *p)
+{
+    struct proto_msg req = { .op = p->op };
+    return pending_submit_msg(conn, p, &req);
+}
+
 int pending_submit(shmref_conn *conn, struct pending *p)
 {
-    return p->ops && p->ops->send ? p->ops->send(conn, p) : -EINVAL;
+    if (!p->ops) /* a ping: nothing in it */
+        return pending_send_plain(conn, p);
+    return p->ops->send ? p->ops->send(conn, p) : -EINVAL;
+}
+
+/* resendable: whether p can go again, unchanged, on a new connection: it has a send
+ * handler (a ping needs none) and refers to no handle of the old one. */
+static bool resendable(const struct pending *p)
+{
+    return (!p->ops || p->ops->send) && !p->holds;
+}
+
+struct pending *pending_detach_all(shmref_conn *conn, bool *ret_ok)
+{
+    *ret_ok = true;
+    for (struct pending *p = conn->out; p; p = p->next)
+        if (p->owner != PENDING_STOCK && p->owner != PENDING_DROP && !resendable(p))
+            *ret_ok = false;
+    if (!*ret_ok)
+        return NULL;
+    struct pending *head = NULL, **tail = &head;
+    while (conn->out) {
+        struct pending *p = conn->out;
+        unlink_out(conn, p);
+        if (p->ops && p->ops->answered) /* a refill stops counting as one (the stock's) */
+            p->ops->answered(conn, p);
+        if (p->owner == PENDING_STOCK || p->owner == PENDING_DROP) {
+            pending_free(conn, p); /* never answered: it brings nothing to give back */
+            continue;
+        }
+        p->id = 0;
+        *tail = p;
+        tail = &p->next;
+    }
+    return head;
+}
+
+void pending_attach(shmref_conn *conn, struct pending *list, int err, const char *msg)
+{
+    while (list) {
+        struct pending *p = list;
+        list = p->next;
+        p->next = p->prev = NULL;
+        if (err < 0 || pending_submit(conn, p) < 0) { /* sent with a new id, or failed */
+            pending_set_error(p, err < 0 ? err : -ECONNRESET, err < 0 ? msg : conn->errmsg);
+            pending_complete(conn, p);
+        }
+    }
 }
 
 int pending_park(shmref_conn *conn, struct pending *p)
@@ -366,6 +419,10 @@ int pending_intake(shmref_conn *conn)
         unsigned nfds = 0;
         bool lost = false;
         int r = client_recv(conn, &rep, fds, &nfds, &lost);
+        /* Closed by the daemon for idleness: what is outstanding it never read, and goes
+         * again on a new connection when nothing is lost by it (conn->revive). */
+        if (r < 0 && conn->idle_closed && conn->revive && conn->revive(conn) == 0)
+            continue;
         if (r < 0) {
             pending_settle(conn);
             return r;

@@ -18,8 +18,20 @@ struct pending *pending_new(shmref_conn *conn, uint32_t op, uint8_t owner, const
 int pending_new_error(const shmref_conn *conn);
 /* pending_free: a record and what it still owns (its release handler). */
 void pending_free(shmref_conn *conn, struct pending *p);
-/* pending_submit: send p by its send handler. On failure p is not listed. */
+/* pending_submit: send p by its send handler (a record without handlers, a ping, as
+ * pending_send_plain). On failure p is not listed. */
 int pending_submit(shmref_conn *conn, struct pending *p);
+/* pending_send_plain: the send handler of a request with nothing in it (status, ping). */
+int pending_send_plain(shmref_conn *conn, struct pending *p);
+/* pending_detach_all: the connection is replaced by a new one (the daemon closed it for
+ * idleness, session.c): every outstanding request is taken out of the table, as a list
+ * (linked by next) to go again by pending_attach; stock refills and records nobody wants
+ * are dropped unanswered. *ret_ok false (NULL returned, nothing changed) when a request
+ * cannot go again (it refers to a handle). */
+struct pending *pending_detach_all(shmref_conn *conn, bool *ret_ok);
+/* pending_attach: the detached requests of list sent again on the new connection (new
+ * ids), or, with err < 0, failed with err and msg; a send that fails fails its request. */
+void pending_attach(shmref_conn *conn, struct pending *list, int err, const char *msg);
 /* pending_submit_msg: send req (built by the record's module) and list p as outstanding.
  * On failure p is not listed (the caller frees it): -ENOBUFS past the table's bound. */
 int pending_submit_msg(shmref_conn *conn, struct pending *p, struct proto_msg *req);

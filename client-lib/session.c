@@ -29,6 +29,7 @@
 #include "units.h"
 
 static int reconnect(shmref_conn *conn);
+static int revive(shmref_conn *conn);
 
 /* adopt: the first call in a forked child. Everything of the parent's connection is
  * forgotten without a word on its socket and nothing is unmapped: inherited handles stay
@@ -65,6 +66,8 @@ void client_adopt(shmref_conn *conn)
 int client_usable(shmref_conn *conn)
 {
     adopt(conn);
+    if (conn->failed && conn->idle_closed && !conn->closing)
+        revive(conn); /* failed as before, with why, when it cannot */
     if (conn->fd < 0 && !conn->failed && !conn->abandoned && !conn->closing) {
         int r = reconnect(conn);
         if (r < 0)
@@ -351,51 +354,23 @@ static void drop_connection(shmref_conn *conn)
     conn->daemon_pid = 0;
 }
 
-int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_t errcap,
-                           shmref_conn **ret_conn)
+/* connect_rule: conn's connection to conn->path and its hello, by the one rule every
+ * connection of conn follows (the first, and a new one after an idle close). When
+ * conn->path is the default socket resolved at connect (conn->default_path) and nothing
+ * answers there: the system's, or the uid's private daemon (autostart.c), and conn->path
+ * becomes the socket that answered. A private daemon in its idle exit still takes
+ * connections into its backlog, then resets them: asked again, autostart waits for it to
+ * let go of its lock and starts another. 0, or -errno with the message set (conn->fd may
+ * then be open: the caller drops it). Requests outstanding on conn are dropped by a retry
+ * (drop_connection): there must be none. */
+static int connect_rule(shmref_conn *conn, int64_t deadline)
 {
-    char def[4096];
-    connect_errmsg[0] = '\0';
-    if (!ret_conn || timeout_ms < -1) {
-        copy_msg(errbuf, errcap, "connect: ret_conn must not be NULL and timeout_ms >= -1");
-        return -EINVAL;
-    }
-    if (!path) {
-        if (paths_default_socket(def, sizeof(def)) < 0) {
-            copy_msg(errbuf, errcap, "the default socket path is too long");
-            return -ENAMETOOLONG;
-        }
-        path = def;
-    }
-    shmref_conn *conn = calloc(1, sizeof(*conn));
-    if (!conn) {
-        copy_msg(errbuf, errcap, "out of memory");
-        return -ENOMEM;
-    }
-    conn->fd = -1;
-    conn->pid = client_pid();
-    conn->timeout_ms = timeout_ms < 0 ? default_timeout() : timeout_ms;
-    shmref_set_limits(conn, -1, -1);
-    if (!(conn->path = strdup(path))) {
-        free(conn);
-        copy_msg(errbuf, errcap, "out of memory");
-        return -ENOMEM;
-    }
-    mapcache_init(&conn->cache);
-    conn->cache.on_unmap = on_unmap;
-    conn->cache.ctx = conn;
-    conn->id_taken = pending_id_taken;
-    conn->on_stray = lease_undo_reply;
-    stock_init(&conn->stock);
-    conn->acquire_wait_ms = client_acquire_wait_default(conn->timeout_ms);
-    int64_t deadline = conn->timeout_ms > 0 ? client_mono_ms() + conn->timeout_ms : -1;
+    char def[4096], path[4096];
+    snprintf(path, sizeof(path), "%s", conn->path); /* for messages: conn->path may change */
+    snprintf(def, sizeof(def), "%s", conn->path);
     int r = connect_path(conn, path, deadline);
     bool greeted = false;
-    /* No daemon at the default socket: the system's, or the uid's private one (autostart.c).
-     * A private daemon in its idle exit still takes connections into its backlog, then
-     * resets them: asked again, autostart waits for it to let go of its lock and starts
-     * another. */
-    for (int tries = 0; r < 0 && path == def && tries < CONNECT_AUTOSTART_TRIES; tries++) {
+    for (int tries = 0; r < 0 && conn->default_path && tries < CONNECT_AUTOSTART_TRIES; tries++) {
         if ((r = autostart_socket(r, def, sizeof(def), deadline, conn->errmsg, sizeof(conn->errmsg))) < 0)
             break;
         free(conn->path);
@@ -419,6 +394,50 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
     }
     if (r == 0 && !greeted && (r = hello(conn, deadline)) < 0)
         hello_failed(conn, r, path);
+    return r;
+}
+
+int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_t errcap,
+                           shmref_conn **ret_conn)
+{
+    char def[4096];
+    connect_errmsg[0] = '\0';
+    if (!ret_conn || timeout_ms < -1) {
+        copy_msg(errbuf, errcap, "connect: ret_conn must not be NULL and timeout_ms >= -1");
+        return -EINVAL;
+    }
+    if (!path) {
+        if (paths_default_socket(def, sizeof(def)) < 0) {
+            copy_msg(errbuf, errcap, "the default socket path is too long");
+            return -ENAMETOOLONG;
+        }
+        path = def;
+    }
+    shmref_conn *conn = calloc(1, sizeof(*conn));
+    if (!conn) {
+        copy_msg(errbuf, errcap, "out of memory");
+        return -ENOMEM;
+    }
+    conn->fd = -1;
+    conn->pid = client_pid();
+    conn->default_path = path == def; /* autostart applies (connect_rule), also after an idle close */
+    conn->timeout_ms = timeout_ms < 0 ? default_timeout() : timeout_ms;
+    shmref_set_limits(conn, -1, -1);
+    if (!(conn->path = strdup(path))) {
+        free(conn);
+        copy_msg(errbuf, errcap, "out of memory");
+        return -ENOMEM;
+    }
+    mapcache_init(&conn->cache);
+    conn->cache.on_unmap = on_unmap;
+    conn->cache.ctx = conn;
+    conn->id_taken = pending_id_taken;
+    conn->on_stray = lease_undo_reply;
+    conn->revive = revive;
+    stock_init(&conn->stock);
+    conn->acquire_wait_ms = client_acquire_wait_default(conn->timeout_ms);
+    int64_t deadline = conn->timeout_ms > 0 ? client_mono_ms() + conn->timeout_ms : -1;
+    int r = connect_rule(conn, deadline);
     if (r < 0) {
         copy_msg(errbuf, errcap, conn->errmsg);
         conn->cache.on_unmap = NULL;
@@ -437,8 +456,8 @@ static int reconnect(shmref_conn *conn)
     int64_t deadline = conn->timeout_ms > 0 ? client_mono_ms() + conn->timeout_ms : -1;
     conn->next_id = 0;
     conn->daemon_pid = 0;
-    int r = connect_path(conn, conn->path, deadline);
-    if (r == 0 && (r = hello(conn, deadline)) < 0 && conn->fd >= 0) {
+    int r = connect_rule(conn, deadline);
+    if (r < 0 && conn->fd >= 0) {
         close(conn->fd);
         conn->fd = -1;
         conn->failed = 0; /* tried again at the next call */
@@ -446,6 +465,83 @@ static int reconnect(shmref_conn *conn)
         pending_discard(conn);
     }
     return r;
+}
+
+/* holds_nothing: whether this side of conn holds nothing a new connection would lose: no
+ * handle (leases, acquires, ledger holds, the stock's; a forked child's inherited ones
+ * are its parent's and need no connection), no completion undelivered, nothing pinned. */
+static bool holds_nothing(const shmref_conn *conn)
+{
+    for (const shmref_buf *b = conn->bufs; b; b = b->next)
+        if (!b->inherited)
+            return false;
+    return !conn->done && !atomic_load(&conn->pins);
+}
+
+/* revive: conn->revive, and at the start of a call on a connection found closed. The
+ * daemon closes a connection idle for --idle-timeout only when it holds nothing for it
+ * (no lease, handle, request or ledger hold: daemon/session.c) and has read nothing from
+ * it for that long, so requests outstanding now were never read. When this side holds
+ * nothing either, a new connection is made by the first connect's rule (connect_rule:
+ * the same socket, or the private daemon started anew for the default one), under the
+ * same fd number (a poll on it stays valid), and those requests go again on it. What was
+ * the old connection's goes with it: its ledger (the new one gets its own), idle mappings
+ * (the daemon's side of the new connection has sent none of their fds: they would be
+ * mapped again from the fd it sends, and never forgotten to it), the stock's refills.
+ * Otherwise, or when the new connection fails, the connection stays failed (a new one is
+ * tried again at the next call) and what is outstanding fails with the reason. 0 or
+ * -errno. */
+static int revive(shmref_conn *conn)
+{
+    bool ok = false;
+    if (!conn->idle_closed || conn->closing || conn->pid != client_pid() || !holds_nothing(conn))
+        return conn->failed ? conn->failed : -ENOTCONN;
+    struct pending *again = pending_detach_all(conn, &ok); /* out of the table while it connects */
+    if (!ok)
+        return conn->failed;
+    char why[sizeof(conn->fail_msg)];
+    snprintf(why, sizeof(why), "%s", conn->fail_msg);
+    int old = conn->fd;
+    localhold_unmap(conn);
+    conn->cache.on_unmap = NULL;
+    mapcache_drop_idle(&conn->cache);
+    conn->cache.on_unmap = on_unmap;
+    stock_reset(conn);
+    transport_discard(conn);
+    conn->fd = -1;
+    conn->failed = 0;
+    conn->abandoned = NULL;
+    conn->idle_closed = false;
+    conn->fail_msg[0] = conn->late[0] = '\0';
+    conn->features = 0;
+    conn->daemon_pid = 0;
+    int64_t deadline = conn->timeout_ms > 0 ? client_mono_ms() + conn->timeout_ms : -1;
+    int r = connect_rule(conn, deadline);
+    if (r == 0 && dup3(conn->fd, old, O_CLOEXEC) == old) {
+        close(conn->fd);
+        conn->fd = old;
+    } else if (r == 0) {
+        close(old); /* a new number: dup3 failed */
+    } else {
+        if (conn->fd >= 0)
+            close(conn->fd);
+        conn->fd = old; /* the closed socket: nothing is sent on a failed connection */
+        char msg[sizeof(conn->fail_msg)];
+        snprintf(msg, sizeof(msg), "%.*s; a new connection failed: %.*s", 200, why, (int)(sizeof(msg) - 240),
+                 conn->errmsg);
+        conn->abandoned = NULL;
+        conn->idle_closed = true; /* tried again at the next call */
+        conn->failed = r;
+        snprintf(conn->fail_msg, sizeof(conn->fail_msg), "%s", msg);
+        pending_fail_all(conn, r, msg); /* none: the hello's own is gone */
+        pending_attach(conn, again, r, msg);
+        client_fail(conn, r, "%s", msg);
+        return r;
+    }
+    conn->counters.reconnects++;
+    conn->errmsg[0] = '\0'; /* the close said nothing about this call */
+    pending_attach(conn, again, 0, NULL);
+    return 0;
 }
 
 int shmref_connect(const char *path, shmref_conn **ret_conn)

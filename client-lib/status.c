@@ -59,7 +59,7 @@ static int status_take(shmref_conn *conn, struct pending *p, const struct proto_
     return status_from_reply(conn, rep, &p->status);
 }
 
-const struct pending_ops status_ops = { .take = status_take };
+const struct pending_ops status_ops = { .send = pending_send_plain, .take = status_take };
 
 int shmref_status_get(shmref_conn *conn, shmref_status **ret_status)
 {

@@ -388,6 +388,11 @@ int client_recv(shmref_conn *conn, struct proto_msg *rep, int *fds, unsigned *re
             close(fds[i]);
         char msg[PROTO_MAX_ERRMSG + 1];
         snprintf(msg, sizeof(msg), "%.*s", (int)rep->u.error.msg_len, rep->u.error.msg);
+        /* After the hello the daemon's only ETIMEDOUT about the connection is its idle
+         * close (--idle-timeout): it held nothing for us, so a new connection loses nothing
+         * (session.c decides). */
+        if (!conn->failed && rep->u.error.code == ETIMEDOUT && conn->daemon_pid)
+            conn->idle_closed = true;
         return broken(conn, -rep->u.error.code, msg);
     }
     *ret_nfds = k;

@@ -5,6 +5,7 @@
  * forked child refuses with -ECHILD without touching the parent's socket. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,4 +275,80 @@ Test(client, a_reply_fd_that_does_not_fit_is_emfile_and_leaks_no_lease)
     shmref_close(p);
     cr_assert_eq(wait_status(&d, "pool.bytes_leased", 0, 5000), 0);
     daemon_stop(&d);
+}
+
+/* idle_closed: waits (by the daemon's state, not by guessing a time) until the daemon has
+ * closed idle connections, so that `left` remain (the status probe's own counted). */
+static void idle_closed(const struct daemon *d, uint64_t left)
+{
+    cr_assert_eq(wait_status(d, "daemon.clients", left, 10000), left, "the idle connection was not closed");
+    cr_assert(daemon_log_contains(d, "idle, holding nothing"), "no log line for the idle close");
+}
+
+Test(client, a_connection_closed_for_idleness_reconnects_at_its_next_call)
+{
+    struct daemon d;
+    daemon_start(&d, "--idle-timeout", "1", NULL);
+    shmref_conn *c = connect_ok(&d), *other = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(c, 0), 0); /* holds nothing between calls */
+    int fd = shmref_conn_fd(c);
+    shmref_buf *b, *a;
+    shmref_desc desc;
+    cr_assert_eq(shmref_lease(c, 65536, &b), 0, "%s", shmref_errmsg(c));
+    shmref_release(b); /* its mapping stays cached, idle: the new connection sends its fd again */
+    shmref_close(other);
+    idle_closed(&d, 1);
+    /* The first call after the close finds out by its request: sent again on a new
+     * connection, to the same socket, with nothing to show for it but the counter. */
+    int r = shmref_lease(c, 65536, &b);
+    cr_assert_eq(r, 0, "lease after an idle close: %d %s", r, shmref_errmsg(c));
+    fill_pattern(shmref_buf_data(b), 65536, 11);
+    cr_assert_eq(shmref_publish(b, 65536, 0, NULL, 0, &desc), 0, "%s", shmref_errmsg(c));
+    other = connect_ok(&d);
+    cr_assert_eq(shmref_acquire(other, &desc, &a), 0, "%s", shmref_errmsg(other));
+    cr_assert_eq(check_pattern(shmref_buf_data(a), 65536, 11), -1);
+    shmref_release(a);
+    shmref_release(b);
+    uint64_t n = 0;
+    cr_assert_eq(shmref_conn_counter(c, "reconnects", &n), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(shmref_conn_fd(c), fd, "the socket's fd number changed");
+    /* Again, for an acquire and a ping. */
+    cr_assert_eq(shmref_lease(other, 4096, &b), 0, "%s", shmref_errmsg(other));
+    fill_pattern(shmref_buf_data(b), 4096, 12);
+    cr_assert_eq(shmref_publish(b, 4096, 0, NULL, 0, &desc), 0, "%s", shmref_errmsg(other));
+    idle_closed(&d, 2); /* other holds b */;
+    cr_assert_eq(shmref_acquire(c, &desc, &a), 0, "acquire after an idle close: %s", shmref_errmsg(c));
+    cr_assert_eq(check_pattern(shmref_buf_data(a), 4096, 12), -1);
+    shmref_release(a);
+    shmref_release(b);
+    shmref_close(other);
+    idle_closed(&d, 1);
+    cr_assert_eq(shmref_ping(c), 0, "ping after an idle close: %s", shmref_errmsg(c));
+    cr_assert_eq(shmref_conn_counter(c, "reconnects", &n), 0);
+    cr_assert_eq(n, 3);
+    /* The event-loop face: a submit finds out at shmref_complete, under the same fd. */
+    idle_closed(&d, 1);
+    cr_assert_eq(shmref_ping_submit(c, &d), 0, "%s", shmref_errmsg(c));
+    shmref_completion done = { 0 };
+    int got = 0;
+    for (long until = now_ms() + 5000; got == 0 && now_ms() < until;) {
+        struct pollfd pf = { .fd = shmref_conn_fd(c), .events = POLLIN };
+        poll(&pf, 1, 100);
+        cr_assert_geq(got = shmref_complete(c, &done, 1), 0, "%s", shmref_errmsg(c));
+    }
+    cr_assert_eq(got, 1);
+    cr_assert_eq(done.result, 0, "%s", done.errmsg);
+    cr_assert_eq(done.user, &d);
+    cr_assert_eq(shmref_conn_fd(c), fd);
+    cr_assert_eq(shmref_conn_counter(c, "reconnects", &n), 0);
+    cr_assert_eq(n, 4);
+    /* With no daemon left to connect to, the call fails saying both things. */
+    idle_closed(&d, 1);
+    daemon_stop(&d);
+    int r2 = shmref_ping(c);
+    cr_assert(r2 == -ENOENT || r2 == -ECONNREFUSED, "%d: %s", r2, shmref_errmsg(c));
+    cr_assert(strstr(shmref_errmsg(c), "idle for") && strstr(shmref_errmsg(c), "a new connection failed: cannot "
+              "connect to shmrefd at"), "%s", shmref_errmsg(c));
+    shmref_close(c);
 }

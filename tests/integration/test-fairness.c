@@ -171,9 +171,17 @@ Test(fairness, idle_connection_holding_nothing_is_closed)
         usleep(500 * 1000);
         cr_assert_eq(shmref_ping(talker), 0, "a connection that talks idled out: %s", shmref_errmsg(talker));
     }
-    int r = shmref_ping(idle);
-    cr_assert(r == -ETIMEDOUT || r == -ECONNRESET, "the idle connection is still served (%d)", r);
+    shmref_status *st;
+    cr_assert_eq(shmref_status_get(talker, &st), 0, "%s", shmref_errmsg(talker));
+    uint64_t n = 0;
+    cr_assert_eq(shmref_status_u64(st, "daemon.clients", &n), 0);
+    cr_assert_eq(n, 2, "the idle connection is still open (%llu clients)", (unsigned long long)n);
+    shmref_status_free(st);
     cr_assert(daemon_log_contains(&d, "idle, holding nothing"), "no log line for the idle close");
+    /* It held nothing: its next call gets a new connection (libshmref's side of it). */
+    cr_assert_eq(shmref_ping(idle), 0, "%s", shmref_errmsg(idle));
+    cr_assert_eq(shmref_conn_counter(idle, "reconnects", &n), 0);
+    cr_assert_eq(n, 1);
     cr_assert_eq(shmref_ping(busy), 0, "a connection holding a lease idled out: %s", shmref_errmsg(busy));
     shmref_release(b);
     shmref_close(idle);

@@ -625,7 +625,16 @@ SHMREF_EXPORT int shmref_complete(shmref_conn *conn, shmref_completion *ret, siz
  * (re-acquires without a round trip), "ledger_acquires" (acquires taken in the tenant's
  * ledger, no round trip), "ledger_fallbacks" (acquires the ledger could not take, asked
  * of the daemon), "ledger_refused" (1 when the ledger files the daemon sent at connect
- * were refused: wrong size or seals). 0, -ENOENT for an unknown name, -EINVAL. */
+ * were refused: wrong size or seals), "reconnects" (new connections made after the
+ * daemon closed this one for idleness, below). 0, -ENOENT for an unknown name, -EINVAL.
+ *
+ * Idle connections: the daemon closes a connection that holds nothing (no lease, handle,
+ * request or ledger hold) and has said nothing for its --idle-timeout (600 s by
+ * default). The next call on it makes a new connection, to the same socket by the first
+ * connect's rule (the default socket: the system's, else the private daemon), under the
+ * same fd number, and sends the requests outstanding again (the daemon never read them):
+ * it succeeds as if nothing had happened. An event loop that registered shmref_conn_fd
+ * with epoll registers it again when "reconnects" changes. */
 SHMREF_EXPORT int shmref_conn_counter(const shmref_conn *conn, const char *name, uint64_t *ret);
 
 #ifdef __cplusplus
