@@ -5,7 +5,10 @@
  *            shmrefd.sock, shmrefd.lock and shmrefd.log;
  *   as whom: the caller, root included; it inherits no fd of the caller's but the lock;
  *   who:     --allow-users UID and a 0600 socket: no other uid connects;
- *   sizes:   the daemon's defaults, from its memory cgroup (the user's) and /dev/shm;
+ *   sizes:   pool: $SHMREF_POOL_SIZE, else pool-size in the user's shmrefd.conf, else the
+ *            least of half the memory cgroup's room, half of /dev/shm's free space and a
+ *            quarter of MemAvailable; tenant quota: $SHMREF_TENANT_QUOTA, else the file's,
+ *            else the pool (one tenant); --private names the file, so refusals name the knobs;
  *   life:    --exit-idle $SHMREF_IDLE_EXIT_S (60): it exits when nothing is held;
  *   one:     the starter takes a flock on shmrefd.lock and the daemon inherits it, so
  *            the lock is held exactly while a private daemon lives (or is being
@@ -31,6 +34,7 @@
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -38,6 +42,7 @@
 #include <unistd.h>
 
 #include "paths.h"
+#include "units.h"
 
 #define AUTOSTART_IDLE_DEFAULT_S 60
 #define AUTOSTART_WAIT_MAX_MS 30000
@@ -238,6 +243,204 @@ static unsigned idle_seconds(void)
     return errno || *end || v > 86400u * 365 ? AUTOSTART_IDLE_DEFAULT_S : (unsigned)v;
 }
 
+/* Limits at or above this are "no limit" (cgroup v1 reports PAGE_COUNTER_MAX pages). */
+#define AUTOSTART_UNLIMITED (UINT64_C(1) << 62)
+#define AUTOSTART_MIB (UINT64_C(1) << 20)
+
+/* read_u64: the first number of a file ("max": UINT64_MAX). Returns 0 or -1. */
+static int read_u64(const char *path, uint64_t *ret)
+{
+    FILE *f = fopen(path, "re");
+    char buf[64];
+    bool ok = f && fgets(buf, sizeof(buf), f);
+    if (f)
+        fclose(f);
+    if (!ok)
+        return -1;
+    if (strncmp(buf, "max", 3) == 0) {
+        *ret = UINT64_MAX;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(buf, &end, 10);
+    if (errno || end == buf)
+        return -1;
+    *ret = v;
+    return 0;
+}
+
+/* cgroup_room: what the caller's memory cgroup (v2, else v1's memory controller, as
+ * /proc/self/cgroup names it under /sys/fs/cgroup) and its ancestors still allow: the
+ * smallest limit minus use. UINT64_MAX when nothing limits it. The daemon it starts is in
+ * the same cgroup, and its pool's pages are charged there. */
+static uint64_t cgroup_room(void)
+{
+    FILE *f = fopen("/proc/self/cgroup", "re");
+    if (!f)
+        return UINT64_MAX;
+    char line[2048], dir[PATH_MAX] = "";
+    const char *root = NULL;
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2)
+            continue;
+        *c2 = '\0';
+        bool v1 = strstr(c1 + 1, "memory") != NULL, v2 = strcmp(line, "0") == 0 && c1[1] == '\0';
+        if (v1 || (v2 && !root)) {
+            root = v1 ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup";
+            snprintf(dir, sizeof(dir), "%s%s", root, strcmp(c2 + 1, "/") ? c2 + 1 : "");
+        }
+    }
+    fclose(f);
+    if (!root)
+        return UINT64_MAX;
+    bool v1 = strcmp(root, "/sys/fs/cgroup/memory") == 0;
+    uint64_t room = UINT64_MAX;
+    for (size_t rl = strlen(root);;) {
+        char p[PATH_MAX + 32];
+        uint64_t limit, usage = 0;
+        snprintf(p, sizeof(p), "%s/%s", dir, v1 ? "memory.limit_in_bytes" : "memory.max");
+        if (read_u64(p, &limit) == 0 && limit < AUTOSTART_UNLIMITED) {
+            snprintf(p, sizeof(p), "%s/%s", dir, v1 ? "memory.usage_in_bytes" : "memory.current");
+            read_u64(p, &usage);
+            uint64_t left = limit > usage ? limit - usage : 0;
+            if (left < room)
+                room = left;
+        }
+        char *slash = strrchr(dir, '/');
+        if (strlen(dir) <= rl || !slash || (size_t)(slash - dir) < rl)
+            break;
+        *slash = '\0';
+    }
+    return room;
+}
+
+/* mem_available: MemAvailable of /proc/meminfo in bytes (UINT64_MAX if unknown). */
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "re");
+    char line[256];
+    unsigned long long kb = 0;
+    bool found = false;
+    while (f && !found && fgets(line, sizeof(line), f))
+        found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+    if (f)
+        fclose(f);
+    return found ? (uint64_t)kb * 1024 : UINT64_MAX;
+}
+
+/* config_keys: the [daemon] section's pool-size and tenant-quota of the user's config
+ * file (shmrefd's --config format), as far as they are there and sizes. */
+static void config_keys(const char *path, uint64_t *ret_pool, uint64_t *ret_quota)
+{
+    FILE *f = fopen(path, "re");
+    char line[512];
+    bool daemon = true; /* keys before any section: shmrefd reads them as [daemon]'s */
+    while (f && fgets(line, sizeof(line), f)) {
+        char *k = line + strspn(line, " \t"), *eq = strchr(k, '=');
+        if (*k == '[') {
+            daemon = strncmp(k, "[daemon]", 8) == 0;
+            continue;
+        }
+        if (!daemon || !eq || *k == '#' || *k == ';')
+            continue;
+        size_t kl = (size_t)(eq - k);
+        while (kl && (k[kl - 1] == ' ' || k[kl - 1] == '\t'))
+            kl--;
+        char *v = eq + 1 + strspn(eq + 1, " \t");
+        v[strcspn(v, " \t\r\n;#")] = '\0';
+        uint64_t n;
+        if (units_parse(v, &n) < 0)
+            continue;
+        if (kl == 9 && strncmp(k, "pool-size", 9) == 0)
+            *ret_pool = n;
+        else if (kl == 12 && strncmp(k, "tenant-quota", 12) == 0)
+            *ret_quota = n;
+    }
+    if (f)
+        fclose(f);
+}
+
+/* env_size: $name as a size into *ret (0 when unset). -EINVAL with msg when not a size. */
+static int env_size(const char *name, uint64_t *ret, char *msg, size_t msgcap)
+{
+    const char *e = getenv(name);
+    *ret = 0;
+    if (!e || !*e)
+        return 0;
+    if (units_parse(e, ret) < 0 || *ret == 0)
+        return fail(msg, msgcap, -EINVAL, "private shmrefd: %s=%s is not a size (e.g. 512M, 4G)", name, e);
+    return 0;
+}
+
+int autostart_sizes(struct autostart_sizes *ret, char *msg, size_t msgcap)
+{
+    memset(ret, 0, sizeof(*ret));
+    const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
+    struct passwd pw, *p = NULL;
+    char buf[1024];
+    if ((!home || home[0] != '/') && getpwuid_r(getuid(), &pw, buf, sizeof(buf), &p) == 0 && p)
+        home = p->pw_dir;
+    if (xdg && xdg[0] == '/')
+        snprintf(ret->config, sizeof(ret->config), "%s/shmref/shmrefd.conf", xdg);
+    else if (home && home[0] == '/')
+        snprintf(ret->config, sizeof(ret->config), "%s/.config/shmref/shmrefd.conf", home);
+    else /* no home: the name, for messages; no file is read */
+        snprintf(ret->config, sizeof(ret->config), "~/.config/shmref/shmrefd.conf");
+    struct stat st;
+    ret->config_exists = ret->config[0] == '/' && stat(ret->config, &st) == 0 && S_ISREG(st.st_mode);
+    uint64_t file_pool = 0, file_quota = 0, env_pool, env_quota;
+    if (ret->config_exists)
+        config_keys(ret->config, &file_pool, &file_quota);
+    int r = env_size("SHMREF_POOL_SIZE", &env_pool, msg, msgcap);
+    if (r < 0 || (r = env_size("SHMREF_TENANT_QUOTA", &env_quota, msg, msgcap)) < 0)
+        return r;
+    char a[UNITS_TEXT_MAX];
+    if (env_pool) {
+        ret->pool = ret->pool_flag = env_pool;
+        snprintf(ret->pool_why, sizeof(ret->pool_why), "SHMREF_POOL_SIZE");
+    } else if (file_pool) {
+        ret->pool = file_pool;
+        snprintf(ret->pool_why, sizeof(ret->pool_why), "pool-size in %s", ret->config);
+    } else {
+        struct statvfs vfs;
+        uint64_t cg = cgroup_room(), avail = mem_available(), shm = UINT64_MAX;
+        if (statvfs("/dev/shm", &vfs) == 0)
+            shm = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+        uint64_t pool = avail / 4;
+        const char *why = "a quarter of MemAvailable";
+        if (cg / 2 < pool) {
+            pool = cg / 2;
+            why = "half of what the memory cgroup still allows";
+        }
+        if (shm / 2 < pool) {
+            pool = shm / 2;
+            why = "half of /dev/shm's free space";
+        }
+        if (pool == UINT64_MAX / 4) { /* nothing known: shmrefd's own default */
+            pool = 0;
+            why = "shmrefd's default";
+        } else if (pool >= AUTOSTART_MIB) {
+            pool -= pool % AUTOSTART_MIB;
+        }
+        ret->pool = ret->pool_flag = pool;
+        snprintf(ret->pool_why, sizeof(ret->pool_why), "%s (%s)", why, units_format(pool, a));
+    }
+    if (env_quota) {
+        ret->quota = ret->quota_flag = env_quota;
+        snprintf(ret->quota_why, sizeof(ret->quota_why), "SHMREF_TENANT_QUOTA");
+    } else if (file_quota) {
+        ret->quota = file_quota;
+        snprintf(ret->quota_why, sizeof(ret->quota_why), "tenant-quota in %s", ret->config);
+    } else {
+        ret->quota = ret->pool;
+        snprintf(ret->quota_why, sizeof(ret->quota_why), "the pool: a private daemon has one tenant");
+    }
+    return 0;
+}
+
 /* close_from: closes every fd >= lo but keep_a and keep_b (async-signal-safe). */
 static void close_from(int lo, int keep_a, int keep_b, int maxfd)
 {
@@ -261,17 +464,33 @@ static void close_from(int lo, int keep_a, int keep_b, int maxfd)
 static int spawn(const char *exe, const char *sock, int logfd, int lockfd, int alive_w, const char *note,
                  char *msg, size_t msgcap)
 {
-    char uid[16], idle[16], banner[PATH_MAX * 2 + 1024], root[64] = "";
+    char uid[16], idle[16], banner[PATH_MAX * 3 + 1024], root[64] = "", config[PATH_MAX + 16];
+    char pool[24], quota[24];
+    struct autostart_sizes sz;
+    int r = autostart_sizes(&sz, msg, msgcap);
+    if (r < 0)
+        return r;
     snprintf(uid, sizeof(uid), "%u", (unsigned)getuid());
     snprintf(idle, sizeof(idle), "%u", idle_seconds());
+    snprintf(config, sizeof(config), "--config=%s", sz.config_exists ? sz.config : "");
+    snprintf(pool, sizeof(pool), "%llu", (unsigned long long)sz.pool_flag);
+    snprintf(quota, sizeof(quota), "%llu", (unsigned long long)sz.quota_flag);
     if (getuid() == 0) {
         struct passwd pw, *p = NULL;
         char buf[1024];
         snprintf(root, sizeof(root), "%s", getpwuid_r(0, &pw, buf, sizeof(buf), &p) == 0 && p ? p->pw_name : "root");
     }
-    char *argv[16] = { (char *)exe, "--socket", (char *)sock, "--socket-mode", "0600", "--allow-users", uid,
-                       "--exit-idle", idle, "--config=" };
-    int argc = 10;
+    char *argv[24] = { (char *)exe, "--socket", (char *)sock, "--socket-mode", "0600", "--allow-users", uid,
+                       "--exit-idle", idle, config, "--private", sz.config };
+    int argc = 12;
+    if (sz.pool_flag) {
+        argv[argc++] = "--pool-size";
+        argv[argc++] = pool;
+    }
+    if (sz.quota_flag) {
+        argv[argc++] = "--tenant-quota";
+        argv[argc++] = quota;
+    }
     if (root[0]) {
         argv[argc++] = "--user";
         argv[argc++] = root;

@@ -4,6 +4,8 @@
 #ifndef SHMREF_AUTOSTART_H
 #define SHMREF_AUTOSTART_H
 
+#include <limits.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,5 +26,22 @@ int autostart_socket(int err, char *path, size_t cap, int64_t deadline, char *ms
  * sticky /tmp), ${XDG_CACHE_HOME:-$HOME/.cache}/shmref. Returns 0, 1 for that last
  * alternative, or -errno with why and what to do in msg. */
 int autostart_dir(char *dir, size_t cap, char *msg, size_t msgcap);
+
+/* What a private daemon started now would be given, and why. */
+struct autostart_sizes {
+    uint64_t pool, quota;          /* in force (0: shmrefd's own default) */
+    uint64_t pool_flag, quota_flag; /* passed as --pool-size / --tenant-quota; 0: not passed */
+    char pool_why[PATH_MAX + 64], quota_why[PATH_MAX + 64];
+    char config[PATH_MAX];         /* the user's shmrefd.conf (with no home: ~/.config/...) */
+    bool config_exists;
+};
+
+/* autostart_sizes: the private daemon's pool and tenant quota: $SHMREF_POOL_SIZE, else the
+ * user's config file ($XDG_CONFIG_HOME/shmref/shmrefd.conf, else
+ * ~/.config/shmref/shmrefd.conf), else the least of half the memory cgroup's room, half
+ * of /dev/shm's free space and a quarter of MemAvailable; the quota the same way from
+ * $SHMREF_TENANT_QUOTA, else the pool. Returns 0, or -EINVAL with msg (a variable that is
+ * not a size). */
+int autostart_sizes(struct autostart_sizes *ret, char *msg, size_t msgcap);
 
 #endif

@@ -16,6 +16,8 @@
 #include "ledgers.h"
 #include "units.h"
 
+#define POOL_FULL_HINT_MAX 400
+
 /* pool_full_msg: why a buffer of csize bytes does not fit in the pool, with the numbers. */
 static void pool_full_msg(struct broker *bk, uint64_t csize, char *msg, size_t cap)
 {
@@ -25,10 +27,15 @@ static void pool_full_msg(struct broker *bk, uint64_t csize, char *msg, size_t c
     if (pin)
         snprintf(pinned, sizeof(pinned), ", and %s (%llu bytes) pinned (retired buffers that clients still map)",
                  units_format(pin, e), (unsigned long long)pin);
-    snprintf(msg, cap, "pool full: %s (%llu bytes) held%s of %s (%llu bytes); a %s (%llu bytes) buffer does not fit",
+    char raise[POOL_FULL_HINT_MAX] = ""; /* a private daemon's user has no flags: the knobs it has */
+    if (bk->opt->private_config)
+        snprintf(raise, sizeof(raise), "; raise this private shmrefd's pool with SHMREF_POOL_SIZE=SIZE where it "
+                 "is started, or pool-size = SIZE in %.200s, then kill %d (the next connect starts it anew)",
+                 bk->opt->private_config, (int)getpid());
+    snprintf(msg, cap, "pool full: %s (%llu bytes) held%s of %s (%llu bytes); a %s (%llu bytes) buffer does not fit%s",
              units_format(st.bytes, a), (unsigned long long)st.bytes, pinned,
              units_format(pool_cap(bk->pool), b), (unsigned long long)pool_cap(bk->pool),
-             units_format(csize, d), (unsigned long long)csize);
+             units_format(csize, d), (unsigned long long)csize, raise);
 }
 
 /* hold: the buffer pb is here for a charged attempt: register it (the registry takes the

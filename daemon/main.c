@@ -27,6 +27,7 @@
 #include "notify.h"
 #include "options.h"
 #include "privs.h"
+#include "quota.h"
 #include "server.h"
 #include "store.h"
 #include "units.h"
@@ -218,7 +219,7 @@ static void reload(struct daemon *d)
         keep_restart_only(&d->opt, &next);
         /* Defaults derived from the pool size follow the size in force. */
         if (!options_given(&next, "tenant-quota"))
-            next.tenant_quota = next.pool_size / 2;
+            next.tenant_quota = next.private_config ? next.pool_size : next.pool_size / 2; /* private: one tenant */
         if (!options_given(&next, "max-lease-size"))
             next.max_lease_size = next.pool_size;
         options_free(&d->opt);
@@ -409,6 +410,13 @@ int main(int argc, char **argv)
     }
     if (quota_warning(&d.opt, err, sizeof(err)))
         log_warning("%s", err);
+    if (d.opt.private_config) { /* its user gives it no flags: the knobs the user has */
+        char advice[320];
+        snprintf(advice, sizeof(advice), "raise this private shmrefd's quota with SHMREF_TENANT_QUOTA=SIZE where "
+                 "it is started, or tenant-quota = SIZE in %.150s, then kill %d (the next connect starts it anew)",
+                 d.opt.private_config, (int)getpid());
+        quota_set_advice(advice);
+    }
     signal(SIGPIPE, SIG_IGN);
     /* --sched-batch: the kernel does not let a task of this policy preempt the running one
      * when it wakes. A client's one-way message (publish, release, TOOK) then does not

@@ -59,6 +59,9 @@ static const struct key keys[] = {
     { "stock-per-uid", 0, T_SIZE, OFF(stock_per_uid), "stock bytes one uid may hold (a quarter of stock-reserve)" },
     { "exit-idle", 0, T_COUNT0, OFF(exit_idle),
       "exit after this many seconds with no connection and no buffer in use; 0: never (0)" },
+    { "private", 0, T_STR, OFF(private_config),
+      "a uid's private daemon, as libshmref starts it, whose user's config file is FILE: tenant-quota "
+      "defaults to the pool and refusals name SHMREF_POOL_SIZE, SHMREF_TENANT_QUOTA and FILE (none)" },
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 #define FIELD(o, k, T) ((T *)((char *)(o) + (k)->off))
@@ -446,7 +449,7 @@ int options_resolve(struct options *o, uint64_t dir_available)
             o->pool_size = dir_available / 2;
     }
     if (!o->tenant_quota)
-        o->tenant_quota = o->pool_size / 2;
+        o->tenant_quota = o->private_config ? o->pool_size : o->pool_size / 2; /* private: one tenant */
     if (!o->max_lease_size)
         o->max_lease_size = o->pool_size;
     if (!options_given(o, "stock-reserve")) {

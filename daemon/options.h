@@ -57,6 +57,9 @@ struct options {
     uint32_t max_parked_per_uid; /* waiting requests of one uid; default 4 x max_leases */
     uint32_t idle_timeout;    /* seconds; 0: never (default OPTIONS_DEFAULT_IDLE_TIMEOUT) */
     uint32_t exit_idle;       /* seconds with no connection and nothing held, then exit; 0: never */
+    char *private_config;     /* --private FILE: a uid's private daemon (libshmref's autostart), whose
+                               * user sets it with SHMREF_* variables and FILE: tenant-quota defaults
+                               * to the pool (one tenant) and refusals name those knobs; NULL: no */
     struct options_quota *quotas;      /* [quota] uid = bytes */
     unsigned n_quotas;
     /* Command line only. */

@@ -21,6 +21,13 @@ struct quota {
     unsigned n, cap;
 };
 
+static char advice[320]; /* quota_set_advice's; "": the operator's flags */
+
+void quota_set_advice(const char *text)
+{
+    snprintf(advice, sizeof(advice), "%s", text ? text : "");
+}
+
 int quota_new(uint64_t default_quota, struct quota **ret)
 {
     struct quota *q = calloc(1, sizeof(*q));
@@ -141,12 +148,17 @@ int quota_charge(struct quota *q, uint32_t uid, uint64_t bytes, char *why, size_
             snprintf(retained, sizeof(retained), " (of which %s (%llu bytes) retained: published with keep_ms, "
                      "as shmrefctl put does, and kept for consumers until they get them or the time runs out)",
                      units_format(e->t.retained, f), (unsigned long long)e->t.retained);
+        char raise[sizeof(advice)];
+        if (advice[0])
+            snprintf(raise, sizeof(raise), "%s", advice);
+        else
+            snprintf(raise, sizeof(raise), "raise it with --tenant-quota, or per uid in the config file's [quota] "
+                     "section (%u = SIZE)", uid);
         snprintf(why, why_len,
-                 "quota exceeded for uid %u: holds %s (%llu bytes)%s%s, asks %s (%llu bytes), quota %s (%llu bytes); "
-                 "raise it with --tenant-quota, or per uid in the config file's [quota] section (%u = SIZE)",
+                 "quota exceeded for uid %u: holds %s (%llu bytes)%s%s, asks %s (%llu bytes), quota %s (%llu bytes); %s",
                  uid, units_format(held, a), (unsigned long long)held, retained, pinned,
                  units_format(bytes, b), (unsigned long long)bytes,
-                 units_format(e->t.quota, c), (unsigned long long)e->t.quota, uid);
+                 units_format(e->t.quota, c), (unsigned long long)e->t.quota, raise);
         prune(q, e);
         return -EDQUOT;
     }

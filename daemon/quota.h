@@ -30,6 +30,11 @@ struct quota_ticket {
 
 struct quota;
 
+/* quota_set_advice: what a quota refusal tells the tenant to do. A private daemon's user
+ * gives it no flags: main.c names the knobs that user has (--private). NULL or "": the
+ * operator's --tenant-quota and [quota]. Process-wide, as the log level is. */
+void quota_set_advice(const char *text);
+
 int quota_new(uint64_t default_quota, struct quota **ret);
 void quota_free(struct quota *q);
 

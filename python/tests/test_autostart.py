@@ -167,3 +167,70 @@ def test_the_dask_backend_starts_the_private_daemon_as_connect_does(runtime_dir)
     assert words[1] == "shmref" and int(words[3]) > 0, (r.stdout, r.stderr[-3000:])
     assert words[5] == os.path.join(runtime_dir, "shmref", "shmrefd.sock"), r.stdout
     assert len(_daemons_in(runtime_dir)) == 1
+
+
+def test_a_pipeline_of_150_mb_arrays_fits_the_private_daemon(runtime_dir):
+    """Three stages in three processes hand 150 MB arrays on through queues (by
+    reference). The private daemon has one tenant, so its quota is its pool, sized for
+    the user (issue 25 item 2). Before: QuotaExceeded, 'raise it with --tenant-quota',
+    a flag a private daemon cannot be given. Up to 1.2 GB are held at once: skipped where a
+    quarter of MemAvailable (the pool's share of RAM) is less."""
+    with open("/proc/meminfo") as f:
+        avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    if avail // 4 < 1_300_000_000:
+        pytest.skip(f"MemAvailable {avail} bytes: a private pool (a quarter of it) cannot hold the pipeline's 1.2 GB")
+    r = run_user("""
+        import multiprocessing as mp
+        import numpy as np
+        import shmref
+        N = 150_000_000 // 8
+        def stage(fn):
+            def run(qi, qo, out, done):
+                try:
+                    fn(qi, qo)
+                    done.wait(60)   # a stage keeps what it made until the pipeline is done
+                except BaseException as e:
+                    out.put(f"{type(e).__name__}: {e}")
+            return run
+        held = []
+        @stage
+        def produce(qi, qo):
+            for i in range(4):
+                held.append(shmref.shared(np.full(N, float(i))))
+                qo.put(held[-1])
+            qo.put(None)
+        @stage
+        def double(qi, qo):
+            while (a := qi.get()) is not None:
+                held.append(shmref.shared(a * 2))
+                qo.put(held[-1])
+                del a
+            qo.put(None)
+        @stage
+        def total(qi, qo):
+            s = 0.0
+            while (a := qi.get()) is not None:
+                s += float(a[::1000].sum())
+                del a
+            qo.put(s)
+        if __name__ == "__main__":
+            ctx = mp.get_context("fork")
+            q1, q2, out, done = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
+            ps = [ctx.Process(target=produce, args=(None, q1, out, done)),
+                  ctx.Process(target=double, args=(q1, q2, out, done)),
+                  ctx.Process(target=total, args=(q2, out, out, done))]
+            for p in ps:
+                p.start()
+            s = out.get(timeout=90)
+            done.set()
+            if isinstance(s, str):
+                for p in ps:
+                    p.kill()
+                raise SystemExit("a stage failed: " + s)
+            for p in ps:
+                p.join(30)
+            assert s == 2 * (0 + 1 + 2 + 3) * len(range(0, N, 1000)), s
+            print("ok", flush=True)
+    """, runtime_dir)
+    assert r.returncode == 0 and "ok" in r.stdout, (r.returncode, r.stdout, r.stderr[-3000:])
+

@@ -14,7 +14,9 @@
 #   - hardened (issue 25 item 6): the first connect's time (printed); the daemon keeps no
 #     fd of its starter's; root's runs as root; a connect during an idle exit starts a new
 #     one; a system socket that refuses the uid: a private daemon with and without
-#     XDG_RUNTIME_DIR, its log saying why.
+#     XDG_RUNTIME_DIR, its log saying why;
+#   - sized for its user (issue 25 item 2): quota = pool, SHMREF_POOL_SIZE,
+#     SHMREF_TENANT_QUOTA and the user's shmrefd.conf; a refusal names those knobs.
 # Needs root (setpriv); 77 = skipped. Usage: test-autostart.sh SHMREFD SHMREFCTL
 set -uo pipefail
 SHMREFD=$1 SHMREFCTL=$2
@@ -234,4 +236,40 @@ check "the private daemon's log says the system daemon refused the uid, and the 
      grep -q 'refused uid $refusee (Permission denied)' '$rf/shmrefd.log'"
 kill "$dpid"; wait "$dpid" 2>/dev/null; dpid=
 rm -rf /run/shmrefd
+# Sized for its user (issue 25 item 2): one tenant, so its quota is its pool; the pool is
+# the smallest of half the memory cgroup's room, half of /dev/shm's free bytes and a
+# quarter of MemAvailable; SHMREF_POOL_SIZE / SHMREF_TENANT_QUOTA and the user's
+# shmrefd.conf override it; a refusal names those knobs, not a flag no one can give.
+limits() { # limits JSON: "POOL QUOTA" from status --json
+    /usr/bin/python3 -c 'import json,sys; l=json.load(open(sys.argv[1]))["limits"]; print(l["pool_size"], l["tenant_quota"])' \
+        "$1" 2>/dev/null || echo "? ?"
+}
+for d in s1 s2 s3 s4; do mkdir -m 0700 "$tmp/$d" && chown "$owner" "$tmp/$d"; done
+avail_kb=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
+as "$owner" XDG_RUNTIME_DIR="$tmp/s1" -- "$SHMREFCTL" status --json >"$tmp/s1.json" 2>&1
+read -r pool quota < <(limits "$tmp/s1.json")
+echo "    default: pool $pool, tenant quota $quota (MemAvailable $avail_kb kB)"
+check "by default its tenant quota is its pool (its one tenant)" test "$pool" = "$quota"
+check "and the pool is at most a quarter of MemAvailable (10% slack)" bash -c \
+    "test '$pool' != '?' && test $((${pool/\?/0} / 1024 * 40 / 11)) -le $avail_kb"
+as "$owner" XDG_RUNTIME_DIR="$tmp/s2" SHMREF_POOL_SIZE=64M SHMREF_TENANT_QUOTA=8M -- \
+    "$SHMREFCTL" status --json >"$tmp/s2.json" 2>&1
+check "SHMREF_POOL_SIZE=64M SHMREF_TENANT_QUOTA=8M: pool 64 MiB, quota 8 MiB" \
+    test "$(limits "$tmp/s2.json")" = "67108864 8388608"
+conf=$tmp/conf
+mkdir -p "$conf/shmref" && printf '[daemon]\npool-size = 32M\ntenant-quota = 4M\n' >"$conf/shmref/shmrefd.conf"
+chown -R "$owner" "$conf"
+as "$owner" XDG_RUNTIME_DIR="$tmp/s3" XDG_CONFIG_HOME="$conf" -- "$SHMREFCTL" status --json >"$tmp/s3.json" 2>&1
+check "\$XDG_CONFIG_HOME/shmref/shmrefd.conf: pool 32 MiB, quota 4 MiB" test "$(limits "$tmp/s3.json")" = "33554432 4194304"
+as "$owner" XDG_RUNTIME_DIR="$tmp/s4" XDG_CONFIG_HOME="$conf" SHMREF_TENANT_QUOTA=6M -- \
+    "$SHMREFCTL" status --json >"$tmp/s4.json" 2>&1
+check "an environment variable overrides the file: quota 6 MiB, the file's pool" \
+    test "$(limits "$tmp/s4.json")" = "33554432 6291456"
+head -c 10000000 /dev/zero >"$tmp/ten" && chmod 0644 "$tmp/ten"
+as "$owner" XDG_RUNTIME_DIR="$tmp/s2" SHMREF_POOL_SIZE=64M SHMREF_TENANT_QUOTA=8M -- \
+    "$SHMREFCTL" put "$tmp/ten" >"$tmp/quota.err" 2>&1
+sed -e 's/^/    | /' "$tmp/quota.err"
+check "a private daemon's quota refusal names SHMREF_TENANT_QUOTA and the file, not --tenant-quota" bash -c \
+    "grep -q 'quota exceeded' '$tmp/quota.err' && grep -q 'SHMREF_TENANT_QUOTA' '$tmp/quota.err' &&
+     grep -q 'shmref/shmrefd.conf' '$tmp/quota.err' && ! grep -q -- '--tenant-quota' '$tmp/quota.err'"
 test_end
