@@ -167,11 +167,13 @@ struct shmref_conn {
     int timeout_ms;         /* 0: no limit */
     int acquire_wait_ms;    /* an acquire waits this long for a publish */
     bool acquire_wait_set;  /* set by shmref_set_acquire_wait: not derived from timeout_ms */
+    uint32_t lease_wait_ms; /* shmref_lease's wait for quota or space (shmref_set_lease_wait) */
     const char *abandoned;  /* the operation that timed out: the connection is unusable */
     int failed;             /* -errno: the connection broke (its message in fail_msg) */
     char fail_msg[PROTO_MAX_ERRMSG + 1];
     uint32_t next_id;
     pid_t daemon_pid;
+    uint32_t version;       /* the protocol version of the hello (session.c): PROTO_VERSION or _PREV */
     uint64_t features, max_lease;
     struct mapcache cache;
     shmref_buf *bufs;

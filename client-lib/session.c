@@ -260,13 +260,15 @@ static int hello_take(shmref_conn *conn, struct pending *p, const struct proto_m
 {
     (void)p;
     (void)lost;
-    if (rep->u.hello_reply.version == PROTO_VERSION && (rep->u.hello_reply.features & PROTO_FEAT_LEDGER))
+    /* conn->version: what hello_as said; a daemon answers in it, or refuses. */
+    bool agreed = rep->u.hello_reply.version == conn->version;
+    if (agreed && conn->version == PROTO_VERSION && (rep->u.hello_reply.features & PROTO_FEAT_LEDGER))
         localhold_setup(conn, fds, nfds); /* maps what it accepts: the fds are closed below */
     for (unsigned i = 0; i < nfds; i++)
         close(fds[i]);
-    if (rep->u.hello_reply.version != PROTO_VERSION)
-        return client_fail(conn, -EPROTONOSUPPORT, "shmrefd speaks protocol %u, this library %d",
-                           (unsigned)rep->u.hello_reply.version, PROTO_VERSION);
+    if (!agreed)
+        return client_fail(conn, -EPROTONOSUPPORT, "shmrefd answered in protocol %u a hello of protocol %u",
+                           (unsigned)rep->u.hello_reply.version, (unsigned)conn->version);
     conn->daemon_pid = (pid_t)rep->u.hello_reply.pid;
     conn->features = rep->u.hello_reply.features;
     conn->max_lease = rep->u.hello_reply.max_lease;
@@ -275,7 +277,9 @@ static int hello_take(shmref_conn *conn, struct pending *p, const struct proto_m
 
 static const struct pending_ops hello_ops = { .take = hello_take };
 
-static int hello(shmref_conn *conn, int64_t deadline)
+/* hello_as: say hello in protocol version (PROTO_VERSION, or PROTO_VERSION_PREV with only
+ * the features that version knew) and take the reply. */
+static int hello_as(shmref_conn *conn, uint32_t version, int64_t deadline)
 {
     char name[PROTO_MAX_NAME + 1] = "";
     int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
@@ -288,11 +292,13 @@ static int hello(shmref_conn *conn, int64_t deadline)
         }
     }
     struct proto_msg req = { .op = PROTO_OP_HELLO };
-    req.u.hello.version = PROTO_VERSION;
+    req.u.hello.version = conn->version = version;
     req.u.hello.features =
         PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN | PROTO_FEAT_BYE;
     if (localhold_wanted()) /* $SHMREF_LEDGER=0: every acquire asks the daemon */
         req.u.hello.features |= PROTO_FEAT_LEDGER;
+    if (version != PROTO_VERSION)
+        req.u.hello.features &= PROTO_FEAT_PREV;
     req.u.hello.name = name;
     req.u.hello.name_len = (uint32_t)strlen(name);
     struct pending *p = pending_new(conn, PROTO_OP_HELLO, PENDING_WAIT, &hello_ops);
@@ -312,6 +318,27 @@ static int hello(shmref_conn *conn, int64_t deadline)
         return r;
     mapcache_fit(&conn->cache, conn->max_lease);
     return 0;
+}
+
+/* hello: hello_as in this library's protocol version; a daemon of the previous one refuses
+ * it ("... this shmrefd speaks version 2; ...") and closes the connection: then a new one
+ * to the same path, and hello in that version. */
+static int hello(shmref_conn *conn, int64_t deadline)
+{
+    int r = hello_as(conn, PROTO_VERSION, deadline);
+    const char *says = r == -EPROTONOSUPPORT ? strstr(conn->errmsg, "speaks version ") : NULL;
+    if (!says || strtoul(says + strlen("speaks version "), NULL, 10) != PROTO_VERSION_PREV)
+        return r;
+    close(conn->fd);
+    conn->fd = -1;
+    conn->failed = 0;
+    conn->fail_msg[0] = '\0';
+    pending_discard(conn);
+    transport_discard(conn);
+    conn->next_id = 0;
+    if ((r = connect_path(conn, conn->path, deadline)) < 0)
+        return r;
+    return hello_as(conn, PROTO_VERSION_PREV, deadline);
 }
 
 /* Why the calling thread's last shmref_connect failed: shmref_errmsg(NULL). */

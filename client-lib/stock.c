@@ -243,7 +243,9 @@ void stock_set_depth(shmref_conn *conn, unsigned depth)
 static int lease_send(shmref_conn *conn, struct pending *p)
 {
     struct proto_msg req = { .op = p->op };
-    p->stock_sent = p->refill; /* the daemon bounds the stock: refills say so */
+    /* The daemon bounds the stock: refills say so (a daemon of version 2 has no stock
+     * reserve, and knew no lease flags: its refills are plain leases). */
+    p->stock_sent = p->refill && conn->version != PROTO_VERSION_PREV;
     if (p->op == PROTO_OP_LEASE) {
         req.u.lease.size = p->size;
         req.u.lease.wait_ms = p->wait_ms;

@@ -202,6 +202,15 @@ static void as_peer_reply(struct broker_peer *p, const struct proto_msg *m, int 
         r.u.acquire_reply.flags |= PROTO_BUF_RETIRE;
         m = &r;
     }
+    /* A client of the previous version is sent only the flags it knew: it caches every
+     * mapping (it has no ledger for an uncached one to matter to) and forgets it later. */
+    if (s->version == PROTO_VERSION_PREV && (m->u.lease_reply.flags & ~(uint32_t)PROTO_BUF_PREV) &&
+        (m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY)) {
+        static struct proto_msg r2; /* one loop thread */
+        r2 = *m;
+        r2.u.lease_reply.flags &= PROTO_BUF_PREV;
+        m = &r2;
+    }
     session_send(s, m, fd);
 }
 
@@ -539,29 +548,35 @@ static void protocol_error(struct session *s, uint32_t id, const char *why)
 static void do_hello(struct session *s, const struct proto_msg *m)
 {
     const struct options *opt = s->env->opt;
-    if (m->u.hello.version != PROTO_VERSION) {
+    uint32_t v = m->u.hello.version;
+    /* "speaks version N" is what a library of another version reads (PROTOCOL.md). */
+    if (v != PROTO_VERSION && v != PROTO_VERSION_PREV) {
         s->env->counters->protocol_errors++;
         session_fail(s, m->id, EPROTONOSUPPORT,
-                     "protocol version %u is not supported: this shmrefd speaks version %d; use a libshmref "
-                     "of the same protocol version",
-                     (unsigned)m->u.hello.version, PROTO_VERSION);
+                     "protocol version %u is not supported: this shmrefd speaks version %d (and %d); use a "
+                     "libshmref of either protocol version",
+                     (unsigned)v, PROTO_VERSION, PROTO_VERSION_PREV);
         session_close(s, "protocol version mismatch");
         return;
     }
+    /* A client of the previous version is answered in it: only the features it knew (no
+     * ledger, which needs PROTO_BUF_RETIRE), and as_peer_reply keeps newer flags from it. */
+    uint64_t known = v == PROTO_VERSION ? FEATURES | PROTO_FEAT_LEDGER : PROTO_FEAT_PREV;
     /* valid UTF-8 without control or bidi characters, for status, JSON and log lines */
     text_clean(s->name, m->u.hello.name ? m->u.hello.name : "", m->u.hello.name_len);
     s->hello = true;
+    s->version = v;
     s->fd_once = (m->u.hello.features & PROTO_FEAT_FD_ONCE) != 0;
     /* The ledger, only with fd-once: its counts are read only for buffers whose fd the
      * daemon sent this connection. Its two fds travel with the reply. */
     int fds[2] = { -1, -1 };
-    bool ledger = s->fd_once && (m->u.hello.features & PROTO_FEAT_LEDGER) && s->env->tenantdirs &&
+    bool ledger = s->fd_once && (m->u.hello.features & known & PROTO_FEAT_LEDGER) && s->env->tenantdirs &&
                   tenantdir_join(s->env->tenantdirs, s->peer.uid, &s->known, &s->ledger, fds) == 0;
-    log_debug("client %llu pid=%d uid=%u said hello as '%s'", (unsigned long long)s->peer.id,
-              (int)s->peer.pid, (unsigned)s->peer.uid, s->name);
+    log_debug("client %llu pid=%d uid=%u said hello as '%s' (protocol %u)", (unsigned long long)s->peer.id,
+              (int)s->peer.pid, (unsigned)s->peer.uid, s->name, (unsigned)v);
     struct proto_msg r = { .op = PROTO_OP_HELLO + PROTO_OP_REPLY, .id = m->id };
-    r.u.hello_reply.version = PROTO_VERSION;
-    r.u.hello_reply.features = FEATURES & (m->u.hello.features | PROTO_FEAT_NOREPLY_RELEASE);
+    r.u.hello_reply.version = v;
+    r.u.hello_reply.features = FEATURES & known & (m->u.hello.features | PROTO_FEAT_NOREPLY_RELEASE);
     r.u.hello_reply.max_request = PROTO_MAX_REQUEST;
     r.u.hello_reply.max_lease = opt->max_lease_size;
     r.u.hello_reply.max_leases = opt->max_leases;

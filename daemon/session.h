@@ -64,6 +64,7 @@ struct session {
     gid_t gid;
     char name[PROTO_MAX_NAME + 1];
     bool hello;
+    uint32_t version;            /* agreed in hello: PROTO_VERSION, or PROTO_VERSION_PREV */
     bool fd_once;                /* PROTO_FEAT_FD_ONCE agreed in hello */
     bool bye;                    /* it said bye (PROTO_FEAT_BYE): its end is a clean close */
     struct idset known;          /* buf_id << 1 | writable: fds this client was sent */

@@ -97,6 +97,16 @@
 #define PROTO_LEASE_STOCK (1u << 0)
 #define PROTO_BUF_FOREIGN (1u << 6) /* acquire: the producer is another tenant (uid) than the caller */
 
+/* The previous protocol version, which both sides still speak (PROTOCOL.md, "Versions"):
+ * the daemon serves a client whose hello says PROTO_VERSION_PREV (its reply says that
+ * version too, and agrees only PROTO_FEAT_PREV), and libshmref says hello again in it to
+ * a daemon that refused PROTO_VERSION saying it speaks PROTO_VERSION_PREV. What version 2
+ * knew: the hello features below, and of a lease or acquire reply's flags only
+ * PROTO_BUF_SEALED; it had no lease flags (PROTO_LEASE_STOCK is version 3's). */
+#define PROTO_VERSION_PREV 2
+#define PROTO_FEAT_PREV (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED)
+#define PROTO_BUF_PREV PROTO_BUF_SEALED
+
 /* Flags of a release or release_many request. */
 #define PROTO_RELEASE_NOREPLY (1u << 0) /* no reply on success; an error still replies */
 

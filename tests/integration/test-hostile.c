@@ -605,7 +605,8 @@ Test(hostile, request_before_hello_is_dropped, .timeout = 60)
 
 Test(hostile, hello_wrong_version_is_refused, .timeout = 60)
 {
-    static const uint32_t versions[] = { 1, 2, 0, UINT32_MAX }; /* 2: a libshmref before issue 17 */
+    /* 1: older than the previous version (2, which is served: test-skew); 4: a newer one */
+    static const uint32_t versions[] = { 1, PROTO_VERSION + 1, 0, UINT32_MAX };
     struct daemon d;
     uint8_t msg[256], rep[1024];
     char text[PROTO_MAX_ERRMSG + 1];
