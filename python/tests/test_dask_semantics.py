@@ -175,3 +175,75 @@ async def test_a_task_may_write_into_its_input(c, s, a, b):
     got = await y
     assert np.array_equal(got, np.arange(MiB // 8, dtype=np.float64) + 1)
     assert sd.stats()["received_by_ref"] > before["received_by_ref"]
+
+
+# ---- item 4: TLS, as distributed's tls:// ----
+
+def _make_certs(d):
+    """A self-signed certificate (its own CA) for 127.0.0.1, made with the openssl CLI
+    (distributed's wheel ships no test certificates: utils_test.get_cert's files are in
+    its source tree only)."""
+    import subprocess
+    key, cert = os.path.join(d, "key.pem"), os.path.join(d, "cert.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                    "-addext", "basicConstraints=critical,CA:TRUE",
+                    "-keyout", key, "-out", cert], check=True, capture_output=True)
+    return key, cert
+
+
+def _tls_only_security():
+    """distributed.utils_test.tls_only_security's Security (TLS for every role, plain
+    comms refused) on certificates made here; None without the openssl CLI."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from distributed.security import Security
+    if shutil.which("openssl") is None:
+        return None
+    d = tempfile.mkdtemp(prefix="shmref-tls-")
+    atexit.register(shutil.rmtree, d, True)
+    key, cert = _make_certs(d)
+    kw = {f"tls_{role}_{what}": path for role in ("scheduler", "worker", "client")
+          for what, path in (("cert", cert), ("key", key))}
+    sec = Security(tls_ca_file=cert, require_encryption=True, **kw)
+    assert sec.require_encryption
+    return sec
+
+
+TLS_SECURITY = _tls_only_security()
+needs_tls = pytest.mark.skipif(TLS_SECURITY is None, reason="no openssl CLI to make a test certificate")
+
+
+@needs_tls
+@gen_cluster(client=True, security=TLS_SECURITY, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)],
+             scheduler_kwargs={"protocol": "shmref+tls"}, worker_kwargs={"protocol": "shmref+tls"})
+async def test_shmref_over_tls(c, s, a, b):
+    """shmref+tls:// is distributed's tls:// (Security's contexts, require_encryption)
+    with frames by reference: the cluster comes up on it and a worker-to-worker transfer
+    goes by reference. Before: ValueError: unknown address scheme 'shmref+tls'."""
+    assert s.address.startswith("shmref+tls://") and a.address.startswith("shmref+tls://")
+    before = sd.stats()
+    x = c.submit(_make, MiB // 8, workers=[a.address], pure=False)
+    y = c.submit(_add_one_in_place, x, workers=[b.address], pure=False)
+    assert np.array_equal(await y, np.arange(MiB // 8, dtype=np.float64) + 1)
+    assert sd.stats()["received_by_ref"] > before["received_by_ref"]
+    # the workers' comms to each other are TLS (their peers' certificates were checked)
+    comm = await connect(a.address, **TLS_SECURITY.get_connection_args("client"))
+    try:
+        assert comm.by_ref and "peercert" in comm.extra_info
+    finally:
+        await comm.close()
+
+
+@needs_tls
+@gen_test()
+async def test_plain_shmref_is_refused_when_encryption_is_required():
+    """require_encryption refuses shmref:// (unencrypted) as it refuses tcp://."""
+    args = TLS_SECURITY.get_connection_args("client")
+    async with listen("shmref+tls://127.0.0.1:0", lambda comm: comm.close(),
+                      **TLS_SECURITY.get_listen_args("scheduler")) as lst:
+        host = lst.contact_address.split("://", 1)[1]
+        with pytest.raises(RuntimeError, match="encryption required"):
+            await connect("shmref://" + host, **args)

@@ -27,10 +27,17 @@ from __future__ import annotations
 
 import dask
 
-from .comm import DEFAULTS, SHMREF, ShmrefBackend, ShmrefComm, stats
+from .comm import DEFAULTS, SHMREF, SHMREF_TLS, ShmrefBackend, ShmrefComm, ShmrefTLSBackend, stats
 
 # In dask's defaults (dask.config.get, DASK_* variables), and read with the same defaults
 # when a program resets dask's config after this import (comm._config).
 dask.config.update_defaults({"distributed": {"comm": {"shmref": dict(DEFAULTS)}}})
 
-__all__ = ["ShmrefBackend", "ShmrefComm", "SHMREF", "stats"]
+# shmref+tls:// is registered here, at import (the package's entry points name only
+# shmref): a process that uses it imports shmref.dask first (as the shmref:// backend's
+# loading does).
+from distributed.comm.registry import backends as _backends  # noqa: E402
+
+_backends.setdefault("shmref+tls", ShmrefTLSBackend())
+
+__all__ = ["ShmrefBackend", "ShmrefComm", "ShmrefTLSBackend", "SHMREF", "SHMREF_TLS", "stats"]

@@ -21,10 +21,14 @@ from dask.utils import parse_bytes, parse_timedelta
 from distributed.comm.core import Comm, CommClosedError
 from distributed.comm.tcp import (
     TCP,
+    TLS,
     C_INT_MAX,
     TCPBackend,
     TCPConnector,
     TCPListener,
+    TLSBackend,
+    TLSConnector,
+    TLSListener,
     _add_frames_header,
     convert_stream_closed_error,
     read_bytes_rw,
@@ -40,6 +44,9 @@ from shmref import _shmref
 logger = logging.getLogger("distributed.comm.shmref")
 
 SHMREF = "shmref://"
+#: The same over TLS: distributed's tls:// comm (its Security objects, certificates and
+#: require_encryption) with frames by reference (issue 27, item 4).
+SHMREF_TLS = "shmref+tls://"
 #: Marker frame version; the first frame of every message on a shmref comm is
 #: msgpack [MARK_VERSION, ack, [[index, descriptor, offset, nbytes], ...]].
 MARK_VERSION = 1
@@ -48,24 +55,6 @@ _OFFLOAD_BYTES = 8 << 20
 #: Sharding (distributed.comm.shard) exists for TCP's sake; a frame that goes by reference
 #: stays whole, so the receiver gets one mapping (merge_memoryviews needs no copy).
 _NO_SPLIT = 1 << 62
-
-#: Why frames fell back to TCP in this process ((exception type, errno) pairs already
-#: warned about): each reason is said once, loudly; every fallback is counted
-#: (stats()["fallbacks"]) and the later ones of a reason are logged at debug level.
-_fallbacks_warned: set = set()
-
-
-def _fell_back(frames: int, nbytes: int, e: OSError) -> None:
-    """frames (nbytes in all) of a message go over TCP because their lease failed with e."""
-    _stats.add(fallbacks=1, sent_large_tcp=frames)
-    reason = (type(e).__name__, e.errno)
-    if reason in _fallbacks_warned:
-        logger.debug("shmref: %d frame(s) of %d bytes go over TCP: %s", frames, nbytes, e)
-        return
-    _fallbacks_warned.add(reason)
-    logger.warning("shmref: %d frame(s) of %d bytes go over TCP: %s (said once per reason in this process: "
-                   "later fallbacks are counted in shmref.dask.stats()['fallbacks'] and logged at debug level)",
-                   frames, nbytes, e)
 
 
 #: The config section's defaults (distributed.comm.shmref.*), which the package also adds
@@ -388,7 +377,8 @@ class ShmrefComm(TCP):
                 client.release(arr)  # the retention holds it until the receiver's acquire
                 del arr
             except OSError as e:
-                _fell_back(1, n, e)
+                _stats.add(fallbacks=1, sent_large_tcp=1)
+                logger.warning("shmref: a frame of %d bytes goes over TCP: %s", n, e)
                 continue
             entries.append((i, str(ref), 0, n))
             out[i] = b""
@@ -537,6 +527,38 @@ class ShmrefBackend(TCPBackend):
 
     def get_connector(self):
         _state()  # connect to shmrefd now, so the log says which transport at start-up
+        return super().get_connector()
+
+    def get_listener(self, loc, handle_comm, deserialize, **connection_args):
+        _state()
+        return super().get_listener(loc, handle_comm, deserialize, **connection_args)
+
+
+class ShmrefTLSComm(ShmrefComm, TLS):
+    """ShmrefComm over distributed's TLS stream: messages and descriptors are encrypted
+    as tls:// encrypts them; frames by reference do not cross the network (the daemon's
+    access policy decides who may acquire them)."""
+
+
+class ShmrefTLSConnector(TLSConnector):
+    prefix = SHMREF_TLS
+    comm_class = ShmrefTLSComm
+
+
+class ShmrefTLSListener(TLSListener):
+    prefix = SHMREF_TLS
+    comm_class = ShmrefTLSComm
+
+
+class ShmrefTLSBackend(TLSBackend):
+    """The ``shmref+tls://`` backend: distributed's ``tls://`` (Security's ssl contexts,
+    require_encryption honoured) with ShmrefComm's frames."""
+
+    _connector_class = ShmrefTLSConnector
+    _listener_class = ShmrefTLSListener
+
+    def get_connector(self):
+        _state()
         return super().get_connector()
 
     def get_listener(self, loc, handle_comm, deserialize, **connection_args):
