@@ -56,6 +56,24 @@ _OFFLOAD_BYTES = 8 << 20
 #: stays whole, so the receiver gets one mapping (merge_memoryviews needs no copy).
 _NO_SPLIT = 1 << 62
 
+#: Why frames fell back to TCP in this process ((exception type, errno) pairs already
+#: warned about): each reason is said once, loudly; every fallback is counted
+#: (stats()["fallbacks"]) and the later ones of a reason are logged at debug level.
+_fallbacks_warned: set = set()
+
+
+def _fell_back(frames: int, nbytes: int, e: OSError) -> None:
+    """frames (nbytes in all) of a message go over TCP because their lease failed with e."""
+    _stats.add(fallbacks=1, sent_large_tcp=frames)
+    reason = (type(e).__name__, e.errno)
+    if reason in _fallbacks_warned:
+        logger.debug("shmref: %d frame(s) of %d bytes go over TCP: %s", frames, nbytes, e)
+        return
+    _fallbacks_warned.add(reason)
+    logger.warning("shmref: %d frame(s) of %d bytes go over TCP: %s (said once per reason in this process: "
+                   "later fallbacks are counted in shmref.dask.stats()['fallbacks'] and logged at debug level)",
+                   frames, nbytes, e)
+
 
 #: The config section's defaults (distributed.comm.shmref.*), which the package also adds
 #: to dask's defaults at import.
@@ -377,8 +395,7 @@ class ShmrefComm(TCP):
                 client.release(arr)  # the retention holds it until the receiver's acquire
                 del arr
             except OSError as e:
-                _stats.add(fallbacks=1, sent_large_tcp=1)
-                logger.warning("shmref: a frame of %d bytes goes over TCP: %s", n, e)
+                _fell_back(1, n, e)
                 continue
             entries.append((i, str(ref), 0, n))
             out[i] = b""
