@@ -121,12 +121,12 @@ static void refused_note(int err, char *note, size_t cap)
 /* own_dir: dir, made 0700 if missing, checked to be a real directory of this uid that no
  * one else may enter. Returns 0; -EEXIST (with *ret_st) when something of another uid, or
  * not a directory, is there; another -errno when dir cannot be made or read. */
-static int own_dir(const char *dir, struct stat *ret_st)
+static int own_dir(const char *dir, bool make, struct stat *ret_st)
 {
-    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+    if (make && mkdir(dir, 0700) < 0 && errno != EEXIST)
         return -errno;
     if (lstat(dir, ret_st) < 0)
-        return -errno;
+        return !make && errno == ENOENT ? 0 : -errno; /* not made yet: it would be */
     if (!S_ISDIR(ret_st->st_mode) || ret_st->st_uid != getuid())
         return -EEXIST;
     return ret_st->st_mode & 077 ? -EPERM : 0;
@@ -135,7 +135,7 @@ static int own_dir(const char *dir, struct stat *ret_st)
 /* alt_dir: where the private daemon lives when /tmp/shmref-UID is taken by another uid
  * (which, in sticky /tmp, the victim cannot remove): ${XDG_CACHE_HOME:-$HOME/.cache}/shmref,
  * a directory of the uid's own that no other uid can plant. */
-static int alt_dir(char *dir, size_t cap)
+static int alt_dir(char *dir, size_t cap, bool make)
 {
     const char *base = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     int n = base && base[0] == '/' ? snprintf(dir, cap, "%s", base)
@@ -144,15 +144,15 @@ static int alt_dir(char *dir, size_t cap)
         return -ENOENT;
     if ((size_t)n >= cap - sizeof("/shmref/shmrefd.sock"))
         return -ENAMETOOLONG;
-    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+    if (make && mkdir(dir, 0700) < 0 && errno != EEXIST)
         return -errno;
     strcat(dir, "/shmref");
     struct stat st;
-    int r = own_dir(dir, &st);
+    int r = own_dir(dir, make, &st);
     return r == -EEXIST ? -EPERM : r;
 }
 
-int autostart_dir(char *dir, size_t cap, char *msg, size_t msgcap)
+int autostart_dir(char *dir, size_t cap, bool make, char *msg, size_t msgcap)
 {
     const char *xdg = getenv("XDG_RUNTIME_DIR");
     struct stat st;
@@ -160,7 +160,7 @@ int autostart_dir(char *dir, size_t cap, char *msg, size_t msgcap)
     int n = runtime ? snprintf(dir, cap, "%s/shmref", xdg) : snprintf(dir, cap, "/tmp/shmref-%u", (unsigned)getuid());
     if (n < 0 || (size_t)n >= cap - sizeof("/shmrefd.sock"))
         return fail(msg, msgcap, -ENAMETOOLONG, "private shmrefd: directory name too long: %s", dir);
-    int r = own_dir(dir, &st);
+    int r = own_dir(dir, make, &st);
     if (r == -EPERM)
         return fail(msg, msgcap, -EPERM, "private shmrefd: %s is yours but others may enter it (mode %04o): "
                     "chmod 0700 %s", dir, (unsigned)(st.st_mode & 07777), dir);
@@ -168,7 +168,7 @@ int autostart_dir(char *dir, size_t cap, char *msg, size_t msgcap)
         /* Planted in /tmp by another uid: the uid's own alternative, where no one plants. */
         char squatted[PATH_MAX];
         snprintf(squatted, sizeof(squatted), "%s", dir);
-        int a = alt_dir(dir, cap);
+        int a = alt_dir(dir, cap, make);
         if (a == 0)
             return 1;
         return fail(msg, msgcap, -EPERM,
@@ -627,7 +627,7 @@ int autostart_socket(int err, char *path, size_t cap, int64_t deadline, char *ms
     char note[512];
     refused_note(sys, note, sizeof(note));
     char dir[PATH_MAX - 32], sock[PATH_MAX], lock[PATH_MAX];
-    int r = autostart_dir(dir, sizeof(dir), msg, msgcap);
+    int r = autostart_dir(dir, sizeof(dir), true, msg, msgcap);
     if (r < 0)
         return r;
     snprintf(sock, sizeof(sock), "%s/shmrefd.sock", dir);
@@ -659,4 +659,89 @@ int autostart_socket(int err, char *path, size_t cap, int64_t deadline, char *ms
     if (r == 0)
         snprintf(path, cap, "%s", sock);
     return r;
+}
+
+/* add: appends a clause of the explanation ("; " between clauses). */
+static void add(struct autostart_choice *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add(struct autostart_choice *c, const char *fmt, ...)
+{
+    size_t n = strlen(c->why);
+    if (n && n + 2 < sizeof(c->why)) {
+        memcpy(c->why + n, "; ", 3);
+        n += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->why + n, sizeof(c->why) - n, fmt, ap);
+    va_end(ap);
+}
+
+int autostart_which(const char *named, struct autostart_choice *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    const char *env = getenv("SHMREFD_SOCKET");
+    char def[PATH_MAX];
+    if (named || (env && *env)) { /* a choice: that socket or nothing */
+        snprintf(ret->socket, sizeof(ret->socket), "%s", named ? named : env);
+        ret->kind = AUTOSTART_NAMED;
+        int e = probe(ret->socket);
+        add(ret, "named by %s: a choice, so nothing is started; %s", named ? "--socket" : "$SHMREFD_SOCKET",
+            e ? strerror(-e) : "a daemon answers there");
+        ret->answers = e == 0;
+        return 0;
+    }
+    if (paths_default_socket(def, sizeof(def)) < 0)
+        return -ENAMETOOLONG;
+    snprintf(ret->socket, sizeof(ret->socket), "%s", def);
+    int e = probe(def);
+    if (e == 0) {
+        ret->kind = strcmp(def, PATHS_SYSTEM_SOCKET) == 0 ? AUTOSTART_SYSTEM : AUTOSTART_DEFAULT;
+        ret->answers = true;
+        add(ret, "a daemon answers at the default socket %s", def);
+        return 0;
+    }
+    bool refused = (e == -EACCES || e == -EPERM) && strcmp(def, PATHS_SYSTEM_SOCKET) == 0;
+    if (strcmp(def, PATHS_SYSTEM_SOCKET) != 0)
+        add(ret, "no daemon at the default socket %s (%s)", def, strerror(-e));
+    ret->kind = AUTOSTART_NONE;
+    if ((e != -ENOENT && e != -ECONNREFUSED && !refused) || !enabled() || getauxval(AT_SECURE)) {
+        add(ret, "%s: a connect fails", !enabled() ? "SHMREF_AUTOSTART turns the private daemon off"
+                 : getauxval(AT_SECURE) ? "a setuid program starts no daemon" : "that is not a missing daemon");
+        return 0;
+    }
+    int sys = strcmp(def, PATHS_SYSTEM_SOCKET) == 0 ? e : probe(PATHS_SYSTEM_SOCKET);
+    if (sys == 0) {
+        snprintf(ret->socket, sizeof(ret->socket), "%s", PATHS_SYSTEM_SOCKET);
+        ret->kind = AUTOSTART_SYSTEM;
+        ret->answers = true;
+        add(ret, "the system socket %s answers: a system daemon is always preferred", PATHS_SYSTEM_SOCKET);
+        return 0;
+    }
+    char note[512];
+    refused_note(sys, note, sizeof(note));
+    if (note[0])
+        add(ret, "system socket %s: refused uid %u (%s): %s", PATHS_SYSTEM_SOCKET, (unsigned)getuid(), strerror(-sys),
+            strstr(note, "): ") ? strstr(note, "): ") + 3 : note);
+    else
+        add(ret, "system socket %s: %s", PATHS_SYSTEM_SOCKET, sys == -ENOENT ? "absent" : strerror(-sys));
+    char dir[PATH_MAX - 32], msg[1024];
+    int r = autostart_dir(dir, sizeof(dir), false, msg, sizeof(msg));
+    if (r < 0) {
+        add(ret, "%s", msg);
+        return 0;
+    }
+    if (r == 1)
+        add(ret, "/tmp/shmref-%u is another uid's (ask root to remove it): yours is %s", (unsigned)getuid(), dir);
+    snprintf(ret->socket, sizeof(ret->socket), "%s/shmrefd.sock", dir);
+    ret->answers = answers(ret->socket);
+    ret->kind = ret->answers ? AUTOSTART_PRIVATE : AUTOSTART_PRIVATE_START;
+    add(ret, ret->answers ? "your private daemon answers at %s" : "no private daemon at %s: the next connect starts one",
+        ret->socket);
+    if (!ret->answers) {
+        if (find_daemon(ret->program, sizeof(ret->program), msg, sizeof(msg)) < 0)
+            add(ret, "%s", msg);
+        if (autostart_sizes(&ret->sizes, msg, sizeof(msg)) < 0)
+            add(ret, "%s", msg);
+    }
+    return 0;
 }

@@ -24,8 +24,9 @@ int autostart_socket(int err, char *path, size_t cap, int64_t deadline, char *ms
  * $XDG_RUNTIME_DIR/shmref when XDG_RUNTIME_DIR is a directory of the uid's, else
  * /tmp/shmref-UID, or, when another uid holds that name (which the uid cannot remove from
  * sticky /tmp), ${XDG_CACHE_HOME:-$HOME/.cache}/shmref. Returns 0, 1 for that last
- * alternative, or -errno with why and what to do in msg. */
-int autostart_dir(char *dir, size_t cap, char *msg, size_t msgcap);
+ * alternative, or -errno with why and what to do in msg. make false: makes nothing (a
+ * directory missing is where it would be made). */
+int autostart_dir(char *dir, size_t cap, bool make, char *msg, size_t msgcap);
 
 /* What a private daemon started now would be given, and why. */
 struct autostart_sizes {
@@ -43,5 +44,29 @@ struct autostart_sizes {
  * $SHMREF_TENANT_QUOTA, else the pool. Returns 0, or -EINVAL with msg (a variable that is
  * not a size). */
 int autostart_sizes(struct autostart_sizes *ret, char *msg, size_t msgcap);
+
+/* What a connect would reach, and why (shmrefctl which). */
+enum autostart_kind {
+    AUTOSTART_NAMED,         /* --socket or $SHMREFD_SOCKET: that socket, nothing started */
+    AUTOSTART_DEFAULT,       /* a daemon answers at the default socket */
+    AUTOSTART_SYSTEM,        /* the system daemon */
+    AUTOSTART_PRIVATE,       /* the uid's private daemon, running */
+    AUTOSTART_PRIVATE_START, /* the uid's private daemon, which the next connect starts */
+    AUTOSTART_NONE,          /* nothing: a connect fails */
+};
+
+struct autostart_choice {
+    enum autostart_kind kind;
+    bool answers;                  /* a daemon accepts connections at socket now */
+    char socket[PATH_MAX];
+    char why[4096];                /* clauses separated by "; " */
+    char program[PATH_MAX];        /* AUTOSTART_PRIVATE_START: the shmrefd it would run */
+    struct autostart_sizes sizes;  /* AUTOSTART_PRIVATE_START: what it would be given */
+};
+
+/* autostart_which: the rule shmref_connect_timeout and autostart_socket follow, applied
+ * without starting or making anything: named is the socket the caller names (NULL: none).
+ * Returns 0, or -ENAMETOOLONG (the default socket's path). */
+int autostart_which(const char *named, struct autostart_choice *ret);
 
 #endif

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* shmrefctl.c: the operators' and scripts' tool, built on the public libshmref API only.
  * Commands: status [--json] [--buffers], top, metrics [--output FILE], put [--keep-ms N] [--max-gets N] [--sealed]
- * FILE|-, get -|@FILE [-o FILE] (the descriptor from stdin or a file), ping.
+ * FILE|-, get -|@FILE [-o FILE] (the descriptor from stdin or a file), ping, which (libshmref's
+ * rule for finding or starting the daemon: client-lib/autostart.c, compiled in).
  * Exit status: 0 done, 1 the daemon or the system refused, 2 usage error. */
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "autostart.h"
 #include "metrics.h"
 #include "paths.h"
 #include "shmref/shmref.h"
@@ -46,6 +48,9 @@ static const char usage[] =
     "                                  replaces FILE atomically, with shmref_up 0 when\n"
     "                                  the daemon is down\n"
     "  ping                            one round trip to the daemon\n"
+    "  which                           the daemon a connect would use, why, and its limits\n"
+    "                                  (its pid and uid, pool size, your quota); starts\n"
+    "                                  nothing\n"
     "\n"
     "Options (before or after the command):\n"
     "  -s, --socket PATH   the daemon's socket (default: $SHMREFD_SOCKET, else\n"
@@ -565,6 +570,85 @@ static int cmd_ping(void)
     return r;
 }
 
+static const char *const kinds[] = {
+    [AUTOSTART_NAMED] = "the socket you named",
+    [AUTOSTART_DEFAULT] = "the daemon at the default socket",
+    [AUTOSTART_SYSTEM] = "the system shmrefd",
+    [AUTOSTART_PRIVATE] = "your private shmrefd, running",
+    [AUTOSTART_PRIVATE_START] = "your private shmrefd, not running: the next connect starts it",
+    [AUTOSTART_NONE] = "none: a connect fails",
+};
+
+/* which_limits: the daemon answering at sock: its pid and uid, its pool and this uid's
+ * quota, from its status. */
+static int which_limits(const char *sock)
+{
+    shmref_conn *conn;
+    shmref_status *st;
+    char a[UNITS_TEXT_MAX], k[64];
+    int r = shmref_connect(sock, &conn); /* named: it answers, and nothing may be started */
+    if (r < 0) {
+        printf("status: cannot connect: %s: %s\n", strerror(-r), shmref_errmsg(NULL));
+        return 1;
+    }
+    if ((r = shmref_status_get(conn, &st)) < 0) {
+        printf("status: %s: %s\n", strerror(-r), shmref_errmsg(conn));
+        shmref_close(conn);
+        return 1;
+    }
+    long long pid = (long long)u64(st, "daemon.pid");
+    struct stat ps;
+    snprintf(k, sizeof(k), "/proc/%lld", pid);
+    if (stat(k, &ps) == 0)
+        printf("pid: %lld, uid %u\n", pid, (unsigned)ps.st_uid);
+    else
+        printf("pid: %lld, uid ? (not in this pid namespace)\n", pid);
+    uint64_t quota = u64(st, "limits.tenant_quota"), pool = u64(st, "limits.pool_size");
+    for (int i = 0, n = shmref_status_count(st, "tenants"); i < n; i++) /* a quota of its own */
+        if (u64(st, (snprintf(k, sizeof(k), "tenants.%d.uid", i), k)) == getuid())
+            quota = u64(st, (snprintf(k, sizeof(k), "tenants.%d.quota", i), k));
+    printf("pool size: %s (%llu bytes)\n", units_format(pool, a), (unsigned long long)pool);
+    printf("tenant quota: %s (%llu bytes) for uid %u\n", units_format(quota, a), (unsigned long long)quota,
+           (unsigned)getuid());
+    shmref_status_free(st);
+    shmref_close(conn);
+    return 0;
+}
+
+/* cmd_which: the daemon a connect from this process would use, why, and its limits,
+ * by libshmref's own rule (autostart.c, compiled in); starts and makes nothing. */
+static int cmd_which(int argc)
+{
+    struct autostart_choice c;
+    char a[UNITS_TEXT_MAX];
+    if (argc != 1) {
+        fputs("Usage: shmrefctl [--socket PATH] which\n", stderr);
+        return 2;
+    }
+    if (autostart_which(socket_path, &c) < 0) {
+        fprintf(stderr, "shmrefctl which: the default socket path is too long\n");
+        return 1;
+    }
+    printf("socket: %s\ndaemon: %s\nwhy: %s\n", c.socket, kinds[c.kind], c.why);
+    if (c.answers)
+        return which_limits(c.socket);
+    if (c.kind != AUTOSTART_PRIVATE_START)
+        return 1;
+    const struct autostart_sizes *z = &c.sizes;
+    if (c.program[0])
+        printf("program: %s\n", c.program);
+    if (z->pool)
+        printf("pool size: %s (%llu bytes) (would be given: %s)\n", units_format(z->pool, a),
+               (unsigned long long)z->pool, z->pool_why);
+    else
+        printf("pool size: shmrefd's default (would be given: %s)\n", z->pool_why);
+    if (z->quota)
+        printf("tenant quota: %s (%llu bytes) for uid %u (would be given: %s)\n", units_format(z->quota, a),
+               (unsigned long long)z->quota, (unsigned)getuid(), z->quota_why);
+    printf("config file: %s (%s)\n", z->config, z->config_exists ? "read" : "none");
+    return 0;
+}
+
 /* take_global: removes --socket/-s PATH, --help and --version wherever they stand. */
 static int take_global(int *argc, char **argv)
 {
@@ -612,6 +696,8 @@ int main(int argc, char **argv)
         return top_main(socket_path, argc, argv);
     if (strcmp(cmd, "ping") == 0 && argc == 1)
         return cmd_ping();
+    if (strcmp(cmd, "which") == 0)
+        return cmd_which(argc);
     fprintf(stderr, "shmrefctl: unknown command '%s'\nTry 'shmrefctl --help'.\n", cmd);
     return 2;
 }

@@ -234,3 +234,23 @@ def test_a_pipeline_of_150_mb_arrays_fits_the_private_daemon(runtime_dir):
     """, runtime_dir)
     assert r.returncode == 0 and "ok" in r.stdout, (r.returncode, r.stdout, r.stderr[-3000:])
 
+
+def test_doctor_says_which_daemon_and_its_limits(runtime_dir):
+    """python -m shmref doctor runs shmrefctl which (libshmref's own rule, as connect()
+    applies it): the socket, why, and once the daemon runs its pid, uid, pool and quota."""
+    r = run_user("""
+        import subprocess, sys
+        before = subprocess.run([sys.executable, "-m", "shmref", "doctor"], capture_output=True, text=True)
+        import shmref
+        c = shmref.connect()
+        after = subprocess.run([sys.executable, "-m", "shmref", "doctor"], capture_output=True, text=True)
+        print(before.returncode, after.returncode, c.daemon_pid)
+        print(before.stdout + before.stderr)
+        print(after.stdout + after.stderr)
+    """, runtime_dir)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    first = r.stdout.split("\n", 1)[0].split()
+    sock = os.path.join(runtime_dir, "shmref", "shmrefd.sock")
+    assert first[:2] == ["0", "0"], r.stdout
+    assert f"socket: {sock}" in r.stdout and "not running: the next connect starts it" in r.stdout, r.stdout
+    assert f"pid: {first[2]}, uid {os.getuid()}" in r.stdout and "tenant quota: " in r.stdout, r.stdout

@@ -16,7 +16,8 @@
 #     one; a system socket that refuses the uid: a private daemon with and without
 #     XDG_RUNTIME_DIR, its log saying why;
 #   - sized for its user (issue 25 item 2): quota = pool, SHMREF_POOL_SIZE,
-#     SHMREF_TENANT_QUOTA and the user's shmrefd.conf; a refusal names those knobs.
+#     SHMREF_TENANT_QUOTA and the user's shmrefd.conf; a refusal names those knobs;
+#   - shmrefctl which (issue 25 item 1): the socket, why, the daemon and its limits.
 # Needs root (setpriv); 77 = skipped. Usage: test-autostart.sh SHMREFD SHMREFCTL
 set -uo pipefail
 SHMREFD=$1 SHMREFCTL=$2
@@ -272,4 +273,54 @@ sed -e 's/^/    | /' "$tmp/quota.err"
 check "a private daemon's quota refusal names SHMREF_TENANT_QUOTA and the file, not --tenant-quota" bash -c \
     "grep -q 'quota exceeded' '$tmp/quota.err' && grep -q 'SHMREF_TENANT_QUOTA' '$tmp/quota.err' &&
      grep -q 'shmref/shmrefd.conf' '$tmp/quota.err' && ! grep -q -- '--tenant-quota' '$tmp/quota.err'"
+# shmrefctl which (issue 25 item 1): the socket a connect would use, why, the daemon's
+# pid and uid, its pool and the uid's quota; it starts nothing.
+w1=$tmp/w1
+mkdir -m 0700 "$w1" && chown "$owner" "$w1"
+as "$owner" XDG_RUNTIME_DIR="$w1" -- "$SHMREFCTL" which >"$tmp/which1.out" 2>&1
+sed -e 's/^/    | /' "$tmp/which1.out"
+check "which, no daemon anywhere: the private daemon's socket, that it would be started, and nothing started" bash -c \
+    "grep -q '^socket: $w1/shmref/shmrefd.sock\$' '$tmp/which1.out' &&
+     grep -q '^daemon: .*private.*not running: the next connect starts it' '$tmp/which1.out' &&
+     grep -q 'no daemon at the default socket $w1/shmrefd.sock' '$tmp/which1.out' &&
+     grep -q 'system socket /run/shmrefd/shmrefd.sock: absent' '$tmp/which1.out' &&
+     grep -q '^pool size: .*(would be given' '$tmp/which1.out' && test ! -e '$w1/shmref/shmrefd.sock'"
+as "$owner" XDG_RUNTIME_DIR="$w1" -- "$SHMREFCTL" status --json >"$tmp/w1.json" 2>&1
+p=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["daemon"]["pid"])' "$tmp/w1.json" 2>/dev/null)
+echo "${p:-}" >"$tmp/pids.w1"
+read -r pool quota < <(limits "$tmp/w1.json")
+as "$owner" XDG_RUNTIME_DIR="$w1" -- "$SHMREFCTL" which >"$tmp/which2.out" 2>&1
+sed -e 's/^/    | /' "$tmp/which2.out"
+check "which, the private daemon running: its pid and uid, its pool and the uid's quota (status)" bash -c \
+    "test -n '$p' && grep -q '^daemon: .*private.*running' '$tmp/which2.out' &&
+     grep -q '^pid: $p, uid $owner\$' '$tmp/which2.out' &&
+     grep -q '^pool size: .* ($pool bytes)\$' '$tmp/which2.out' &&
+     grep -q '^tenant quota: .* ($quota bytes) for uid $owner\$' '$tmp/which2.out'"
+as "$owner" XDG_RUNTIME_DIR="$w1" -- "$SHMREFCTL" --socket "$w1/none.sock" which >"$tmp/which3.out" 2>&1
+check "which, a socket named: that one, a choice, nothing started" bash -c \
+    "grep -q '^socket: $w1/none.sock\$' '$tmp/which3.out' && grep -q 'named by --socket' '$tmp/which3.out' &&
+     grep -q 'No such file' '$tmp/which3.out'"
+mkdir -m 0755 /run/shmrefd
+"$SHMREFD" --socket /run/shmrefd/shmrefd.sock --socket-mode 0666 --config= >"$tmp/system3.log" 2>&1 &
+dpid=$!
+for _ in $(seq 1 100); do [ -S /run/shmrefd/shmrefd.sock ] && break; sleep 0.05; done
+w2=$tmp/w2
+mkdir -m 0700 "$w2" && chown "$owner" "$w2"
+as "$owner" XDG_RUNTIME_DIR="$w2" -- "$SHMREFCTL" which >"$tmp/which4.out" 2>&1
+sed -e 's/^/    | /' "$tmp/which4.out"
+check "which, a system daemon answering: it, and why" bash -c \
+    "grep -q '^socket: /run/shmrefd/shmrefd.sock\$' '$tmp/which4.out' &&
+     grep -q '^daemon: the system shmrefd' '$tmp/which4.out' && grep -q '^pid: $dpid, ' '$tmp/which4.out'"
+kill "$dpid"; wait "$dpid" 2>/dev/null
+rm -f /run/shmrefd/shmrefd.sock # left by a daemon serving as nobody in root's directory
+"$SHMREFD" --socket /run/shmrefd/shmrefd.sock --socket-mode 0660 --config= >"$tmp/system4.log" 2>&1 &
+dpid=$!
+for _ in $(seq 1 100); do [ -S /run/shmrefd/shmrefd.sock ] && break; sleep 0.05; done
+as "$owner" HOME=/nonexistent -- "$SHMREFCTL" which >"$tmp/which5.out" 2>&1
+sed -e 's/^/    | /' "$tmp/which5.out"
+check "which, the system socket refusing the uid: the private daemon, the refusal and the group to join" bash -c \
+    "grep -q '^socket: /tmp/shmref-$owner/shmrefd.sock\$' '$tmp/which5.out' &&
+     grep -q 'system socket /run/shmrefd/shmrefd.sock: refused uid $owner (Permission denied).*group root' '$tmp/which5.out'"
+kill "$dpid"; wait "$dpid" 2>/dev/null; dpid=
+rm -rf /run/shmrefd
 test_end
