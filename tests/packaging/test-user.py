@@ -202,15 +202,19 @@ def pipeline(method):
         if p.is_alive():
             p.kill()
             p.join(5)
-    name = f"3-stage pipeline of {ITEMS} 200 MB arrays, {method}"
+    name = f"3-stage pipeline of {ITEMS} 200 MB arrays, {method}: each arrives by reference, right"
+    codes = [p.exitcode for p in procs]
+    why = []
     for k in ("stage1", "stage2", "stage3"):
-        v = got.get(k, ("no report (exit codes %s: -9 is a stage stopped here, blocked after another failed)"
-                        % [p.exitcode for p in procs], None))
-        if v[1]:
-            print("DAEMON", v[1], flush=True)
-        report(v[0] == "ok", f"{name}: {k}", v[0].strip()[-800:])
-    report(all(p.exitcode == 0 for p in procs), f"{name}: every stage exits 0",
-           str([p.exitcode for p in procs]))
+        status, pid = got.get(k, (None, None))
+        if pid:
+            print("DAEMON", pid, flush=True)
+        if status is None:
+            why.append(f"{k} sent no report (exit {codes[int(k[-1]) - 1]}: -9 is stopped here, as blocked)")
+        elif status != "ok":
+            lines = [line.strip() for line in status.strip().splitlines() if line.strip()]
+            why.insert(0, f"{k}: {lines[-1]}")   # a stage's own failure first
+    report(not why and codes == [0, 0, 0], name, "; ".join(why) or f"exit codes {codes}")
     print(f"    {name}: {time.monotonic() - t0:.1f} s", flush=True)
 
 
