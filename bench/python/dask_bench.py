@@ -8,17 +8,26 @@
     (/proc/PID/smaps_rollup, sampled every 50 ms), the daemon's peak pool use, errors, and
     the buffers the daemon still holds once the cluster is closed. --scale shrinks the sizes
     (0.1: a tenth of the bytes) for a quick run.
+
+Fair by construction (issue 27 item 7): --pairs runs (default 3) of each workload per
+protocol, alternating which protocol goes first (tcp, shmref; shmref, tcp; ...); the table
+gives medians with their spread (min-max) and the ratio of the medians with the spread of
+the per-pair ratios; each workload's result is compared across protocols (the same sums,
+the same row count); the sampler is its own process, polling the workers' PSS and the
+daemon's pool for both protocols alike; the daemon is started as users start it, from a
+configuration file (--config=FILE, so no /etc/shmrefd/shmrefd.conf leaks in).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import select
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -36,35 +45,47 @@ def pss_kib(pid: int) -> int:
 
 
 class Sampler:
-    """Peak PSS of each worker pid and the daemon's peak pool use, every 50 ms."""
+    """Peak PSS of each worker pid and the daemon's peak pool use, every 50 ms, sampled by a
+    process of its own (this file with --sample): the scheduler runs in this process, and
+    polling from it would slow one protocol's scheduler and not the other's."""
 
-    def __init__(self, pids, status):
-        self.pids, self.status = pids, status
+    def __init__(self, pids, sock):
+        self.pids, self.sock = pids, sock
         self.peak = {p: 0 for p in pids}
         self.pool_peak = 0
-        self.stop_ev = threading.Event()
-        self.t = threading.Thread(target=self.run, daemon=True)
-
-    def run(self):
-        n = 0
-        while not self.stop_ev.is_set():
-            for p in self.pids:
-                self.peak[p] = max(self.peak[p], pss_kib(p))
-            if self.status is not None and n % 4 == 0:
-                try:
-                    self.pool_peak = max(self.pool_peak, self.status()["pool"]["bytes_leased"])
-                except OSError:
-                    pass
-            n += 1
-            self.stop_ev.wait(0.05)
 
     def __enter__(self):
-        self.t.start()
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--sample",
+                                      ",".join(map(str, self.pids)), "--socket", self.sock],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         return self
 
     def __exit__(self, *a):
-        self.stop_ev.set()
-        self.t.join()
+        out, _ = self.proc.communicate("", timeout=60)  # stdin closed: it prints and exits
+        got = json.loads(out)
+        self.peak = {int(k): v for k, v in got["peak"].items()}
+        self.pool_peak = got["pool_peak"]
+
+
+def sample_main(pids, sock):
+    """The sampler process: until its stdin closes."""
+    import shmref
+    peak = {p: 0 for p in pids}
+    pool_peak, n = 0, 0
+    c = shmref.connect(sock, timeout=10)
+    while True:
+        for p in pids:
+            peak[p] = max(peak[p], pss_kib(p))
+        if n % 4 == 0:
+            try:
+                pool_peak = max(pool_peak, c.status()["pool"]["bytes_leased"])
+            except OSError:
+                pass
+        n += 1
+        r, _, _ = select.select([sys.stdin], [], [], 0.05)
+        if r and not sys.stdin.read():
+            break
+    print(json.dumps({"peak": peak, "pool_peak": pool_peak}))
 
 
 def read_all(x):
@@ -92,7 +113,7 @@ def workload_a(c, scale):
     wall = time.perf_counter() - t0
     ok = all(abs(s - sums[0]) <= 1e-6 * abs(sums[0]) + 1e-3 for s in sums) and len(sums) == len(workers)
     del f
-    return wall, ok
+    return wall, ok, sums[0]
 
 
 def workload_b(c, scale):
@@ -107,7 +128,7 @@ def workload_b(c, scale):
     t0 = time.perf_counter()
     s = float(y.sum().compute())
     wall = time.perf_counter() - t0
-    return wall, abs(s - n * n / 2) < n * n * 0.01
+    return wall, abs(s - n * n / 2) < n * n * 0.01, s
 
 
 def workload_c(c, scale):
@@ -123,7 +144,7 @@ def workload_c(c, scale):
         out = df.shuffle("key", npartitions=nparts)
         total = int(out.map_partitions(len).sum().compute())
     wall = time.perf_counter() - t0
-    return wall, total == nparts * rows
+    return wall, total == nparts * rows, total
 
 
 WORKLOADS = {"a": ("scatter broadcast + read", workload_a), "b": ("P2P rechunk", workload_b),
@@ -131,11 +152,15 @@ WORKLOADS = {"a": ("scatter broadcast + read", workload_a), "b": ("P2P rechunk",
 
 
 def start_daemon(binary, pool):
+    """shmrefd as users start it: its settings in a configuration file, --config=FILE (no
+    flag for them, and no /etc/shmrefd/shmrefd.conf read besides)."""
     d = tempfile.mkdtemp(prefix="shmref-dask-bench-")
     sock = os.path.join(d, "shmrefd.sock")
+    conf = os.path.join(d, "shmrefd.conf")
+    with open(conf, "w") as f:
+        f.write(f"[daemon]\nsocket = {sock}\npool-size = {pool}\ntenant-quota = {pool}\nmax-lease-size = {pool}\n")
     log = open(os.path.join(d, "shmrefd.log"), "wb")
-    p = subprocess.Popen([binary, "--socket", sock, "--pool-size", pool, "--tenant-quota", pool,
-                          "--max-lease-size", pool], stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen([binary, f"--config={conf}"], stdout=log, stderr=subprocess.STDOUT)
     import shmref
     deadline = time.monotonic() + 20
     while True:
@@ -149,7 +174,7 @@ def start_daemon(binary, pool):
             time.sleep(0.05)
 
 
-def run_one(key, proto, scale, nworkers, status):
+def run_one(key, proto, scale, nworkers, sock):
     from distributed import Client, LocalCluster
     _, fn = WORKLOADS[key]
     errors = 0
@@ -157,9 +182,10 @@ def run_one(key, proto, scale, nworkers, status):
                       memory_limit=0, dashboard_address=":0", host="127.0.0.1") as cl, Client(cl) as c:
         pids = list(c.run(os.getpid).values())
         base = sum(pss_kib(p) for p in pids)
-        with Sampler(pids, status if proto.startswith("shmref") else None) as s:
+        value = None
+        with Sampler(pids, sock) as s:
             try:
-                wall, ok = fn(c, scale)
+                wall, ok, value = fn(c, scale)
                 errors += 0 if ok else 1
             except Exception as e:  # counted and shown: the run goes on
                 print(f"  {key} {proto}: {type(e).__name__}: {e}", file=sys.stderr)
@@ -168,14 +194,32 @@ def run_one(key, proto, scale, nworkers, status):
     by_ref = sum(v["received_bytes_by_ref"] for v in stats.values())
     return {"workload": key, "protocol": proto, "wall_s": wall, "pss_peak_sum_mib": sum(s.peak.values()) / 1024,
             "pss_start_sum_mib": base / 1024, "pool_peak_mib": s.pool_peak / 2**20, "errors": errors,
-            "received_by_ref_mib": by_ref / 2**20}
+            "received_by_ref_mib": by_ref / 2**20, "result": value}
+
+
+def _spread(xs):
+    xs = [x for x in xs if x == x]  # NaN: a failed run
+    if not xs:
+        return float("nan"), float("nan"), float("nan")
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def _same(a, b):
+    if a is None or b is None:
+        return False
+    if isinstance(a, float) or isinstance(b, float):
+        return abs(a - b) <= 1e-9 * max(abs(a), abs(b)) + 1e-6
+    return a == b
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--sample":
+        return sample_main([int(p) for p in sys.argv[2].split(",")], sys.argv[4])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shmrefd", required=True)
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--pairs", type=int, default=3, help="runs per protocol, alternating which goes first (>= 1)")
     ap.add_argument("--only", default="a,b,c")
     ap.add_argument("--pool", default=None, help="the daemon's pool (default: 3x the largest workload, >= 1G)")
     ap.add_argument("--json", default=None)
@@ -190,49 +234,64 @@ def main():
             return c.status()
 
     rows, leaked_total, errors_total = [], 0, 0
+    keys = a.only.split(",")
     try:
-        for key in a.only.split(","):
-            for proto in ("tcp://", "shmref://"):
-                r = run_one(key, proto, a.scale, a.workers, status)
-                deadline = time.monotonic() + 10
-                while True:  # what the daemon still holds once the cluster is closed
-                    st = status()
-                    leaked = st["buffers"]["live"]
-                    if leaked == 0 or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.1)
-                r["leaked_buffers"] = leaked
-                leaked_total += leaked
-                errors_total += r["errors"]
-                rows.append(r)
-                print(f"  {key} {proto:10s} wall {r['wall_s']:.2f} s  PSS peak sum {r['pss_peak_sum_mib']:.0f} MiB"
-                      f" (at start {r['pss_start_sum_mib']:.0f})"
-                      f"  pool peak {r['pool_peak_mib']:.0f} MiB  errors {r['errors']}  leaked {leaked}", flush=True)
+        for key in keys:
+            for pair in range(max(1, a.pairs)):
+                order = ("tcp://", "shmref://") if pair % 2 == 0 else ("shmref://", "tcp://")
+                for proto in order:
+                    r = run_one(key, proto, a.scale, a.workers, sock)
+                    deadline = time.monotonic() + 10
+                    while True:  # what the daemon still holds once the cluster is closed
+                        st = status()
+                        leaked = st["buffers"]["live"]
+                        if leaked == 0 or time.monotonic() > deadline:
+                            break
+                        time.sleep(0.1)
+                    r["leaked_buffers"], r["pair"] = leaked, pair
+                    leaked_total += leaked
+                    errors_total += r["errors"]
+                    rows.append(r)
+                    print(f"  {key} pair {pair} {proto:10s} wall {r['wall_s']:.2f} s  PSS peak sum "
+                          f"{r['pss_peak_sum_mib']:.0f} MiB (at start {r['pss_start_sum_mib']:.0f})  pool peak "
+                          f"{r['pool_peak_mib']:.0f} MiB  errors {r['errors']}  leaked {leaked}", flush=True)
     finally:
         proc.terminate()
         proc.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
     targets = {"a": (0.5, 0.4), "b": (0.7, 1.0), "c": (0.7, 1.0)}
-    print(f"\nDask over tcp:// and shmref:// ({a.workers} workers, scale {a.scale}; pool {pool})")
-    print("| workload | tcp wall s | shmref wall s | wall ratio (target) | tcp PSS MiB | shmref PSS MiB | PSS ratio (target) | pool peak MiB | met |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    met_all = True
-    for key in a.only.split(","):
-        t = next(r for r in rows if r["workload"] == key and r["protocol"] == "tcp://")
-        s = next(r for r in rows if r["workload"] == key and r["protocol"] == "shmref://")
-        wr, pr = s["wall_s"] / t["wall_s"], s["pss_peak_sum_mib"] / t["pss_peak_sum_mib"]
+    print(f"\nDask over tcp:// and shmref:// ({a.workers} workers, scale {a.scale}, {a.pairs} pairs alternating; "
+          f"pool {pool}). Medians (min-max); ratios: shmref's median over tcp's (min-max of the per-pair ratios)")
+    print("| workload | tcp wall s | shmref wall s | wall ratio (target) | tcp PSS MiB | shmref PSS MiB "
+          "| PSS ratio (target) | shmref pool peak MiB | tcp pool peak MiB | results equal | met |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    met_all, mismatches = True, 0
+    for key in keys:
+        t = [r for r in rows if r["workload"] == key and r["protocol"] == "tcp://"]
+        s = [r for r in rows if r["workload"] == key and r["protocol"] == "shmref://"]
+        tw_, sw_ = _spread([r["wall_s"] for r in t]), _spread([r["wall_s"] for r in s])
+        tp_, sp_ = _spread([r["pss_peak_sum_mib"] for r in t]), _spread([r["pss_peak_sum_mib"] for r in s])
+        pw = _spread([y["wall_s"] / x["wall_s"] for x, y in zip(t, s)])
+        pp = _spread([y["pss_peak_sum_mib"] / x["pss_peak_sum_mib"] for x, y in zip(t, s)])
+        wr, pr = sw_[0] / tw_[0], sp_[0] / tp_[0]
+        # every run's result against the first tcp run's: the protocols compute the same
+        same = all(_same(r["result"], t[0]["result"]) for r in t + s)
+        mismatches += 0 if same else 1
         tw, tp = targets[key]
-        met = wr <= tw and pr <= tp and s["errors"] == t["errors"] == 0
+        met = wr <= tw and pr <= tp and same and not any(r["errors"] for r in t + s)
         met_all &= met
-        print(f"| ({key}) {WORKLOADS[key][0]} | {t['wall_s']:.2f} | {s['wall_s']:.2f} | {wr:.2f} (<= {tw}) | "
-              f"{t['pss_peak_sum_mib']:.0f} | {s['pss_peak_sum_mib']:.0f} | {pr:.2f} (<= {tp}) | "
-              f"{s['pool_peak_mib']:.0f} | {'yes' if met else 'NO'} |")
-    print(f"errors {errors_total}, buffers held after the workloads {leaked_total}; "
-          f"targets {'met' if met_all and not errors_total and not leaked_total else 'NOT all met'}")
+        f3 = lambda v, d=2: f"{v[0]:.{d}f} ({v[1]:.{d}f}-{v[2]:.{d}f})"
+        print(f"| ({key}) {WORKLOADS[key][0]} | {f3(tw_)} | {f3(sw_)} | {wr:.2f} ({pw[1]:.2f}-{pw[2]:.2f}) (<= {tw}) | "
+              f"{f3(tp_, 0)} | {f3(sp_, 0)} | {pr:.2f} ({pp[1]:.2f}-{pp[2]:.2f}) (<= {tp}) | "
+              f"{max(r['pool_peak_mib'] for r in s):.0f} | {max(r['pool_peak_mib'] for r in t):.0f} | "
+              f"{'yes' if same else 'NO'} | {'yes' if met else 'NO'} |")
+    print(f"errors {errors_total}, results differing across protocols {mismatches}, buffers held after the "
+          f"workloads {leaked_total}; targets {'met' if met_all and not errors_total and not leaked_total else 'NOT all met'}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"scale": a.scale, "workers": a.workers, "pool": pool, "rows": rows}, f, indent=1)
-    return 0 if not errors_total and not leaked_total else 1
+            json.dump({"scale": a.scale, "workers": a.workers, "pairs": a.pairs, "pool": pool, "rows": rows}, f,
+                      indent=1)
+    return 0 if not errors_total and not leaked_total and not mismatches else 1
 
 
 if __name__ == "__main__":
