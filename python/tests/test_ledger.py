@@ -18,8 +18,11 @@ N = 1000
 ROUNDS = 300
 
 
-def handoffs(prod, cons, rounds, start=0):
-    """rounds producer -> consumer handoffs of N float64, every element compared."""
+def handoffs(prod, cons, rounds, start=0, settle=False):
+    """rounds producer -> consumer handoffs of N float64, every element compared. settle:
+    the consumer pings before the producer releases, so the daemon has read its one-way
+    took while the publish it names still stands (on a loaded machine a took read after
+    the producer's release, another connection, names nothing and is ignored)."""
     for i in range(start, start + rounds):
         a = prod.empty(N, "float64")
         a[:] = np.arange(N, dtype=np.float64) + i
@@ -28,6 +31,8 @@ def handoffs(prod, cons, rounds, start=0):
         assert b.shape == (N,) and b.dtype == np.float64
         np.testing.assert_array_equal(b, np.arange(N, dtype=np.float64) + i)
         cons.release(b)
+        if settle:
+            cons.ping()
         prod.release(a)
 
 
@@ -44,15 +49,14 @@ def test_steady_state_acquires_skip_the_daemon(daemon):
         handoffs(prod, cons, 200)  # the consumer comes to map the pool's buffers
         cons.ping()  # the daemon has read the consumer's one-way notes (took) before status
         acq0, took0 = counters(daemon)
-        handoffs(prod, cons, ROUNDS, start=200)
+        handoffs(prod, cons, ROUNDS, start=200, settle=True)
         cons.ping()
         acq1, took1 = counters(daemon)
     print(f"{ROUNDS} Python handoffs: daemon acquires {acq1 - acq0}, ledger takes {took1 - took0}")
-    # Every acquire skipped the daemon. Its took counter is a lower bound of the ledger's
-    # takes: a took that reaches it after the producer's release (another connection) no
-    # longer names a publish and is ignored.
+    # Every acquire skipped the daemon (a ping is no acquire), and the daemon heard of each
+    # as a took while its publish stood.
     assert acq1 - acq0 <= 5, (acq1 - acq0, took1 - took0)
-    assert took1 - took0 >= ROUNDS // 2, (acq1 - acq0, took1 - took0)
+    assert took1 - took0 >= ROUNDS - 5, (acq1 - acq0, took1 - took0)
 
 
 def test_ledger_off_asks_the_daemon(daemon):
