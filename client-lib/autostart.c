@@ -195,8 +195,9 @@ static bool executable(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
 }
 
-/* find_daemon: $SHMREF_DAEMON, beside this library, then PATH. */
-static int find_daemon(char *exe, size_t cap, char *msg, size_t msgcap)
+/* find_daemon_at: $SHMREF_DAEMON, beside this library, then PATH, as found (maybe a
+ * relative path). */
+static int find_daemon_at(char *exe, size_t cap, char *msg, size_t msgcap)
 {
     const char *e = getenv("SHMREF_DAEMON");
     if (e && *e) {
@@ -229,6 +230,21 @@ static int find_daemon(char *exe, size_t cap, char *msg, size_t msgcap)
     return fail(msg, msgcap, -ENOENT,
                 "private shmrefd: no shmrefd answers at the default socket and none was found to start one "
                 "(looked at SHMREF_DAEMON, beside libshmref, on PATH): install shmrefd or set SHMREF_DAEMON");
+}
+
+/* find_daemon: find_daemon_at's program as an absolute path: the daemon's child changes to
+ * / before it execs (a relative SHMREF_DAEMON, PATH entry or library path would name
+ * nothing there). */
+static int find_daemon(char *exe, size_t cap, char *msg, size_t msgcap)
+{
+    int r = find_daemon_at(exe, cap, msg, msgcap);
+    char abs[PATH_MAX];
+    if (r < 0 || exe[0] == '/')
+        return r;
+    if (!realpath(exe, abs) || strlen(abs) >= cap)
+        return fail(msg, msgcap, -ENOENT, "private shmrefd: cannot resolve %s: %s", exe, strerror(errno));
+    snprintf(exe, cap, "%s", abs);
+    return 0;
 }
 
 /* idle_seconds: $SHMREF_IDLE_EXIT_S when a number of seconds (0: never), else 60. */

@@ -171,6 +171,13 @@ check "a daemon that fails to start: the message quotes it and names its log" \
 as "$owner" XDG_RUNTIME_DIR="$run" SHMREF_DAEMON=/nonexistent/shmrefd -- "$SHMREFCTL" ping >"$tmp/none.err" 2>&1
 check "SHMREF_DAEMON that is not a program: said so" grep -q "SHMREF_DAEMON=/nonexistent/shmrefd is not an executable" \
     "$tmp/none.err"
+# A relative SHMREF_DAEMON names the program from the caller's directory (the daemon's
+# child changes to / before it execs: it named nothing there).
+r7=$tmp/run7
+mkdir -m 0700 "$r7" && chown "$owner" "$r7"
+(cd "$tmp/reach" && as "$owner" XDG_RUNTIME_DIR="$r7" SHMREF_DAEMON=bin/shmrefd -- "$SHMREFCTL" ping) >"$tmp/rel.out" 2>&1
+sed -e 's/^/    | /' "$tmp/rel.out"
+check "a relative SHMREF_DAEMON starts that program" grep -q '^pong' "$tmp/rel.out"
 # Hardened (issue 25 item 6). The first connect that starts a daemon: its time, printed.
 r6=$tmp/run6
 mkdir -m 0700 "$r6" && chown "$owner" "$r6"
