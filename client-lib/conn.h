@@ -95,6 +95,7 @@ struct pending {
     bool refill;            /* sent by the stock (counted in stock.out until answered) */
     bool stock_sent;        /* sent with PROTO_LEASE_STOCK (the daemon bounds the stock) */
     bool stale_retried;     /* asked again once after a reply that raced our forget (-ESTALE) */
+    bool wait_held;         /* a lease that may wait, sent without its wait (stock.c's wait_now) */
     bool holds;             /* buf is held busy by this request (lease_hold) */
     int result;             /* 0 or -errno, once done */
     char *errmsg;           /* the message of a failure (malloc'd), once done */

@@ -23,7 +23,15 @@
 
 int shmref_lease(shmref_conn *conn, size_t size, shmref_buf **ret_buf)
 {
-    return shmref_lease_ex(conn, size, 0, 0, ret_buf);
+    return shmref_lease_ex(conn, size, 0, conn ? conn->lease_wait_ms : 0, ret_buf);
+}
+
+int shmref_set_lease_wait(shmref_conn *conn, uint32_t wait_ms)
+{
+    if (!conn || wait_ms > PROTO_MAX_LEASE_WAIT_MS)
+        return -EINVAL;
+    conn->lease_wait_ms = wait_ms;
+    return 0;
 }
 
 /* lease_wait: a foreground lease (or a stock refill taken over, p) and its wait. */

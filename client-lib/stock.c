@@ -240,6 +240,24 @@ void stock_set_depth(shmref_conn *conn, unsigned depth)
 
 /* ---- lease requests: their handlers ---- */
 
+/* wait_now: the wait a lease asks of the daemon this time. One that may wait goes first
+ * without it while this connection keeps ready stock leases or idle mappings: they may be
+ * what the quota or the pool lacks (an idle mapping of a buffer the daemon retired pins
+ * its pages, charged to the uid), and the daemon, which cannot take them back, would park
+ * the lease behind them to the end of its wait. Refused, it gives them back and goes
+ * again with its wait (stock_retry): one more round trip, only when the quota or the
+ * pool is full. */
+static uint32_t wait_now(const shmref_conn *conn, struct pending *p)
+{
+    p->wait_held = false;
+    if (!p->wait_ms || p->retried)
+        return p->wait_ms;
+    p->wait_held = conn->cache.n_idle > 0;
+    for (unsigned i = 0; i < STOCK_CLASSES; i++)
+        p->wait_held |= conn->stock.cls[i].n_ready > 0;
+    return p->wait_held ? 0 : p->wait_ms;
+}
+
 static int lease_send(shmref_conn *conn, struct pending *p)
 {
     struct proto_msg req = { .op = p->op };
@@ -248,11 +266,11 @@ static int lease_send(shmref_conn *conn, struct pending *p)
     p->stock_sent = p->refill && conn->version != PROTO_VERSION_PREV;
     if (p->op == PROTO_OP_LEASE) {
         req.u.lease.size = p->size;
-        req.u.lease.wait_ms = p->wait_ms;
+        req.u.lease.wait_ms = wait_now(conn, p);
         req.u.lease.flags = p->stock_sent ? PROTO_LEASE_STOCK : 0;
     } else {
         req.u.lease_many.n = p->n;
-        req.u.lease_many.wait_ms = p->wait_ms;
+        req.u.lease_many.wait_ms = wait_now(conn, p);
         req.u.lease_many.flags = p->stock_sent ? PROTO_LEASE_STOCK : 0;
         memcpy(req.u.lease_many.sizes, p->sizes, p->n * sizeof(uint64_t));
     }
@@ -328,7 +346,8 @@ bool stock_retry(shmref_conn *conn, struct pending *p, int code)
     if (!(lease && (code == ENOSPC || code == EDQUOT)) && !(p->op == PROTO_OP_ACQUIRE && code == EDQUOT))
         return false;
     unsigned freed = stock_return(conn) + mapcache_drop_idle(&conn->cache);
-    if (freed == 0 && stock_inflight(conn) == 0)
+    /* A lease that may wait and went without its wait (wait_now) goes again with it. */
+    if (freed == 0 && stock_inflight(conn) == 0 && !p->wait_held)
         return false;
     p->retried = true;
     if (stock_inflight(conn) > 0)

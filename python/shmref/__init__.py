@@ -205,6 +205,9 @@ def default_client(socket: Optional[str] = None) -> Client:
 
 
 def _unusable(e: OSError) -> bool:
+    # A lease's wait= that ran out (its TimeoutError has .wait) leaves the connection fine.
+    if getattr(e, "wait", None):
+        return False
     return isinstance(e, (ConnectionError, TimeoutError)) or e.errno in (_errno.ENOTCONN, _errno.ECONNRESET)
 
 
@@ -245,7 +248,7 @@ def _rebuild(text, dtype, shape, strides, offset, *ignored):
 
 
 def shared(array: Any, *, client: Optional[Client] = None, keep: Optional[float] = None,
-           keep_ms: Optional[int] = None) -> SharedArray:
+           keep_ms: Optional[int] = None, wait: Optional[float] = None) -> SharedArray:
     """Returns an array that ``multiprocessing`` pickles by reference: the array itself if
     it already lives in shmref, else a read-only copy in a new buffer. The copy is not
     published yet: its buffer goes back as soon as the array (and every view) is gone, so
@@ -254,7 +257,9 @@ def shared(array: Any, *, client: Optional[Client] = None, keep: Optional[float]
     descriptor pickled from it must be unpickled while the sender still holds the array,
     or by one receiver within that time. client: default, this process's connection to
     the default socket. A keep given publishes the copy at once with that retention
-    (for one receiver). keep_ms is a deprecated alias of keep (milliseconds)."""
+    (for one receiver). keep_ms is a deprecated alias of keep (milliseconds). wait (float
+    seconds): as for :meth:`Client.empty`, how long the copy's lease may wait for quota or
+    pool space (None or 0: not at all)."""
     if _shmref._buffer_info(array) is not None:
         return array
     src = _np.asarray(array)
@@ -265,7 +270,7 @@ def shared(array: Any, *, client: Optional[Client] = None, keep: Optional[float]
 
     def copy():
         c = client if client is not None else default_client()
-        dst = c.empty(src.shape, src.dtype)
+        dst = c.empty(src.shape, src.dtype, wait=wait)
         _np.copyto(dst, src)
         if keep is None:
             _shmref._freeze(dst)

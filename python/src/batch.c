@@ -102,7 +102,8 @@ static PyObject *without_views(PyObject *obj)
     return res;
 }
 
-PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, unsigned flags, PyObject **ret_unit)
+PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, unsigned flags, uint32_t wait_ms,
+                        PyObject **ret_unit)
 {
     PyObject *keep;
     struct ArrowSchema *schema;
@@ -119,13 +120,15 @@ PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, unsig
      * need Python (pyarrow readers over Python iterators) take the GIL themselves. */
     Py_BEGIN_ALLOW_THREADS
     conn_lock_nogil(conn);
+    shmref_set_lease_wait(conn->c, wait_ms); /* the unit's lease; back to none below, under the same lock */
     r = stream ? shmref_unit_import_stream(conn->c, stream, &u) : shmref_unit_import_array(conn->c, schema, array, &u);
+    if (r < 0)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    shmref_set_lease_wait(conn->c, 0);
     if (r >= 0 && (r = shmref_unit_publish_ex(u, keep32, 0, flags, &d)) < 0) {
         snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
         shmref_unit_release(u);
         u = NULL;
-    } else if (r < 0) {
-        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
     }
     conn_unlock_nogil(conn);
     Py_END_ALLOW_THREADS
@@ -135,13 +138,13 @@ PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, unsig
         PyObject *plain = without_views(obj);
         if (!plain)
             return NULL;
-        PyObject *ref = plain == Py_None ? NULL : batch_publish(conn, plain, keep_ms, flags, ret_unit);
+        PyObject *ref = plain == Py_None ? NULL : batch_publish(conn, plain, keep_ms, flags, wait_ms, ret_unit);
         Py_DECREF(plain);
         if (ref || PyErr_Occurred())
             return ref;
     }
     if (r < 0)
-        return shmrefpy_raise(r, msg);
+        return shmrefpy_raise_wait(r, "publish_batch", wait_ms, msg);
     UnitObject *unit = PyObject_New(UnitObject, &Unit_Type);
     if (!unit) {
         conn_release_unit(conn, u);

@@ -9,9 +9,11 @@
 extern PyTypeObject Batch_Type, Unit_Type;
 
 /* batch_publish: publish_batch's work on conn: obj's Arrow data copied into one unit and
- * published with keep_ms of retention; the Ref, with *ret_unit (a _Unit holding the
- * lease) for the client to keep. */
-PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, unsigned flags, PyObject **ret_unit);
+ * published with keep_ms of retention, its lease waiting up to wait_ms for quota or pool
+ * space (the GIL released); the Ref, with *ret_unit (a _Unit holding the lease) for the
+ * client to keep. */
+PyObject *batch_publish(ConnObject *conn, PyObject *obj, uint32_t keep_ms, unsigned flags, uint32_t wait_ms,
+                        PyObject **ret_unit);
 /* batch_acquire: a Batch for ref, acquired on conn (the Client's), which it keeps, with
  * shmref_unit_acquire_ex's flags (SHMREF_ACQUIRE_SEALED, SHMREF_ACQUIRE_TRUST_PRODUCER). */
 PyObject *batch_acquire(ConnObject *conn, PyObject *ref, unsigned flags);

@@ -72,6 +72,24 @@ static int keep_arg(PyObject *keep, PyObject *keep_ms, uint32_t *ret)
     return 0;
 }
 
+/* WAIT_MAX_MS: the longest a lease may wait for quota or space (shmref_lease_ex). */
+#define WAIT_MAX_MS 600000
+
+/* wait_arg: wait= (float seconds; None or 0: no wait, at most 600) as a lease's wait_ms. */
+static int wait_arg(PyObject *v, uint32_t *ret)
+{
+    long long ms = 0;
+    if (seconds_to_ms(v, "wait", 0, (long long)WAIT_MAX_MS + 1, true, &ms) < 0)
+        return -1;
+    if (ms > WAIT_MAX_MS) {
+        PyErr_Format(PyExc_ValueError, "wait must be at most %d seconds (the daemon's bound), not %R",
+                     WAIT_MAX_MS / 1000, v);
+        return -1;
+    }
+    *ret = (uint32_t)ms;
+    return 0;
+}
+
 static int max_acquires_arg(PyObject *v, uint32_t dflt, uint32_t *ret)
 {
     if (!v || v == Py_None) {
@@ -240,9 +258,11 @@ static int parse_dtype_order(PyObject *dtype, const char *order, PyArray_Descr *
     return 0;
 }
 
-/* lease_array: a writable array of the given layout over a fresh lease. */
+/* lease_array: a writable array of the given layout over a fresh lease, which may wait
+ * wait_ms for quota or pool space (the GIL released meanwhile); what: the caller's name,
+ * for the TimeoutError of such a wait. */
 static PyObject *lease_array(ClientObject *self, ConnObject *conn, PyArray_Descr *descr, int ndim,
-                             const npy_intp *dims, char order)
+                             const npy_intp *dims, char order, uint32_t wait_ms, const char *what)
 {
     size_t n = (size_t)PyDataType_ELSIZE(descr);
     Py_ssize_t shape[SHMREF_META_MAX_DIMS];
@@ -278,14 +298,14 @@ static PyObject *lease_array(ClientObject *self, ConnObject *conn, PyArray_Descr
     int r;
     Py_BEGIN_ALLOW_THREADS
     conn_lock_nogil(conn);
-    r = shmref_lease(conn->c, n ? n : 1, &buf);
+    r = shmref_lease_ex(conn->c, n ? n : 1, 0, wait_ms, &buf);
     if (r < 0)
         snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
     conn_unlock_nogil(conn);
     Py_END_ALLOW_THREADS
     if (r < 0) {
         PyMem_Free(layout);
-        return shmrefpy_raise(r, msg);
+        return shmrefpy_raise_wait(r, what, wait_ms, msg);
     }
     BufferObject *owner = buffer_new(conn, buf, true);
     if (!owner) {
@@ -301,9 +321,10 @@ static PyObject *lease_array(ClientObject *self, ConnObject *conn, PyArray_Descr
 
 static PyObject *Client_empty(ClientObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = { "shape", "dtype", "order" };
-    PyObject *v[3];
-    if (fast_args("empty", args, nargs, kwnames, names, 3, 3, 1, v) < 0)
+    static const char *const names[] = { "shape", "dtype", "order", "wait" };
+    PyObject *v[4];
+    uint32_t wait_ms;
+    if (fast_args("empty", args, nargs, kwnames, names, 4, 3, 1, v) < 0 || wait_arg(v[3], &wait_ms) < 0)
         return NULL;
     const char *order = "C";
     if (v[2]) {
@@ -341,7 +362,7 @@ static PyObject *Client_empty(ClientObject *self, PyObject *const *args, Py_ssiz
     if (parse_dtype_order(v[1] ? v[1] : Py_None, order, &descr) == 0) {
         ConnObject *conn = client_conn(self);
         if (conn) {
-            res = lease_array(self, conn, descr, nd, dp, order[0]);
+            res = lease_array(self, conn, descr, nd, dp, order[0], wait_ms, "empty");
             Py_DECREF(conn);
         }
         Py_DECREF(descr);
@@ -480,12 +501,12 @@ static PyObject *Client_publish_raw(ClientObject *self, PyObject *args)
 
 static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = { "obj", "keep", "max_acquires", "meta", "keep_ms", NULL };
-    PyObject *obj, *meta = Py_None, *keep = NULL, *keep_ms = NULL, *maxa = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOOO:share", names, &obj, &keep, &maxa, &meta, &keep_ms))
+    static char *names[] = { "obj", "keep", "max_acquires", "meta", "keep_ms", "wait", NULL };
+    PyObject *obj, *meta = Py_None, *keep = NULL, *keep_ms = NULL, *maxa = NULL, *wait = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOOOO:share", names, &obj, &keep, &maxa, &meta, &keep_ms, &wait))
         return NULL;
-    uint32_t k, n;
-    if (keep_arg(keep, keep_ms, &k) < 0 || max_acquires_arg(maxa, 1, &n) < 0)
+    uint32_t k, n, wait_ms;
+    if (keep_arg(keep, keep_ms, &k) < 0 || max_acquires_arg(maxa, 1, &n) < 0 || wait_arg(wait, &wait_ms) < 0)
         return NULL;
     PyObject *src;
     if (PyArray_Check(obj)) {
@@ -509,7 +530,8 @@ static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
     ConnObject *conn = client_conn(self);
     if (!conn)
         goto done;
-    dst = lease_array(self, conn, descr, PyArray_NDIM((PyArrayObject *)src), PyArray_DIMS((PyArrayObject *)src), 'C');
+    dst = lease_array(self, conn, descr, PyArray_NDIM((PyArrayObject *)src), PyArray_DIMS((PyArrayObject *)src), 'C',
+                      wait_ms, "share");
     Py_DECREF(conn);
     if (!dst || PyArray_CopyInto((PyArrayObject *)dst, (PyArrayObject *)src) < 0)
         goto done;
@@ -708,18 +730,18 @@ static PyObject *Client_release_held(ClientObject *self, PyObject *args)
 
 static PyObject *Client_publish_batch(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = { "obj", "keep", "keep_ms", "sealed", NULL };
-    PyObject *obj, *keep = NULL, *keep_ms = NULL;
+    static char *names[] = { "obj", "keep", "keep_ms", "sealed", "wait", NULL };
+    PyObject *obj, *keep = NULL, *keep_ms = NULL, *wait = NULL;
     int sealed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOp:publish_batch", names, &obj, &keep, &keep_ms, &sealed))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOpO:publish_batch", names, &obj, &keep, &keep_ms, &sealed, &wait))
         return NULL;
-    uint32_t k;
-    if (keep_arg(keep, keep_ms, &k) < 0)
+    uint32_t k, wait_ms;
+    if (keep_arg(keep, keep_ms, &k) < 0 || wait_arg(wait, &wait_ms) < 0)
         return NULL;
     ConnObject *conn = client_conn(self);
     if (!conn)
         return NULL;
-    PyObject *unit = NULL, *ref = batch_publish(conn, obj, k, sealed ? SHMREF_PUBLISH_SEALED : 0, &unit);
+    PyObject *unit = NULL, *ref = batch_publish(conn, obj, k, sealed ? SHMREF_PUBLISH_SEALED : 0, wait_ms, &unit);
     Py_DECREF(conn);
     if (ref && PyDict_SetItem(self->shares, ref, unit) < 0)
         Py_CLEAR(ref);
@@ -930,9 +952,13 @@ static PyObject *Client_get_shares(ClientObject *self, void *c)
 
 static PyMethodDef Client_methods[] = {
     { "empty", (PyCFunction)(void (*)(void))Client_empty, METH_FASTCALL | METH_KEYWORDS,
-      "empty($self, /, shape, dtype=None, order='C')\n--\n\n"
+      "empty($self, /, shape, dtype=None, order='C', *, wait=None)\n--\n\n"
       "A writable numpy array (a shmref.SharedArray) backed by a new lease (contents unspecified). "
-      "dtype None means float64. Fill it, then publish() it." },
+      "dtype None means float64. Fill it, then publish() it. wait (float seconds, at most 600; "
+      "None or 0: no wait): when the uid's quota or the pool is full, wait that long for "
+      "another holder's release instead of raising QuotaExceeded/PoolFull at once "
+      "(backpressure: a producer slows to its consumers' pace; other threads run meanwhile); "
+      "TimeoutError past it, naming the wait, with the daemon's numbers." },
     { "publish", (PyCFunction)(void (*)(void))Client_publish, METH_FASTCALL | METH_KEYWORDS,
       "publish($self, /, array, *, keep=0.0, max_acquires=0, meta=None, keep_ms=None)\n--\n\n"
       "Publishes an array from empty() (the whole array or a contiguous view of it) and returns "
@@ -948,12 +974,13 @@ static PyMethodDef Client_methods[] = {
     { "_publish_raw", (PyCFunction)Client_publish_raw, METH_VARARGS,
       "_publish_raw(array, meta, keep=0.0) -> Ref: publish with these metadata bytes, as they are." },
     { "share", (PyCFunction)(void (*)(void))Client_share, METH_VARARGS | METH_KEYWORDS,
-      "share($self, /, obj, *, keep=0.0, max_acquires=1, meta=None, keep_ms=None)\n--\n\n"
+      "share($self, /, obj, *, keep=0.0, max_acquires=1, meta=None, keep_ms=None, wait=None)\n--\n\n"
       "Copies any array-like (numpy array, torch CPU tensor, bytes, any buffer) once into a "
       "lease, publishes it and returns its Ref. The client holds the copy until release(ref) or "
       "close(); after that the daemon keeps it for keep seconds, ended by the first "
       "max_acquires acquires (default 1: one consumer; 0: every consumer within keep). So a "
-      "loop of share/release cannot fill a quota with buffers nobody will read." },
+      "loop of share/release cannot fill a quota with buffers nobody will read. wait: as for "
+      "empty(), for the copy's lease." },
     { "acquire", (PyCFunction)Client_acquire, METH_O,
       "acquire($self, ref, /)\n--\n\n"
       "A read-only, zero-copy numpy array (a shmref.SharedArray) of a published buffer (a Ref or its text), with the "
@@ -972,7 +999,7 @@ static PyMethodDef Client_methods[] = {
     { "_release", (PyCFunction)Client_release_held, METH_VARARGS,
       "_release(array, allowed) -> None: release() for a caller holding `allowed` references (private)." },
     { "publish_batch", (PyCFunction)(void (*)(void))Client_publish_batch, METH_VARARGS | METH_KEYWORDS,
-      "publish_batch($self, /, obj, *, keep=0.0, keep_ms=None, sealed=False)\n--\n\n"
+      "publish_batch($self, /, obj, *, keep=0.0, keep_ms=None, sealed=False, wait=None)\n--\n\n"
       "Copies any Arrow data (an object with __arrow_c_array__, e.g. a pyarrow RecordBatch or "
       "struct array, or __arrow_c_stream__: pyarrow Table, polars DataFrame, duckdb result, "
       "nanoarrow stream) once into one lease, as a unit of work with its manifest, publishes it "
@@ -981,7 +1008,8 @@ static PyMethodDef Client_methods[] = {
       "by pyarrow to their large forms first (one more copy; needs pyarrow). OSError(ENOTSUP) "
       "for unions and run-end encoded arrays. sealed=True seals the unit (a daemon with a memfd "
       "pool, shmrefd --memfd; OSError(EOPNOTSUPP) otherwise): nobody, its producer included, can "
-      "change it any more, as consumers of another uid require." },
+      "change it any more, as consumers of another uid require. wait: as for empty(), for the "
+      "unit's lease." },
     { "acquire_batch", (PyCFunction)(void (*)(void))Client_acquire_batch, METH_VARARGS | METH_KEYWORDS,
       "acquire_batch($self, /, ref, *, sealed=False, trust_producer=False)\n--\n\n"
       "A shmref.Batch of a unit published by publish_batch (or libshmref's shmref_unit_*): its "

@@ -77,6 +77,26 @@ int errors_init(PyObject *m)
     return shmrefpy_QuotaExceeded && shmrefpy_PoolFull && shmrefpy_LimitReached ? 0 : -1;
 }
 
+PyObject *shmrefpy_raise_wait(int err, const char *what, uint32_t wait_ms, const char *msg)
+{
+    /* The library's own timeout (no answer: the connection is abandoned) says so. */
+    if (err != -ETIMEDOUT || !wait_ms || strstr(msg, "no answer from shmrefd"))
+        return shmrefpy_raise(err, msg);
+    char full[SHMREFPY_MSG_MAX + 96];
+    snprintf(full, sizeof(full), "%s(wait=%g): no buffer within %g s: %s", what, wait_ms / 1000.0,
+             wait_ms / 1000.0, msg);
+    shmrefpy_raise(err, full);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *w = PyFloat_FromDouble(wait_ms / 1000.0);
+    if (!w || !value || PyObject_SetAttrString(value, "wait", w) < 0)
+        PyErr_Clear(); /* the exception stands without it */
+    Py_XDECREF(w);
+    PyErr_Restore(type, value, tb);
+    return NULL;
+}
+
 PyObject *shmrefpy_raise(int err, const char *msg)
 {
     if (err < 0)

@@ -26,6 +26,12 @@ int errors_init(PyObject *m);
  * refusals, else Python picks the subclass (TimeoutError, FileNotFoundError,
  * ConnectionResetError ...). msg "" means strerror. Returns NULL. */
 PyObject *shmrefpy_raise(int err, const char *msg);
+/* shmrefpy_raise_wait: shmrefpy_raise for a lease of call `what` (empty, share,
+ * publish_batch) that was asked to wait wait_ms for quota or pool space. When the daemon
+ * said the wait ran out (ETIMEDOUT, the connection fine), a TimeoutError whose message
+ * names the wait before the daemon's words and numbers, and whose attribute `wait` is
+ * that wait in seconds (a connection that timed out has none). Returns NULL. */
+PyObject *shmrefpy_raise_wait(int err, const char *what, uint32_t wait_ms, const char *msg);
 
 /* shmrefpy_getpid: this process's pid without a system call. getpid() is one (about
  * 0.5 us on a VM with the usual mitigations) and the extension checks for a forked child

@@ -247,3 +247,17 @@ async def test_plain_shmref_is_refused_when_encryption_is_required():
         host = lst.contact_address.split("://", 1)[1]
         with pytest.raises(RuntimeError, match="encryption required"):
             await connect("shmref://" + host, **args)
+
+
+def test_both_schemes_are_found_without_importing_shmref_dask():
+    """A worker a nanny starts imports nothing of ours: distributed finds shmref:// and
+    shmref+tls:// by the package's entry points (distributed.comm.backends)."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "from distributed.comm.registry import get_backend\n"
+            "print(type(get_backend('shmref')).__name__, type(get_backend('shmref+tls')).__name__)\n"
+            "print('shmref.dask' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ShmrefBackend", "ShmrefTLSBackend", "True"], out.stdout

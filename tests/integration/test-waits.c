@@ -373,6 +373,46 @@ Test(waits, a_wait_that_runs_out_names_the_numbers, .timeout = 60)
     daemon_stop(&d);
 }
 
+/* A lease that may wait is not parked behind what its own connection keeps: an idle
+ * mapping of a buffer the daemon retired for the quota pins its pages (charged to the
+ * uid) until this process unmaps it, which the daemon cannot ask; a lease without a wait
+ * is refused, gives it back and goes again. One that waits now does the same before it
+ * waits (before: parked to the end of its wait, -ETIMEDOUT, though the quota was free). */
+Test(waits, a_waiting_lease_is_not_held_up_by_its_own_idle_mappings, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--pool-size", "64M", "--tenant-quota", "16M", NULL);
+    shmref_conn *c = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(c, 0), 0);
+    shmref_buf *b;
+    cr_assert_eq(shmref_lease(c, 12 * MiB, &b), 0, "%s", shmref_errmsg(c));
+    memset(shmref_buf_data(b), 1, 12 * MiB);
+    shmref_release(b); /* its mapping stays cached, idle */
+    long t0 = now_ms();
+    int r = shmref_lease_ex(c, 8 * MiB, 0, 3000, &b);
+    long took = now_ms() - t0;
+    cr_assert_eq(r, 0, "%d after %ld ms: %s", r, took, shmref_errmsg(c));
+    cr_assert_lt(took, 1500, "served after %ld ms", took);
+    shmref_release(b);
+    /* Nothing to give back: it waits, and runs out naming the numbers. */
+    shmref_buf *held;
+    cr_assert_eq(shmref_lease(c, 12 * MiB, &held), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(shmref_set_lease_wait(c, 300), 0);
+    t0 = now_ms();
+    r = shmref_lease(c, 8 * MiB, &b); /* the connection's wait (shmref_set_lease_wait) */
+    took = now_ms() - t0;
+    cr_assert_eq(r, -ETIMEDOUT, "%d: %s", r, shmref_errmsg(c));
+    cr_assert_geq(took, 280, "gave up after %ld ms", took);
+    cr_assert(strstr(shmref_errmsg(c), "waited ") && strstr(shmref_errmsg(c), " ms for quota"), "%s",
+              shmref_errmsg(c));
+    cr_assert_eq(shmref_set_lease_wait(c, 600001), -EINVAL);
+    cr_assert_eq(shmref_set_lease_wait(c, 0), 0);
+    cr_assert_eq(shmref_lease(c, 8 * MiB, &b), -EDQUOT, "%s", shmref_errmsg(c));
+    shmref_release(held);
+    shmref_close(c);
+    daemon_stop(&d);
+}
+
 /* Closing a connection with parked leases and acquires drops them: nothing charged,
  * nothing served later, the daemon's ledgers agree (a test build aborts otherwise). */
 Test(waits, a_closed_connection_drops_its_parked_requests, .timeout = 60)

@@ -556,9 +556,18 @@ SHMREF_EXPORT int shmref_set_acquire_wait(shmref_conn *conn, int wait_ms);
  * 600000) for quota or pool space instead of failing with -EDQUOT/-ENOSPC at once: a
  * producer that outruns its consumer slows to its pace. -ETIMEDOUT with the daemon's
  * message (held, asked, quota) when the wait runs out; the call's deadline is the
- * connection's timeout plus wait_ms. flags: 0. The stock is tried first. */
+ * connection's timeout plus wait_ms. flags: 0. The stock is tried first. While conn keeps
+ * ready stock leases or idle mappings the lease is first asked without its wait: refused,
+ * they are given back (an idle mapping of a buffer the daemon retired for the quota pins
+ * its pages, and only this process can unmap it) and it is asked again with the wait. */
 SHMREF_EXPORT int shmref_lease_ex(shmref_conn *conn, size_t size, unsigned flags, uint32_t wait_ms,
                                   shmref_buf **ret_buf);
+
+/* shmref_set_lease_wait: how long the leases of conn that name no wait of their own wait
+ * for quota or pool space, as shmref_lease_ex's wait_ms: shmref_lease and a unit's lease
+ * (shmref_unit_begin, shmref_unit_import_array, shmref_unit_import_stream). 0 (the
+ * default): not at all, -EDQUOT/-ENOSPC at once; at most 600000 (-EINVAL beyond). */
+SHMREF_EXPORT int shmref_set_lease_wait(shmref_conn *conn, uint32_t wait_ms);
 
 /* The event-loop API (the hiredis model). Poll shmref_conn_fd for what
  * shmref_conn_events asks; submit requests with the *_submit functions (they never
