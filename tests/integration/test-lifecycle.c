@@ -15,6 +15,11 @@
 
 #include "harness.h"
 
+/* A failed assertion ends the test before it tells its children "done": they are killed
+ * and reaped (they would wait on their pipe, whose write end they hold too, until ctest's
+ * timeout). */
+TestSuite(lifecycle, .fini = reap_children);
+
 #define MB80 (80u * 1000 * 1000)
 #define CLASS80 81788928u /* 78 MiB: 80 MB rounded up to a 2 MiB step (32 per power of two) */
 
