@@ -12,8 +12,8 @@ No socket is named and autostart is on: the first connect starts the uid's priva
   - ProcessPoolExecutor: 200 MB arrays (shmref.shared) to a worker and its results
     (leased there by the default client) back, one at a time, by reference both ways;
   - with --dask: a LocalCluster(protocol="shmref://") of 2 worker processes moves a 64 MiB
-    array from one worker to the other and to the client: its frames are counted as sent
-    and received by reference (shmref.dask.stats), none as large frames over TCP.
+    array from one worker to the other and to the client, intact: its frames are counted as
+    sent and received by reference (shmref.dask.stats), none as large frames over TCP.
 
 Prints one line per check, "PASS name" or "FAIL name: why" (test-user.sh counts them), and
 "DAEMON pid" for each private daemon seen (test-user.sh stops them at the end).
@@ -269,14 +269,18 @@ def dask():
                                                         "sent_large_tcp")}, flush=True)
     except Exception:
         return report(False, "Dask LocalCluster(protocol='shmref://')", traceback.format_exc()[-1200:])
-    report(got == (True, float(n - 1)), "Dask: a 64 MiB array reaches the other worker as a shmref mapping", str(got))
-    report(by_reference(local) and local[-1] == n - 1, "Dask: and the client, by reference too")
+    # What arrives: the values sent (a mapping, or since issue 27 item 3b, a writable copy out
+    # of it when the sender's array was writable, as a tcp:// receive makes one).
+    print(f"    Dask: arrived on the other worker as a shmref mapping: {got[0]}, in the client: "
+          f"{by_reference(local)}", flush=True)
+    report(got[1] == float(n - 1) and local[-1] == n - 1 and local.shape == (n,),
+           "Dask: a 64 MiB array reaches the other worker and the client intact", f"{got}, {local[-1]}")
     report(all(s["mode"] == "shmref" for s in st.values()), "Dask: every worker reached the private daemon",
            str({k: s["mode"] for k, s in st.items()}))
-    sent = st[w[0]]
+    # Worker to worker, then to the client from whichever worker holds it.
+    sent = {k: sum(s[k] for s in st.values()) for k in ("sent_by_ref", "sent_bytes_by_ref")}
     report(sent["sent_by_ref"] >= 2 and sent["sent_bytes_by_ref"] >= 2 * n * 8,
-           "Dask: the large frames are counted as sent by reference (to the worker and the client)",
-           str({k: sent[k] for k in ("sent_by_ref", "sent_bytes_by_ref")}))
+           "Dask: the large frames are counted as sent by reference (to the worker and the client)", str(sent))
     report(st[w[1]]["received_by_ref"] >= 1 and me["received_by_ref"] >= 1,
            "Dask: and as received by reference", f"worker {st[w[1]]['received_by_ref']}, client {me['received_by_ref']}")
     report(all(s["sent_large_tcp"] == 0 for s in st.values()), "Dask: no large frame went over TCP",
