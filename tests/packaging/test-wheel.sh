@@ -76,6 +76,10 @@ LD_LIBRARY_PATH= ldd "$site/bin/shmrefd" >"$tmp/ldd.txt" 2>&1
 check "the wheel's shmrefd loads no libuv, msgpack-c, libcap, libinih (linked in statically)" bash -c \
     "grep -q libc.so '$tmp/ldd.txt' && ! grep -E 'libuv|libmsgpackc|libcap|libinih' '$tmp/ldd.txt'"
 check "the wheel's shmrefd needs no libsystemd" bash -c "! grep -q libsystemd '$tmp/ldd.txt'"
+check "the wheel carries the licences of the libraries linked in (libuv, msgpack-c, libcap, inih)" "$py" -c '
+import sys, zipfile
+names = {n.rsplit("/", 1)[-1] for n in zipfile.ZipFile(sys.argv[1]).namelist() if "dist-info/licenses/LICENSES/" in n} - {""}
+sys.exit(0 if names == {"libuv.txt", "msgpack-c.txt", "libcap.txt", "inih.txt"} else 1)' "$wheel"
 check "console entry shmrefd runs the wheel's daemon" bash -c "'$tmp/venv/bin/shmrefd' --version | grep -q shmrefd"
 check "python -m shmref.daemon runs it too" bash -c "'$tmp/venv/bin/python' -m shmref.daemon --version | grep -q shmrefd"
 
