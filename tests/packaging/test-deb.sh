@@ -224,8 +224,17 @@ else
     show "$tmp/put.err"; show "$tmp/get.err"
     check "a member of group $sgroup may use the socket" \
         quiet ctl setpriv --reuid=nobody --regid=nogroup --groups="$(getent group "$sgroup" | cut -d: -f3)" shmrefctl ping
-    check "a non-member may not (socket mode $smode)" \
-        bash -c '! env -u SHMREFD_SOCKET -u XDG_RUNTIME_DIR setpriv --reuid=nobody --regid=nogroup --clear-groups shmrefctl ping 2>/dev/null'
+    check "a non-member may not use it (socket mode $smode)" \
+        bash -c '! env -u SHMREFD_SOCKET -u XDG_RUNTIME_DIR setpriv --reuid=nobody --regid=nogroup --clear-groups shmrefctl --socket "$1" ping 2>/dev/null' _ "$sock"
+    # With the default socket a refused non-member gets a private daemon of its own (issue
+    # 25 item 6: docs/install.md's rule), which it may use and which is never the system's.
+    ctl setpriv --reuid=nobody --regid=nogroup --clear-groups shmrefctl ping >"$tmp/nonmember.out" 2>&1
+    ppid=$(sed -n 's/.*pid \([0-9]*\).*/\1/p' "$tmp/nonmember.out" | head -n 1)
+    check "a non-member with the default socket gets a private daemon of its own, not the system one" \
+        bash -c '[ -n "$1" ] && [ "$1" != "$2" ] && [ "$(awk "/^Uid:/ {print \$2}" /proc/$1/status)" = "$(id -u nobody)" ]' \
+        _ "$ppid" "$dpid"
+    show "$tmp/nonmember.out"
+    [ -n "$ppid" ] && [ "$ppid" != "$dpid" ] && kill "$ppid" 2>/dev/null
     # Debian's python3, isolated (-I: no PYTHON* variables, no user site; env -i: no venv,
     # the default socket) with the installed module; the consumer runs as a group member.
     py=(timeout 60 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin /usr/bin/python3 -I)

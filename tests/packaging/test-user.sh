@@ -61,6 +61,14 @@ if [ -z "${SHMREF_TEST_USER_NS:-}" ]; then
         echo "scripts/dist took $(($(date +%s) - start)) s"
     fi
     scratch=$(mktemp -d "$bin/test-user.XXXXXX")
+    # What the run in the namespace reads, copied now: there /tmp is the scratch directory,
+    # which hides a source or build tree under /tmp (a fresh clone in CI).
+    in=$scratch/inputs
+    mkdir -p "$in/docs/docs" "$in/wheels"
+    cp "$src/README.md" "$in/docs/"
+    cp "$src/docs/install.md" "$src/docs/python.md" "$in/docs/docs/"
+    cp "$src/tests/packaging/test-user.py" "$src/python/tests/requirements.txt" "$in/"
+    cp "$out"/shmref-*.whl "$in/wheels/"
     SHMREF_TEST_USER_NS=$scratch SHMREF_TEST_USER_PYTHONS="${pythons[*]}" SHMREF_TEST_USER_MISSING="${missing[*]}" \
         unshare --mount --propagation private -- "$0" "$@"
     rc=$?
@@ -95,11 +103,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-mkdir -p "$tmp/docs/docs" "$tmp/wheels"
-cp "$src/README.md" "$tmp/docs/"
-cp "$src/docs/install.md" "$src/docs/python.md" "$tmp/docs/docs/"
-cp "$src/tests/packaging/test-user.py" "$src/python/tests/requirements.txt" "$tmp/"
-cp "$bin"/user-dist/shmref-*.whl "$tmp/wheels/"
+cp -r /tmp/inputs/. "$tmp/" # copied before the namespace hid the trees (above)
 chmod -R a+rX "$tmp/docs" "$tmp/wheels" "$tmp/test-user.py" "$tmp/requirements.txt"
 
 for py in $SHMREF_TEST_USER_PYTHONS; do
