@@ -90,6 +90,10 @@ if [ -d "$pyenv" ]; then
 fi
 test_begin user
 chmod 0755 "$tmp"
+# The working directory the test was started in may be a path the new /tmp hides (a
+# fresh clone under /tmp): spawned Pythons chdir to their parent's os.getcwd() and fail
+# there. The users' processes start in the test's directory.
+cd "$tmp" || exit 1
 ns=$(readlink /proc/self/ns/mnt)
 cleanup() {
     # Every process of uid nobody in this namespace is this test's (the private daemons,
