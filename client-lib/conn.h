@@ -37,6 +37,7 @@ struct shmref_buf {
     unsigned busy;          /* outstanding requests that refer to this handle */
     bool doomed;            /* released while busy: freed when the last such request ends */
     bool shareable;         /* listed in conn->by_token */
+    bool private_map;       /* SHMREF_ACQUIRE_PRIVATE: data is its own MAP_PRIVATE mapping, not the cache's */
     bool inherited;         /* a forked child's copy of its parent's handle: never released */
     bool ledger;            /* a ledger hold (localhold.c): no daemon handle; given back in the ledger */
     uint32_t slot;          /* a ledger hold's pool slot */
@@ -92,6 +93,7 @@ struct pending {
     bool retried;           /* sent again once after EDQUOT/ENOSPC */
     bool parked;            /* waits for the stock's refills before it is sent again */
     bool require_sealed;    /* acquire: SHMREF_ACQUIRE_SEALED */
+    bool private_map;       /* acquire: SHMREF_ACQUIRE_PRIVATE */
     bool refill;            /* sent by the stock (counted in stock.out until answered) */
     bool stock_sent;        /* sent with PROTO_LEASE_STOCK (the daemon bounds the stock) */
     bool stale_retried;     /* asked again once after a reply that raced our forget (-ESTALE) */

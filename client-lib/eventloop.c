@@ -138,7 +138,7 @@ int shmref_acquire_submit(shmref_conn *conn, const shmref_desc *desc, unsigned f
 {
     if (!conn)
         return -EINVAL;
-    if (!desc || (flags & ~SHMREF_ACQUIRE_SEALED))
+    if (!desc || (flags & ~(SHMREF_ACQUIRE_SEALED | SHMREF_ACQUIRE_PRIVATE)))
         return client_fail(conn, -EINVAL, "acquire_submit: desc must not be NULL, flags known");
     int r = client_enter(conn);
     if (r < 0)
@@ -148,7 +148,8 @@ int shmref_acquire_submit(shmref_conn *conn, const shmref_desc *desc, unsigned f
         return pending_new_error(conn);
     p->user = user;
     p->desc = *desc;
-    if ((p->buf = lease_share(conn, desc, flags)) || (p->buf = lease_local(conn, desc, flags)))
+    p->private_map = (flags & SHMREF_ACQUIRE_PRIVATE) != 0; /* always the daemon's (lease_acquire) */
+    if (!p->private_map && ((p->buf = lease_share(conn, desc, flags)) || (p->buf = lease_local(conn, desc, flags))))
         return done_now(conn, p);
     p->wait_ms = (uint32_t)conn->acquire_wait_ms;
     p->require_sealed = (flags & SHMREF_ACQUIRE_SEALED) != 0;

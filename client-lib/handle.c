@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -124,9 +125,32 @@ static int check_seals(shmref_conn *conn, uint32_t flags, int fd, bool require)
     return 1;
 }
 
+/* map_private: a private acquire's own copy-on-write mapping of fd (PROTO_ACQUIRE_PRIVATE),
+ * outside the mapping cache. No fd: the daemon does not know private acquires (it treated
+ * this one as plain, and this connection maps the buffer already). */
+static int map_private(shmref_conn *conn, shmref_buf *b, int fd)
+{
+    if (fd < 0)
+        return client_fail(conn, -EOPNOTSUPP, "shmrefd sent no fd with a private acquire of buffer %llu: this "
+                           "shmrefd does not know private acquires (PROTO_ACQUIRE_PRIVATE)",
+                           (unsigned long long)b->buf_id);
+    int r = check_fd(conn, fd, b->capacity);
+    if (r < 0)
+        return r;
+    void *data = mmap(NULL, b->capacity ? b->capacity : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (data == MAP_FAILED) {
+        int e = errno;
+        return client_fail(conn, -e, "private mmap of %llu bytes failed: %s", (unsigned long long)b->capacity,
+                           strerror(e));
+    }
+    b->data = data;
+    b->private_map = true;
+    return 0;
+}
+
 int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t size, uint64_t capacity,
                const uint8_t *token, const uint8_t *meta, uint32_t meta_len, uint32_t flags, int fd,
-               bool writable, bool require_sealed, shmref_buf **ret_buf)
+               bool writable, bool require_sealed, bool private_map, shmref_buf **ret_buf)
 {
     shmref_buf *b = NULL;
     int r = writable ? 0 : check_seals(conn, flags, fd, require_sealed);
@@ -149,6 +173,14 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
             goto fail;
         memcpy(b->meta, meta, meta_len);
         b->meta_len = meta_len;
+    }
+    if (private_map) {
+        if ((r = map_private(conn, b, fd)) < 0)
+            goto fail;
+        close(fd);
+        lease_link(conn, b); /* never shareable: its mapping is this handle's alone */
+        *ret_buf = b;
+        return 0;
     }
     /* A cached mapping needs no fd; a new one does. */
     b->data = mapcache_find(&conn->cache, b->buf_id, b->capacity, writable);
@@ -178,7 +210,8 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
 fail:
     if (fd >= 0) { /* the daemon counts this fd as sent (fd-once): say it was not kept */
         close(fd);
-        client_forget(conn, buf_id, writable);
+        if (!private_map) /* a private acquire's fd is not counted: nothing to forget */
+            client_forget(conn, buf_id, writable);
     }
     if (b)
         free(b->meta);
@@ -197,7 +230,12 @@ uint64_t lease_forget(shmref_buf *buf)
     if (buf->ledger)
         localhold_give(buf); /* before its mapping's use goes (and maybe a forget is sent) */
     unlink_buf(buf);
-    if (buf->data)
+    /* A private mapping is this handle's alone (no forget: the daemon never counted it);
+     * in a forked child an inherited one stays mapped, as every inherited mapping does. */
+    if (buf->data && buf->private_map) {
+        if (!buf->inherited)
+            munmap(buf->data, buf->capacity ? buf->capacity : 1);
+    } else if (buf->data)
         mapcache_put(&buf->conn->cache, buf->data);
     if (buf->share) {
         if (atomic_fetch_sub(&buf->share->refs, 1) == 1)
@@ -273,7 +311,7 @@ void lease_release_busy(shmref_buf *buf)
 
 void lease_uncacheable(shmref_buf *buf)
 {
-    if (buf->data)
+    if (buf->data && !buf->private_map)
         mapcache_nocache(&buf->conn->cache, buf->data);
 }
 
@@ -359,6 +397,7 @@ size_t shmref_buf_size(const shmref_buf *buf) { return buf ? buf->size : 0; }
 size_t shmref_buf_capacity(const shmref_buf *buf) { return buf ? buf->capacity : 0; }
 int shmref_buf_writable(const shmref_buf *buf) { return buf ? buf->writable : 0; }
 int shmref_buf_sealed(const shmref_buf *buf) { return buf ? buf->sealed : 0; }
+int shmref_buf_private(const shmref_buf *buf) { return buf ? buf->private_map : 0; }
 
 const void *shmref_buf_meta(const shmref_buf *buf, size_t *ret_len)
 {

@@ -13,7 +13,7 @@
  * nothing mapped). On failure the daemon's handle is released and the fd closed. */
 int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t size, uint64_t capacity,
                const uint8_t *token, const uint8_t *meta, uint32_t meta_len, uint32_t flags, int fd,
-               bool writable, bool require_sealed, shmref_buf **ret_buf);
+               bool writable, bool require_sealed, bool private_map, shmref_buf **ret_buf);
 /* lease_link: a new handle b linked into conn's list. */
 void lease_link(shmref_conn *conn, shmref_buf *b);
 /* lease_forget: a handle's local half (list, mapping use, memory; a ledger hold is given

@@ -185,13 +185,15 @@ int lease_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags, bo
 {
     if (!conn)
         return -EINVAL;
-    if (!desc || !ret_buf || (flags & ~SHMREF_ACQUIRE_SEALED))
+    if (!desc || !ret_buf || (flags & ~(SHMREF_ACQUIRE_SEALED | SHMREF_ACQUIRE_PRIVATE)))
         return client_fail(conn, -EINVAL, "acquire: desc and ret_buf must not be NULL, flags known");
     int r = client_enter(conn);
     if (r < 0)
         return r;
-    shmref_buf *b = lease_share(conn, desc, flags);
-    if (b || (local && (b = lease_local(conn, desc, flags)))) {
+    /* A private acquire always asks the daemon: its mapping is its own, never shared. */
+    bool priv = (flags & SHMREF_ACQUIRE_PRIVATE) != 0;
+    shmref_buf *b = priv ? NULL : lease_share(conn, desc, flags);
+    if (b || (local && !priv && (b = lease_local(conn, desc, flags)))) {
         *ret_buf = b;
         return 0;
     }
@@ -201,6 +203,7 @@ int lease_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags, bo
     p->desc = *desc;
     p->wait_ms = (uint32_t)conn->acquire_wait_ms;
     p->require_sealed = (flags & SHMREF_ACQUIRE_SEALED) != 0;
+    p->private_map = priv;
     if ((r = pending_submit(conn, p)) == 0 &&
         (r = pending_wait(conn, p, pending_budget(conn, p->wait_ms))) == 0) {
         *ret_buf = p->buf;
@@ -407,14 +410,25 @@ int shmref_lease_many(shmref_conn *conn, const size_t *sizes, size_t n, shmref_b
 int lease_acquire_send(shmref_conn *conn, struct pending *p)
 {
     struct proto_msg req = { .op = PROTO_OP_ACQUIRE };
+    if (p->private_map && !(conn->features & PROTO_FEAT_PRIVATE))
+        return client_fail(conn, -EOPNOTSUPP, "acquire: this shmrefd does not know private acquires "
+                           "(SHMREF_ACQUIRE_PRIVATE): it did not agree PROTO_FEAT_PRIVATE in hello");
     memcpy(req.u.acquire.token, p->desc.token, PROTO_TOKEN_LEN);
     req.u.acquire.wait_ms = p->wait_ms;
+    req.u.acquire.flags = p->private_map ? PROTO_ACQUIRE_PRIVATE : 0;
     return pending_submit_msg(conn, p, &req);
 }
 
 static int acquire_take(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds,
                         bool lost)
 {
+    if (lost && p->private_map) { /* its fd was never counted: nothing to forget */
+        for (unsigned i = 0; i < nfds; i++)
+            close(fds[i]);
+        lease_undo_reply(conn, rep, NULL, 0, false);
+        return client_fail(conn, -EMFILE, "the private acquire's fd could not be received: this process is at its "
+                           "open-file limit (RLIMIT_NOFILE); the buffer was released");
+    }
     if (lost) {
         lease_lost(conn, p, rep, fds, nfds);
         return p->result;
@@ -424,15 +438,20 @@ static int acquire_take(shmref_conn *conn, struct pending *p, const struct proto
     int fd = nfds > 0 ? fds[0] : -1;
     const typeof(rep->u.acquire_reply) *l = &rep->u.acquire_reply;
     if (l->size != p->desc.size) {
+        if (p->private_map) { /* its fd was never counted: nothing to forget */
+            if (fd >= 0)
+                close(fd);
+            fd = -1;
+        }
         lease_undo_reply(conn, rep, &fd, fd >= 0, false);
         return client_fail(conn, -EINVAL, "descriptor says %llu bytes, the buffer has %llu",
                            (unsigned long long)p->desc.size, (unsigned long long)l->size);
     }
     int r = lease_take(conn, l->handle, l->buf_id, l->size, l->capacity, l->token, l->meta, l->meta_len, l->flags, fd,
-                       false, p->require_sealed, &p->buf);
+                       false, p->require_sealed, p->private_map, &p->buf);
     /* The daemon retires this buffer after its last release: a cached mapping would never
      * be used again, and would pin a sealed buffer's pages until exit. */
-    if (r == 0 && (l->flags & PROTO_BUF_RETIRE))
+    if (r == 0 && (l->flags & PROTO_BUF_RETIRE) && !p->private_map)
         lease_uncacheable(p->buf);
     return r;
 }

@@ -104,7 +104,7 @@ static void nudge(shmref_conn *conn, uint64_t buf_id)
 
 int localhold_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags, shmref_buf **ret_buf)
 {
-    if (!conn->lh.dir || (flags & SHMREF_ACQUIRE_SEALED))
+    if (!conn->lh.dir || (flags & (SHMREF_ACQUIRE_SEALED | SHMREF_ACQUIRE_PRIVATE)))
         return -EAGAIN;
     uint32_t slot = ledger_slot_of(desc->token);
     uint64_t buf_id = ledger_buf_of(conn->lh.dir, slot, desc->token);

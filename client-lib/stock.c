@@ -302,7 +302,7 @@ static int take_many(shmref_conn *conn, struct pending *p, const struct proto_ms
             continue;
         }
         r = lease_take(conn, items[i].handle, items[i].buf_id, items[i].size, items[i].capacity, items[i].token,
-                       NULL, 0, 0, fd, true, false, &p->bufs[i]);
+                       NULL, 0, 0, fd, true, false, false, &p->bufs[i]);
     }
     while (fi < nfds)
         close(fds[fi++]);
@@ -322,7 +322,7 @@ static int lease_reply(shmref_conn *conn, struct pending *p, const struct proto_
         close(fds[i]);
     const typeof(rep->u.lease_reply) *l = &rep->u.lease_reply;
     int r = lease_take(conn, l->handle, l->buf_id, l->size, l->capacity, l->token, l->meta, l->meta_len, l->flags,
-                       nfds > 0 ? fds[0] : -1, true, false, &p->buf);
+                       nfds > 0 ? fds[0] : -1, true, false, false, &p->buf);
     if (r == 0 && (p->owner == PENDING_WAIT || p->owner == PENDING_USER)) {
         p->buf->size = p->want;
         stock_learn(conn, p->want, p->buf->capacity);

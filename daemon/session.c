@@ -14,8 +14,9 @@
 #include "log.h"
 #include "text.h"
 
-#define FEATURES \
-    (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN | PROTO_FEAT_BYE)
+#define FEATURES                                                                                          \
+    (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN | PROTO_FEAT_BYE | \
+     PROTO_FEAT_PRIVATE)
 
 static uint8_t wbuf[PROTO_MAX_REPLY];              /* one encoded reply (one loop thread) */
 static uint8_t status_body[PROTO_MAX_REPLY - 64];  /* a status map, before its envelope */
@@ -70,6 +71,7 @@ static void session_unref(struct session *s)
         return;
     owed_free(s);
     idset_free(&s->known);
+    idset_free(&s->private_ids);
     if (s->pidfd >= 0)
         close(s->pidfd);
     free(s);
@@ -188,9 +190,14 @@ static void as_peer_reply(struct broker_peer *p, const struct proto_msg *m, int 
     struct session *s = (struct session *)p;
     if ((m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY) && owe(s, m, fd))
         return;
-    /* A sealed buffer always carries its fd: the consumer checks its seals on it. */
+    /* A sealed buffer always carries its fd: the consumer checks its seals on it. A
+     * private acquire's always does too, and that mapping is not counted (the client maps
+     * it MAP_PRIVATE, never caches it, never forgets it), so it is left out of fd_to_send
+     * altogether: the fd-once set records only the connection's shared mappings. */
     bool counted = true;
-    if (m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY)
+    if (m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY && idset_has(&s->private_ids, (uint64_t)m->id + 1))
+        idset_del(&s->private_ids, (uint64_t)m->id + 1);
+    else if (m->op == PROTO_OP_LEASE + PROTO_OP_REPLY || m->op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY)
         fd = fd_to_send(s, m->u.lease_reply.buf_id, m->op == PROTO_OP_LEASE + PROTO_OP_REPLY,
                         (m->u.lease_reply.flags & PROTO_BUF_SEALED) != 0, fd, &counted);
     /* An uncounted read-only mapping must not be cached (fd_to_send). A writable one may:
@@ -520,6 +527,7 @@ void session_fail(struct session *s, uint32_t id, int code, const char *fmt, ...
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    idset_del(&s->private_ids, (uint64_t)id + 1); /* that request is answered */
     int len = proto_encode_error(id, code, wbuf, sizeof(wbuf), "%s", msg);
     if (len <= 0)
         return;
@@ -611,6 +619,18 @@ static void do_status(struct session *s, const struct proto_msg *m)
     session_send(s, &r, -1);
 }
 
+/* note_private: remember a private acquire's request id until its reply goes (as_peer_reply)
+ * or it is refused (session_fail). Bounded by max-leases: past it, or on a version-2
+ * connection, or out of memory, the flag is ignored and the acquire answered as a plain
+ * one (the client then says EOPNOTSUPP if it gets no fd). */
+static void note_private(struct session *s, const struct proto_msg *m)
+{
+    if (!(m->u.acquire.flags & PROTO_ACQUIRE_PRIVATE) || s->version == PROTO_VERSION_PREV)
+        return;
+    uint32_t max = s->env->opt->max_leases ? s->env->opt->max_leases : 1;
+    (void)idset_add(&s->private_ids, (uint64_t)m->id + 1, max);
+}
+
 /* dispatch: one decoded request, after the hello rule. */
 static void dispatch(struct session *s, const struct proto_msg *m)
 {
@@ -682,6 +702,8 @@ static void on_message(void *ctx, const uint8_t *data, size_t len)
         protocol_error(s, m.id, what); /* its end is no clean close: it has a reason */
         return;
     }
+    if (m.op == PROTO_OP_ACQUIRE)
+        note_private(s, &m);
     dispatch(s, &m);
     broker_check(s->env->broker);
 }

@@ -68,6 +68,7 @@ struct session {
     bool fd_once;                /* PROTO_FEAT_FD_ONCE agreed in hello */
     bool bye;                    /* it said bye (PROTO_FEAT_BYE): its end is a clean close */
     struct idset known;          /* buf_id << 1 | writable: fds this client was sent */
+    struct idset private_ids;    /* request id + 1 of each PROTO_ACQUIRE_PRIVATE not answered yet */
     struct tenantdir_conn ledger; /* PROTO_FEAT_LEDGER agreed: its ledger (dir NULL: none) */
     uint64_t accepted_ms;        /* uv_now at accept, for the hello deadline */
     uint64_t last_ms;            /* uv_now at its last request, for --idle-timeout */

@@ -70,6 +70,12 @@
  * holding them (clients_died). */
 #define PROTO_FEAT_BYE (1u << 4)
 
+/* The daemon knows private acquires (PROTO_ACQUIRE_PRIVATE): a client asks for one only
+ * when the daemon agreed to this bit, so an older daemon, which ignores acquire flags and
+ * would count the fd it sends (fd-once) for a mapping the client never forgets, is never
+ * asked. Version 3. */
+#define PROTO_FEAT_PRIVATE (1u << 5)
+
 /* The daemon marks acquire replies of a buffer whose producer is another tenant
  * (PROTO_BUF_FOREIGN), so a client can refuse another uid's unsealed unit; without this
  * bit the client cannot tell and treats every unsealed unit as another uid's. (A high
@@ -95,6 +101,15 @@
  * reserve's largest class; refused EAGAIN otherwise (the client then leases plainly when
  * a caller asks). Counted as stock until the client publishes it. Version 3. */
 #define PROTO_LEASE_STOCK (1u << 0)
+
+/* Flags of an acquire request. */
+/* A private acquire: the daemon attaches the buffer's fd to the reply even when this
+ * connection already maps it (fd-once), and records nothing for that mapping (it is not
+ * in the fd-once set): the client maps it MAP_PRIVATE (copy-on-write), never caches it
+ * and never sends forget for it. Sent only to a daemon that agreed PROTO_FEAT_PRIVATE
+ * (a daemon before this flag ignored every acquire flag: a client that gets no fd for a
+ * buffer it has to map says -EOPNOTSUPP). Ignored on a version-2 connection. Version 3. */
+#define PROTO_ACQUIRE_PRIVATE (1u << 0)
 #define PROTO_BUF_FOREIGN (1u << 6) /* acquire: the producer is another tenant (uid) than the caller */
 
 /* The previous protocol version, which both sides still speak (PROTOCOL.md, "Versions"):

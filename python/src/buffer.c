@@ -58,6 +58,7 @@ BufferObject *buffer_new(ConnObject *conn, shmref_buf *buf, bool lease)
     b->size = shmref_buf_size(buf);
     b->lease = lease;
     b->published = b->frozen = b->protected_ = b->released = b->has_desc = false;
+    b->private_ = shmref_buf_private(buf) == 1; /* its own copy-on-write mapping: writable */
     b->layout = NULL;
     b->user = NULL;
     b->exports = b->exports_rw = 0;
@@ -108,7 +109,7 @@ static void Buffer_dealloc(BufferObject *self)
 
 static bool writable(BufferObject *self)
 {
-    return self->lease && !self->published && !self->frozen && self->buf;
+    return self->buf && (self->private_ || (self->lease && !self->published && !self->frozen));
 }
 
 /* chain_exact: whether nothing but the caller refers to array (at most `allowed`

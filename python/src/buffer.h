@@ -17,6 +17,7 @@ typedef struct {
     bool frozen;                /* read-only from now on (published, or a shared() copy) */
     bool protected_;            /* the mapping is mprotect'ed read-only (restored at release) */
     bool released;              /* given up (Client.release) */
+    bool private_;              /* acquired private (copy-on-write): writable, its writes this process's only */
     bool has_desc;
     shmref_desc desc;
     shmref_meta_array *layout;  /* a lease's layout from empty() (PyMem_Malloc'd), or NULL */

@@ -545,7 +545,8 @@ done:
 }
 
 /* acquire: the buffer (owner) and its array metadata (0, or -ENOMSG: opaque). */
-static BufferObject *acquire(ClientObject *self, PyObject *refobj, shmref_meta_array *m, int *ret_meta)
+static BufferObject *acquire(ClientObject *self, PyObject *refobj, unsigned flags, shmref_meta_array *m,
+                            int *ret_meta)
 {
     shmref_desc d;
     if (ref_parse(refobj, &d) < 0)
@@ -559,7 +560,7 @@ static BufferObject *acquire(ClientObject *self, PyObject *refobj, shmref_meta_a
     int r, mr = 0;
     Py_BEGIN_ALLOW_THREADS
     conn_lock_nogil(conn);
-    r = shmref_acquire(conn->c, &d, &buf);
+    r = shmref_acquire_ex(conn->c, &d, flags, &buf);
     if (r < 0)
         snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
     else if ((mr = shmref_buf_meta_array(buf, m)) < 0 && mr != -ENOMSG)
@@ -597,11 +598,16 @@ static BufferObject *acquire(ClientObject *self, PyObject *refobj, shmref_meta_a
     return owner;
 }
 
-static PyObject *Client_acquire(ClientObject *self, PyObject *ref)
+static PyObject *Client_acquire(ClientObject *self, PyObject *args, PyObject *kw)
 {
+    static char *names[] = { "ref", "private", NULL };
+    PyObject *ref;
+    int priv = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$p:acquire", names, &ref, &priv))
+        return NULL;
     shmref_meta_array m;
     int mr = 0;
-    BufferObject *owner = acquire(self, ref, &m, &mr);
+    BufferObject *owner = acquire(self, ref, priv ? SHMREF_ACQUIRE_PRIVATE : 0, &m, &mr);
     if (!owner)
         return NULL;
     PyObject *arr;
@@ -652,7 +658,7 @@ static PyObject *Client_acquire_view(ClientObject *self, PyObject *args)
         return NULL;
     shmref_meta_array m;
     int mr = 0;
-    BufferObject *owner = acquire(self, ref, &m, &mr);
+    BufferObject *owner = acquire(self, ref, 0, &m, &mr);
     if (!owner)
         return NULL;
     PyObject *arr = buffer_array(owner, dtype, (int)nd, shape, strides_o == Py_None ? NULL : strides, 'C',
@@ -981,11 +987,14 @@ static PyMethodDef Client_methods[] = {
       "max_acquires acquires (default 1: one consumer; 0: every consumer within keep). So a "
       "loop of share/release cannot fill a quota with buffers nobody will read. wait: as for "
       "empty(), for the copy's lease." },
-    { "acquire", (PyCFunction)Client_acquire, METH_O,
-      "acquire($self, ref, /)\n--\n\n"
+    { "acquire", (PyCFunction)(void (*)(void))Client_acquire, METH_VARARGS | METH_KEYWORDS,
+      "acquire($self, ref, /, *, private=False)\n--\n\n"
       "A read-only, zero-copy numpy array (a shmref.SharedArray) of a published buffer (a Ref or its text), with the "
       "producer's dtype and shape; uint8 bytes when the metadata is not shmref's. The mapping "
-      "stays while the array or any view of it lives; the array cannot be made writable." },
+      "stays while the array or any view of it lives; the array cannot be made writable. private=True: a "
+      "writable array over a private copy-on-write mapping (no copy until written; a page is copied at its "
+      "first write, into this process only: the producer and other consumers never see the writes); "
+      "OSError EOPNOTSUPP if shmrefd does not know private acquires." },
     { "_acquire_view", (PyCFunction)Client_acquire_view, METH_VARARGS,
       "_acquire_view(ref, dtype, shape, strides, offset) -> numpy.ndarray (private)" },
     { "release", (PyCFunction)Client_release, METH_O,

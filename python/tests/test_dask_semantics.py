@@ -177,6 +177,49 @@ async def test_a_task_may_write_into_its_input(c, s, a, b):
     assert sd.stats()["received_by_ref"] > before["received_by_ref"]
 
 
+
+def _write_and_tell(x):
+    """What x arrived as (writable? what holds its memory?), after writing into all of it."""
+    o = x
+    for _ in range(64):  # arrays' .base, memoryviews' .obj, down to what owns the memory
+        nxt = o.obj if isinstance(o, memoryview) else getattr(o, "base", None)
+        if nxt is None:
+            break
+        o = nxt
+    writeable = bool(x.flags.writeable)
+    x[:] = -1.0
+    return writeable, type(o).__module__ + "." + type(o).__qualname__
+
+
+def _total(x):
+    return float(x.sum())
+
+
+@gen_cluster(client=True, scheduler="shmref://127.0.0.1",
+             nthreads=[("shmref://127.0.0.1", 1), ("shmref://127.0.0.1", 1), ("shmref://127.0.0.1", 1)])
+async def test_a_writable_input_arrives_mapped_copy_on_write(c, s, a, b, w):
+    """A writable array sent to a worker arrives writable and is a private copy-on-write
+    mapping of the sender's published frame (issue 27 item 3: no copy until written), and
+    the task's writes stay its own: another worker receiving the same array from the same
+    sender gets the producer's bytes. Before: it arrived as a copy (its memory a
+    bytearray's, received_private absent)."""
+    n = MiB // 8
+    want = float(np.arange(n, dtype=np.float64).sum())
+    before = sd.stats()
+    x = c.submit(_make, n, workers=[a.address], pure=False)
+    assert await c.submit(_total, x, workers=[w.address], pure=False) == want  # w received x
+    writeable, host = await c.submit(_write_and_tell, x, workers=[b.address], pure=False)
+    after = sd.stats()
+    assert writeable
+    assert host.startswith("shmref"), f"the input's memory is held by {host}, not a shmref mapping"
+    assert after["received_private"] > before.get("received_private", 0)
+    assert after["received_copied"] == before.get("received_copied", 0)
+    # b's task wrote -1 into all of its input: neither the sender's array nor what the
+    # other worker received (a mapping of the same buffer) changed
+    assert float(a.data[x.key].sum()) == want
+    assert float(w.data[x.key].sum()) == want
+    assert await c.submit(_total, x, workers=[w.address], pure=False) == want
+
 # ---- item 4: TLS, as distributed's tls:// ----
 
 def _make_certs(d):

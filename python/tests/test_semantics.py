@@ -686,3 +686,24 @@ def test_another_uids_pickle_cannot_pick_the_daemon(client, tmp_path):
         shutil.rmtree(d, ignore_errors=True)
     assert "nobody" in out and "connected" not in out
 
+
+
+def test_a_private_acquire_is_writable_and_its_writes_are_its_own(client, daemon):
+    a = client.empty(1000, dtype="int64")
+    a[:] = np.arange(1000)
+    ref = client.publish(a)
+    mine = client.acquire(ref, private=True)
+    assert mine.flags.writeable
+    assert int(mine[999]) == 999            # the producer's bytes
+    mine[:10] = -1                          # copy-on-write: this process's pages only
+    assert int(mine[5]) == -1
+    assert int(a[5]) == 5                   # the producer's buffer is unchanged
+    other = shmref.connect(daemon.socket)
+    theirs = other.acquire(ref)
+    assert int(theirs[5]) == 5 and not theirs.flags.writeable
+    plain = client.acquire(ref)             # this connection's plain view too
+    assert int(plain[5]) == 5 and not plain.flags.writeable
+    client.release(plain)
+    client.release(mine)
+    other.release(theirs)
+    other.close()

@@ -38,7 +38,7 @@ static void hello_in(int fd, uint32_t v, uint64_t features, struct proto_msg *re
 
 #define ALL_FEATURES                                                                                      \
     (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_LEDGER | PROTO_FEAT_BYE | \
-     PROTO_FEAT_FOREIGN)
+     PROTO_FEAT_FOREIGN | PROTO_FEAT_PRIVATE)
 
 /* prev_connect: a raw connection of the previous version that asked every feature; it
  * gets only that version's, in a reply of that version without fds. */

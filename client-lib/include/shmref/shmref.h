@@ -423,6 +423,15 @@ SHMREF_EXPORT int shmref_unit_release(shmref_unit *unit);
 #define SHMREF_PUBLISH_SEALED 1u   /* seal the buffer against writing (memfd pools only) */
 /* Flags of shmref_acquire_ex. */
 #define SHMREF_ACQUIRE_SEALED 1u   /* accept only a sealed buffer */
+/* A private acquire: the buffer is this process's to write, at no copy until it does. The
+ * bytes read are the producer's; writes go to private pages of this process only
+ * (copy-on-write: a page is copied at its first write), never to the buffer, which the
+ * producer and every other consumer keep seeing unchanged. shmref_buf_data returns that
+ * mapping (writable); it lives until the handle's release, is never shared with another
+ * acquire of the same buffer, and always asks the daemon (no ledger hold). -EOPNOTSUPP:
+ * the daemon does not know private acquires. (4u: 2u is SHMREF_ACQUIRE_TRUST_PRODUCER's,
+ * a flag of shmref_unit_acquire_ex.) */
+#define SHMREF_ACQUIRE_PRIVATE 4u
 
 /* shmref_publish_ex: shmref_publish with a cap on acquires and flags. keep_ms retains
  * the buffer for every consumer that comes within that time; max_acquires > 0 ends the
@@ -448,6 +457,10 @@ SHMREF_EXPORT int shmref_acquire_ex(shmref_conn *conn, const shmref_desc *desc, 
 
 /* shmref_buf_sealed: 1 if buf is a sealed buffer (its seals were checked), else 0. */
 SHMREF_EXPORT int shmref_buf_sealed(const shmref_buf *buf);
+
+/* shmref_buf_private: 1 if buf was acquired with SHMREF_ACQUIRE_PRIVATE (its data is a
+ * private copy-on-write mapping, writable by this process only), else 0. */
+SHMREF_EXPORT int shmref_buf_private(const shmref_buf *buf);
 
 /* ---- Units across tenants: sealed units ----
  *

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import errno
 import logging
 import os
 import struct
@@ -118,6 +119,9 @@ class _Stats:
         self.sent_by_ref = self.sent_forwarded = self.sent_bytes_by_ref = 0
         self.sent_copied_bytes = self.sent_large_tcp = self.received_by_ref = 0
         self.received_bytes_by_ref = self.fallbacks = self.comms_by_ref = self.comms_tcp = 0
+        # frames its sender had writable that arrived as private copy-on-write mappings (no
+        # copy), and those copied instead (the daemon does not know private acquires)
+        self.received_private = self.received_copied = 0
 
     def add(self, **kw):
         with self.lock:
@@ -155,6 +159,7 @@ class _State:
         self.socket = sock or shmref.default_socket()  # until connected: where it looks
         self.client = None
         self.identity = None
+        self.private = True      # until the daemon says it does not know private acquires
         self.starts: list = []   # sorted start addresses of live mappings
         self.maps: dict = {}     # start -> (end, descriptor text)
         if not enabled:
@@ -302,6 +307,71 @@ def _mark_read_only(frames: list, by_ref: set) -> None:
             frames[off] = msgpack.dumps(sub, use_bin_type=True)
 
 
+def _writable_frames(frames: list, by_ref: set) -> set:
+    """Which of the frames in by_ref their sender had writable (the "writeable" flags of
+    the sub-header that precedes them): Dask copies such a frame when it arrives
+    read-only, and keeps it when it arrives writable."""
+    subs = []
+
+    def hook(obj):
+        off = obj.get("__Serialized__", 0)
+        if off:
+            subs.append(off)
+        return obj
+
+    msgpack.loads(frames[0], object_hook=hook, use_list=False, strict_map_key=False, raw=False)
+    out = set()
+    for off in subs:
+        sub = msgpack.loads(frames[off], use_list=False, strict_map_key=False, raw=False)
+        w = _find_writeable(sub)
+        if not w or not isinstance(sub, dict):
+            continue
+        # The flags name the last sub-frames (pickle's: its buffers, after the pickle
+        # itself; numpy's: its one frame); sub-frame k starts at frame off + 1 +
+        # split-offsets[k] (shmref never splits a frame it sends by reference).
+        n = sub.get("num-sub-frames", len(w))
+        starts = sub.get("split-offsets") or range(n)
+        shift = n - len(w)
+        if shift < 0 or len(starts) < n:
+            continue
+        out.update(off + 1 + starts[shift + j] for j, flag in enumerate(w)
+                   if flag and off + 1 + starts[shift + j] in by_ref)
+    return out
+
+
+def _find_writeable(obj):
+    """The first "writeable" flags in a (decoded) sub-header, where Dask's serializers put
+    them (the header itself, or its "sub-header"), or None."""
+    if isinstance(obj, dict):
+        w = obj.get("writeable")
+        if isinstance(w, (list, tuple)):
+            return w
+        for v in obj.values():
+            if isinstance(v, dict):
+                w = _find_writeable(v)
+                if w is not None:
+                    return w
+    return None
+
+
+def _acquire_private(st, text: str):
+    """A private (copy-on-write) mapping of the buffer text names, writable at no copy
+    until written; None when the daemon does not know private acquires (then, and from
+    then on in this process, such frames are copied as before: said once)."""
+    try:
+        return st.client.acquire(text, private=True)
+    except OSError as e:
+        if e.errno != errno.EOPNOTSUPP:
+            raise
+        st.private = False
+        reason = ("private", e.errno)
+        if reason not in _fallbacks_warned:
+            _fallbacks_warned.add(reason)
+            logger.warning("shmref: frames their sender had writable are copied on arrival: %s (said once per "
+                           "reason in this process: counted in shmref.dask.stats()['received_copied'])", e)
+        return None
+
+
 def _linger(pins: deque, seconds: float) -> None:
     """Keeps the forwarded frames of a comm that closes before its peer acknowledged the
     messages carrying them, for the retention (issue 27, item 3a). A forwarded frame is a
@@ -410,15 +480,30 @@ class ShmrefComm(TCP):
         if st.client is None:
             raise CommClosedError(f"in {self}: the peer sent frames by reference and this process has no shmrefd")
         mapped = {}
+        mine = {}  # text -> a private mapping, for the frames their sender had writable
+        # A frame its sender had writable arrives in a private copy-on-write mapping: Dask
+        # keeps it as it is (no copy), and the task's writes stay in this process's pages.
+        writable = _writable_frames(frames, {e[0] for e in entries}) if st.writable and st.private else ()
+        copied = 0
         for i, text, off, n in entries:
-            arr = mapped.get(text)
+            arr = None
+            if i in writable:
+                arr = mine.get(text)
+                if arr is None and st.private:
+                    arr = _acquire_private(st, text)
+                    if arr is not None:
+                        mine[text] = arr  # never forwarded: its bytes may be this process's own
             if arr is None:
-                arr = mapped[text] = st.client.acquire(text)
-                st.add_mapping(arr, text)
+                copied += i in writable
+                arr = mapped.get(text)
+                if arr is None:
+                    arr = mapped[text] = st.client.acquire(text)
+                    st.add_mapping(arr, text)
             if off + n > arr.nbytes:
                 raise CommClosedError(f"in {self}: frame {i} ({off}+{n} bytes) lies outside {text}")
             frames[i] = memoryview(arr).cast("B")[off:off + n]
-        _stats.add(received_by_ref=len(entries), received_bytes_by_ref=sum(e[3] for e in entries))
+        _stats.add(received_by_ref=len(entries), received_bytes_by_ref=sum(e[3] for e in entries),
+                   received_private=len(writable) - copied if writable else 0, received_copied=copied)
         if not st.writable:
             _mark_read_only(frames, {e[0] for e in entries})
         return frames
