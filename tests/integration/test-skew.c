@@ -246,3 +246,62 @@ Test(skew, the_library_talks_to_a_daemon_of_the_previous_version, .timeout = 120
     cr_assert_eq(wait_status(&d, "buffers.leases", 0, 5000), 0, "every lease came back");
     daemon_stop(&d);
 }
+
+/* private_acquire: a raw acquire of token with PROTO_ACQUIRE_PRIVATE; the number of fds
+ * its reply carried (closed). */
+static unsigned private_acquire(int fd, uint32_t id, const uint8_t *token)
+{
+    struct proto_msg m = { .op = PROTO_OP_ACQUIRE, .id = id }, r;
+    memcpy(m.u.acquire.token, token, PROTO_TOKEN_LEN);
+    m.u.acquire.flags = PROTO_ACQUIRE_PRIVATE;
+    rv_send(fd, &m);
+    int fds[4];
+    unsigned n = 0;
+    cr_assert_gt(rv_recv_fds(fd, 5000, &r, fds, 4, &n), 0);
+    cr_assert_eq(r.op, PROTO_OP_ACQUIRE + PROTO_OP_REPLY, "acquire: op %u", r.op);
+    for (unsigned i = 0; i < n; i++)
+        close(fds[i]);
+    return n;
+}
+
+/* PROTO_ACQUIRE_PRIVATE: on this version the fd comes again to a connection that maps the
+ * buffer, and is not counted (the next plain acquire still gets none, as before it); a
+ * version-2 connection's flag is ignored (fd-once: no fd). */
+Test(skew, a_private_acquire_always_carries_its_fd_but_not_on_version_2, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *c = connect_ok(&d);
+    shmref_buf *b;
+    shmref_desc desc;
+    cr_assert_eq(shmref_lease(c, 4096, &b), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(shmref_publish(b, 4096, 0, NULL, 0, &desc), 0, "%s", shmref_errmsg(c));
+
+    int v3 = raw_connect(&d);
+    struct proto_msg r;
+    unsigned n = 0;
+    hello_in(v3, PROTO_VERSION, PROTO_FEAT_FD_ONCE | PROTO_FEAT_PRIVATE, &r, &n);
+    cr_assert(r.u.hello_reply.features & PROTO_FEAT_PRIVATE, "the daemon agrees PROTO_FEAT_PRIVATE");
+    int fds[4];
+    rv_acquire_send(v3, 2, desc.token, 0);
+    cr_assert_gt(rv_recv_fds(v3, 5000, &r, fds, 4, &n), 0);
+    cr_assert_eq(n, 1, "the first plain acquire carries the fd");
+    close(fds[0]);
+    cr_assert_eq(private_acquire(v3, 3, desc.token), 1, "a private acquire carries it again");
+    cr_assert_eq(private_acquire(v3, 4, desc.token), 1, "and again");
+    rv_acquire_send(v3, 5, desc.token, 0);
+    cr_assert_gt(rv_recv_fds(v3, 5000, &r, fds, 4, &n), 0);
+    cr_assert_eq(n, 0, "a plain acquire after them: still mapped (fd-once), none");
+    close(v3);
+
+    int v2 = prev_connect(&d);
+    rv_acquire_send(v2, 2, desc.token, 0);
+    cr_assert_gt(rv_recv_fds(v2, 5000, &r, fds, 4, &n), 0);
+    cr_assert_eq(n, 1);
+    close(fds[0]);
+    cr_assert_eq(private_acquire(v2, 3, desc.token), 0, "version 2: the flag is ignored");
+    close(v2);
+    cr_assert_eq(shmref_release(b), 0);
+    shmref_close(c);
+    daemon_stop(&d);
+}
