@@ -621,19 +621,24 @@ class ShmrefListener(TCPListener):
     comm_class = ShmrefComm
 
 
-class ShmrefBackend(TCPBackend):
-    """The ``shmref://`` backend (entry point ``distributed.comm.backends``: shmref)."""
-
-    _connector_class = ShmrefConnector
-    _listener_class = ShmrefListener
+class _ConnectsFirst:
+    """Both backends connect to shmrefd when Dask first asks for a connector or listener,
+    so the log says which transport at start-up (not at the first large frame)."""
 
     def get_connector(self):
-        _state()  # connect to shmrefd now, so the log says which transport at start-up
+        _state()
         return super().get_connector()
 
     def get_listener(self, loc, handle_comm, deserialize, **connection_args):
         _state()
         return super().get_listener(loc, handle_comm, deserialize, **connection_args)
+
+
+class ShmrefBackend(_ConnectsFirst, TCPBackend):
+    """The ``shmref://`` backend (entry point ``distributed.comm.backends``: shmref)."""
+
+    _connector_class = ShmrefConnector
+    _listener_class = ShmrefListener
 
 
 class ShmrefTLSComm(ShmrefComm, TLS):
@@ -652,7 +657,7 @@ class ShmrefTLSListener(TLSListener):
     comm_class = ShmrefTLSComm
 
 
-class ShmrefTLSBackend(TLSBackend):
+class ShmrefTLSBackend(_ConnectsFirst, TLSBackend):
     """The ``shmref+tls://`` backend: distributed's ``tls://`` (Security's ssl contexts,
     require_encryption honoured) with ShmrefComm's frames."""
 
