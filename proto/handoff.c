@@ -1,0 +1,267 @@
+/* SPDX-License-Identifier: MIT */
+/* handoff.c: see handoff.h. Every access is seq_cst (the default of <stdatomic.h>): the
+ * argument (docs/architecture.md) is made in the single total order, and the cost is a
+ * locked instruction per step, as the CAS is anyway.
+ *
+ * HANDOFF_STEP(n) marks the points between two stores of a step; it is empty here, and a
+ * test that compiles this file itself defines it to stop (and be killed) exactly there.
+ * HANDOFF_BROKEN_ORDER (tests only) stores the journal before the word at take: the order
+ * the argument forbids, which test-handoff-broken.c shows recycling under a live hold. */
+#include "handoff.h"
+
+#include <errno.h>
+#include <string.h>
+
+#ifndef HANDOFF_STEP
+#define HANDOFF_STEP(n) ((void)0)
+#endif
+
+size_t handoff_size(uint32_t nslots)
+{
+    return (size_t)HANDOFF_HEADER + (size_t)nslots * sizeof(struct handoff_entry);
+}
+
+void handoff_init(void *tab, uint32_t nslots, uint32_t uid, const uint8_t key[16])
+{
+    struct handoff_header *h = tab;
+    h->magic = HANDOFF_MAGIC;
+    h->version = HANDOFF_VERSION;
+    h->nslots = nslots;
+    h->uid = uid;
+    h->entry_size = sizeof(struct handoff_entry);
+    memcpy(h->key, key, sizeof(h->key));
+    for (unsigned c = 0; c < HANDOFF_CLASSES; c++)
+        atomic_store(&h->head[c], 0);
+}
+
+int handoff_check(const void *tab, size_t len)
+{
+    const struct handoff_header *h = tab;
+    if (len < HANDOFF_HEADER || h->magic != HANDOFF_MAGIC || h->version != HANDOFF_VERSION ||
+        h->entry_size != sizeof(struct handoff_entry) || handoff_size(h->nslots) != len)
+        return -EPROTO;
+    return 0;
+}
+
+struct handoff_entry *handoff_entry_at(void *tab, uint32_t slot)
+{
+    return (struct handoff_entry *)((char *)tab + HANDOFF_HEADER) + slot;
+}
+
+/* nslots: the table's size as this process mapped it. The header is the tenant's to
+ * scribble on, so the daemon keeps its own copy; here (pure code) the callers agreed on
+ * it at handoff_check, and a scribbled value only misleads the uid that wrote it. */
+static uint32_t nslots(const void *tab)
+{
+    return ((const struct handoff_header *)tab)->nslots;
+}
+
+/* push: slot (FREE, not LISTED, so off every list) onto its class's list: LISTED first,
+ * then the link. A push that cannot link within `tries` clears LISTED again. */
+static bool push(void *tab, uint32_t slot, unsigned tries)
+{
+    struct handoff_header *h = tab;
+    struct handoff_entry *e = handoff_entry_at(tab, slot);
+    uint32_t cls = atomic_load(&e->cls);
+    if (cls >= HANDOFF_CLASSES)
+        return false;
+    uint64_t w = atomic_load(&e->word);
+    if (handoff_state_of(w) != HANDOFF_FREE || handoff_count_of(w) || (w & (HANDOFF_LISTED | HANDOFF_OUT)) ||
+        !atomic_compare_exchange_strong(&e->word, &w, w | HANDOFF_LISTED))
+        return false;
+    HANDOFF_STEP(6); /* LISTED, not linked: killed here, the buffer is leaked */
+    for (unsigned i = 0; i < tries; i++) {
+        uint64_t old = atomic_load(&h->head[cls]);
+        atomic_store(&e->next, (uint32_t)old);
+        uint64_t neu = (old >> 32 << 32) + (1ull << 32) + (uint64_t)slot + 1;
+        if (atomic_compare_exchange_strong(&h->head[cls], &old, neu))
+            return true;
+    }
+    for (unsigned i = 0; i < tries; i++) { /* not linked: not LISTED (only the daemon's OUT may come) */
+        w = atomic_load(&e->word);
+        if (atomic_compare_exchange_strong(&e->word, &w, w & ~(uint64_t)HANDOFF_LISTED))
+            break;
+    }
+    return false;
+}
+
+int handoff_grant(void *tab, uint32_t slot, uint32_t cls, uint64_t buf_id, unsigned tries)
+{
+    if (slot >= nslots(tab) || cls >= HANDOFF_CLASSES)
+        return -EINVAL;
+    struct handoff_entry *e = handoff_entry_at(tab, slot);
+    uint64_t w = atomic_load(&e->word);
+    if (handoff_state_of(w) != HANDOFF_FREE || handoff_count_of(w) || (w & HANDOFF_LISTED))
+        return -EBUSY;
+    /* The daemon's own entry (OUT, or never used): the class and buffer first, then the
+     * word without OUT (the tenant's from here), then the link. */
+    atomic_store(&e->cls, cls);
+    atomic_store(&e->buf_id, buf_id);
+    if (!atomic_compare_exchange_strong(&e->word, &w, handoff_word(handoff_seq_of(w), 0, 0, HANDOFF_FREE)))
+        return -EBUSY;
+    if (push(tab, slot, tries))
+        return 0;
+    handoff_set_out(tab, slot, tries);
+    return -EAGAIN;
+}
+
+int handoff_lease(void *tab, _Atomic uint32_t *journal, uint32_t cls, unsigned tries, uint32_t *ret_slot,
+                  uint32_t *ret_seq)
+{
+    struct handoff_header *h = tab;
+    if (cls >= HANDOFF_CLASSES)
+        return -EAGAIN;
+    uint32_t n = nslots(tab);
+    for (unsigned i = 0; i < tries; i++) {
+        uint64_t old = atomic_load(&h->head[cls]);
+        uint32_t first = (uint32_t)old;
+        if (first == 0 || first > n)
+            return -EAGAIN;
+        uint32_t slot = first - 1;
+        struct handoff_entry *e = handoff_entry_at(tab, slot);
+        uint32_t next = atomic_load(&e->next);
+        /* The tag makes a pop that raced a pop and a push of the same slot fail here. */
+        uint64_t neu = (old >> 32 << 32) + (1ull << 32) + next;
+        if (!atomic_compare_exchange_strong(&h->head[cls], &old, neu))
+            continue;
+        HANDOFF_STEP(1); /* unlinked, still LISTED: killed here, the buffer is leaked */
+        uint64_t w = atomic_load(&e->word);
+        if (handoff_state_of(w) != HANDOFF_FREE || handoff_count_of(w) || !(w & HANDOFF_LISTED) ||
+            (w & HANDOFF_OUT)) {
+            /* The daemon's (OUT): unlinked now, so no longer LISTED; anything else is a
+             * scribbled entry, left as it is (off the list). */
+            if ((w & HANDOFF_OUT) && (w & HANDOFF_LISTED))
+                atomic_compare_exchange_strong(&e->word, &w, w & ~(uint64_t)HANDOFF_LISTED);
+            continue;
+        }
+        uint32_t seq = handoff_seq_of(w) + 1;
+        if (!atomic_compare_exchange_strong(&e->word, &w, handoff_word(seq, 1, 0, HANDOFF_LEASED))) {
+            /* only the daemon's OUT changes a linked FREE word: it is the daemon's now */
+            w = atomic_load(&e->word);
+            atomic_compare_exchange_strong(&e->word, &w, w & ~(uint64_t)HANDOFF_LISTED);
+            continue;
+        }
+        HANDOFF_STEP(2); /* leased, not in the journal yet: killed here, count 1 is leaked */
+        atomic_fetch_add(&journal[slot], 1u);
+        *ret_slot = slot;
+        *ret_seq = seq;
+        return 0;
+    }
+    return -EAGAIN;
+}
+
+int handoff_publish(void *tab, uint32_t slot, uint32_t seq, uint64_t tokhash, uint64_t size)
+{
+    if (slot >= nslots(tab))
+        return -ESTALE;
+    struct handoff_entry *e = handoff_entry_at(tab, slot);
+    atomic_store(&e->tokhash, tokhash);
+    atomic_store(&e->size, size);
+    for (unsigned i = 0; i < HANDOFF_TRIES; i++) {
+        uint64_t w = atomic_load(&e->word);
+        if (handoff_seq_of(w) != seq || handoff_state_of(w) != HANDOFF_LEASED)
+            return -ESTALE;
+        uint64_t neu = (w & ~(uint64_t)0xf) | HANDOFF_PUBLISHED;
+        if (atomic_compare_exchange_strong(&e->word, &w, neu))
+            return 0;
+    }
+    return -ESTALE; /* only the daemon's flag changes a leased word: a scribbler's table */
+}
+
+int handoff_take(void *tab, _Atomic uint32_t *journal, uint32_t slot, uint64_t tokhash, uint64_t size,
+                 unsigned tries, uint32_t *ret_seq)
+{
+    if (slot >= nslots(tab))
+        return -EAGAIN;
+    struct handoff_entry *e = handoff_entry_at(tab, slot);
+    for (unsigned i = 0; i < tries; i++) {
+        uint64_t w = atomic_load(&e->word);
+        if (handoff_state_of(w) != HANDOFF_PUBLISHED || handoff_count_of(w) == 0 ||
+            handoff_count_of(w) == HANDOFF_COUNT_MAX)
+            return -EAGAIN;
+        /* Read between the load and the CAS: the CAS fails if the word changed, so what
+         * was compared belongs to the generation the hold is of. */
+        if (atomic_load(&e->tokhash) != tokhash || atomic_load(&e->size) != size)
+            return -EAGAIN;
+#ifdef HANDOFF_BROKEN_ORDER
+        if (journal)
+            atomic_fetch_add(&journal[slot], 1u);
+        HANDOFF_STEP(3);
+        if (!atomic_compare_exchange_strong(&e->word, &w, w + (1ull << 8))) {
+            if (journal)
+                atomic_fetch_sub(&journal[slot], 1u);
+            continue;
+        }
+#else
+        if (!atomic_compare_exchange_strong(&e->word, &w, w + (1ull << 8)))
+            continue;
+        HANDOFF_STEP(3); /* counted, not in the journal yet: killed here, a leaked hold */
+        if (journal)
+            atomic_fetch_add(&journal[slot], 1u);
+#endif
+        *ret_seq = handoff_seq_of(w);
+        return 0;
+    }
+    return -EAGAIN;
+}
+
+/* drop: n holds off slot's word; the last makes it FREE and pushes it. */
+static enum handoff_end drop(void *tab, uint32_t slot, uint32_t n, unsigned tries)
+{
+    struct handoff_entry *e = handoff_entry_at(tab, slot);
+    for (unsigned i = 0; i < tries; i++) {
+        uint64_t w = atomic_load(&e->word);
+        uint32_t c = handoff_count_of(w);
+        if (c == 0)
+            return HANDOFF_BAD;
+        uint32_t take = n < c ? n : c;
+        uint64_t neu = c > take ? w - ((uint64_t)take << 8)
+                                : handoff_word(handoff_seq_of(w), 0, handoff_flags_of(w), HANDOFF_FREE);
+        if (!atomic_compare_exchange_strong(&e->word, &w, neu))
+            continue;
+        if (c > take)
+            return HANDOFF_HELD;
+        HANDOFF_STEP(5); /* FREE, not on the list yet: killed here, the buffer is leaked */
+        if (w & HANDOFF_OUT)
+            return HANDOFF_TO_DAEMON;
+        return push(tab, slot, tries) ? HANDOFF_FREED : HANDOFF_TO_DAEMON;
+    }
+    return HANDOFF_BUSY;
+}
+
+enum handoff_end handoff_give(void *tab, _Atomic uint32_t *journal, uint32_t slot, unsigned tries)
+{
+    if (slot >= nslots(tab))
+        return HANDOFF_BAD;
+    if (journal) {
+        uint32_t j = atomic_load(&journal[slot]);
+        if (j == 0)
+            return HANDOFF_BAD;
+        atomic_fetch_sub(&journal[slot], 1u);
+    }
+    HANDOFF_STEP(4); /* out of the journal, still counted: killed here, a leaked hold */
+    enum handoff_end r = drop(tab, slot, 1, tries);
+    if (r == HANDOFF_BUSY && journal) /* still counted: back in the journal, to give later */
+        atomic_fetch_add(&journal[slot], 1u);
+    return r;
+}
+
+enum handoff_end handoff_reclaim(void *tab, uint32_t slot, uint32_t n, unsigned tries)
+{
+    if (slot >= nslots(tab) || n == 0)
+        return HANDOFF_BAD;
+    return drop(tab, slot, n, tries);
+}
+
+uint64_t handoff_set_out(void *tab, uint32_t slot, unsigned tries)
+{
+    if (slot >= nslots(tab))
+        return 0;
+    struct handoff_entry *e = handoff_entry_at(tab, slot);
+    for (unsigned i = 0; i < tries; i++) {
+        uint64_t w = atomic_load(&e->word);
+        if (atomic_compare_exchange_strong(&e->word, &w, w | HANDOFF_OUT))
+            return w | HANDOFF_OUT;
+    }
+    return 0;
+}
