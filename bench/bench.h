@@ -206,6 +206,7 @@ extern const struct rt_method rt_shmref_1copy, rt_shmref_0copy;
 extern const struct rt_method rt_shmref_1copy_nocache, rt_shmref_0copy_nocache;
 extern const struct rt_method rt_shmref_pubsub, rt_shmref_pubsub_notouch;
 extern const struct rt_method rt_iceoryx, rt_iceoryx_notouch;
+extern const struct rt_method rt_shm_pair, rt_table_floor;
 
 /* rt_fail: formats ctx->err and returns err (negative). */
 int rt_fail(struct rt_ctx *ctx, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -227,6 +228,9 @@ int srv_shmref(int fd, const char *socket, bool zero_copy);
  * publish it, release both (mode 0: the first word, 1: one word per page, 2: all). */
 int srv_shmref_pubsub(int fd, const char *socket, int mode);
 int srv_echo(int fd, bool with_fd);
+/* methods-table.c: two reused segments; the handoff table without a daemon. */
+int srv_shm_pair(int fd);
+int srv_table_floor(int fd);
 /* Warm heap buffer number slot (0..3) of at least size bytes, kept across calls: it
  * grows (and is faulted in) when a larger size comes, never shrinks. NULL on ENOMEM. */
 void *srv_heap(int slot, size_t size);

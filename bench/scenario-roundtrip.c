@@ -38,6 +38,7 @@ static const struct rt_method *const methods[] = {
     &rt_unix_bytes, &rt_unix_base64, &rt_binref_fresh, &rt_binref_pool4,
     &rt_shmref_1copy, &rt_shmref_0copy, &rt_shmref_1copy_nocache, &rt_shmref_0copy_nocache,
     &rt_shmref_pubsub, &rt_shmref_pubsub_notouch, &rt_iceoryx, &rt_iceoryx_notouch,
+    &rt_shm_pair, &rt_table_floor,
 };
 
 static const struct bench_opts *opts; /* of the scenario running (the iceoryx rows need it) */
@@ -283,7 +284,7 @@ enum { PL_FREE, PL_SAME, PL_CROSS, PL_N };
 static const char *const placements[PL_N] = { "unpinned", "same cpu", "cross cpu" };
 
 static const struct rt_method *const placed_methods[] = {
-    &rt_unix_bytes, &rt_shmref_0copy, &rt_shmref_pubsub, &rt_iceoryx,
+    &rt_unix_bytes, &rt_shmref_0copy, &rt_shmref_pubsub, &rt_iceoryx, &rt_shm_pair, &rt_table_floor,
 };
 
 /* place_row: one method in one placement; client (this process) on CPU 0, the server,

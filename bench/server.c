@@ -86,6 +86,10 @@ int server_main(int argc, char **argv)
         r = srv_shmref(fd, socket, true);
     else if (!strncmp(role, "shmref-pubsub", 13) && socket)
         r = srv_shmref_pubsub(fd, socket, argc > 4 && !strcmp(argv[4], "full") ? 2 : strcmp(role + 13, "-notouch") ? 1 : 0);
+    else if (!strcmp(role, "shm-pair"))
+        r = srv_shm_pair(fd);
+    else if (!strcmp(role, "table-floor"))
+        r = srv_table_floor(fd);
     else if (!strcmp(role, "echo"))
         r = srv_echo(fd, false);
     else if (!strcmp(role, "echo-fd"))
