@@ -846,12 +846,24 @@ static PyObject *Client_status(ClientObject *self, PyObject *unused)
     return res;
 }
 
+/* return_stock: the connection's ready stock leases go back to the daemon (one-way). */
+static void return_stock(void *arg)
+{
+    shmref_set_stock(arg, 0);
+}
+
 static PyObject *Client_close(ClientObject *self, PyObject *unused)
 {
     (void)unused;
     if (self->shares)
         PyDict_Clear(self->shares);
-    Py_CLEAR(self->conn); /* arrays still alive keep the connection (and their mappings) */
+    /* Arrays still alive keep the connection (and their mappings), not its lease stock,
+     * which nobody can use once the Client is closed: it goes back now (never waiting for
+     * another thread's call), not when the last array does. */
+    ConnObject *conn = self->conn;
+    if (conn && conn->c && conn->pid == shmrefpy_getpid())
+        conn_core_run(conn->core, return_stock, conn->c);
+    Py_CLEAR(self->conn);
     Py_RETURN_NONE;
 }
 

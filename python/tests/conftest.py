@@ -53,6 +53,17 @@ class Daemon:
         with shmref.connect(self.socket, timeout=10) as c:
             return c.status()
 
+    def leases(self, client):
+        """The daemon's lease count once client's lease stock is handed back: the stock (on
+        by default, as users run it) keeps ready leases that no array holds, and a test that
+        counts leases counts its arrays'. The stock fills again at the client's next lease."""
+        client.set_stock(0)
+        client.ping()  # the refills in flight are read, and released (one-way) ...
+        client.ping()  # ... and the daemon has read those releases
+        n = self.status()["buffers"]["leases"]
+        client.set_stock(-1)
+        return n
+
     def wait_status(self, path, want, seconds=5.0):
         """Polls a dotted status key until it equals want; returns the last value."""
         deadline = time.monotonic() + seconds

@@ -20,8 +20,8 @@ def published(c, n=1000, value=5.0):
     return a, c.publish(a)
 
 
-def leases_held(daemon):
-    return daemon.status()["buffers"]["leases"]
+def leases_held(daemon, client):
+    return daemon.leases(client)
 
 
 def test_views_keep_the_buffer_and_release_says_so(client):
@@ -49,19 +49,19 @@ def test_views_keep_the_buffer_and_release_says_so(client):
 
 def test_release_takes_effect_at_once(client, daemon):
     client.ping()
-    before = leases_held(daemon)
+    before = leases_held(daemon, client)
     a, ref = published(client)
     b = client.acquire(ref)
     v = b[1:]
     with pytest.raises(BufferError):
         client.release(b)
     client.ping()
-    assert leases_held(daemon) == before + 2   # v still holds the acquire
+    assert leases_held(daemon, client) == before + 2   # v still holds the acquire
     del v
     client.release(b)
     client.release(a)
     client.ping()
-    assert leases_held(daemon) == before       # both gone now, not at the next GC
+    assert leases_held(daemon, client) == before       # both gone now, not at the next GC
 
 
 def test_read_after_close_stays_valid(daemon):

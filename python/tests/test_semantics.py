@@ -230,8 +230,7 @@ def test_shared_copies_are_read_only_for_every_view(daemon):
 # ---- 3. release gives the buffer up now, or says what uses it ----
 
 def test_release_with_live_views_raises_and_names_them(client, daemon):
-    client.ping()
-    before = daemon.status()["buffers"]["leases"]
+    before = daemon.leases(client)
     a = client.empty(100)
     v = a[10:20]
     with pytest.raises(BufferError, match=r"1 more reference"):
@@ -241,8 +240,7 @@ def test_release_with_live_views_raises_and_names_them(client, daemon):
         client.release(a)
     del v, m
     client.release(a)                       # now: given up at once
-    client.ping()
-    assert daemon.status()["buffers"]["leases"] == before
+    assert daemon.leases(client) == before
     assert a.size == 0 and a.shape == (0,)  # reads as empty, never the memory that went back
     client.release(a)                       # twice: harmless
 
@@ -260,16 +258,14 @@ def test_release_of_an_acquired_array_with_a_memoryview_of_the_buffer(client):
 
 
 def test_with_block_releases_at_its_end(client, daemon):
-    client.ping()
-    before = daemon.status()["buffers"]["leases"]
+    before = daemon.leases(client)
     with client.empty(1000) as a:
         a[:] = 2.0
         ref = client.publish(a)
         with client.acquire(ref) as b:
             assert float(b.sum()) == 2000.0
         assert b.size == 0
-    client.ping()
-    assert daemon.status()["buffers"]["leases"] == before
+    assert daemon.leases(client) == before
     with pytest.raises(BufferError):
         with client.empty(10) as c2:
             keep = c2[1:]                   # a view outlives the block: refused, not freed under it
@@ -590,8 +586,7 @@ def test_exports_released_from_threads_while_the_connection_works(client, daemon
     through the connection's lock (queued while another call holds it), so nothing is
     lost or done twice: every lease and acquire comes back."""
     pa = pytest.importorskip("pyarrow")
-    client.ping()
-    before = daemon.status()["buffers"]["leases"]
+    before = daemon.leases(client)
     ref = client.publish_batch(pa.table({"x": pa.array(range(10_000), pa.float64()),
                                          "s": pa.array([str(i) for i in range(10_000)])}))
     stop = threading.Event()
@@ -614,8 +609,7 @@ def test_exports_released_from_threads_while_the_connection_works(client, daemon
     stop.set()
     workers[0].join()
     client.release(ref)
-    client.ping()
-    assert daemon.wait_status("buffers.leases", before) == before
+    assert daemon.leases(client) == before
 
 
 def test_batch_outlives_its_client(daemon):
