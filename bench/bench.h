@@ -122,6 +122,13 @@ int wire_send_frame(int fd, const void *hdr, size_t hlen, const void *body, size
 int wire_recv_frame(int fd, void *buf, size_t cap, size_t *ret_len);
 /* Receives a frame's length only; the caller reads the body with wire_recv_all. */
 int wire_recv_frame_len(int fd, uint64_t *ret_len);
+/* A frame of an array's size and a file's path, NUL-terminated (the file methods). */
+struct wire_path {
+    uint64_t size;
+    char path[120];
+};
+/* wire_recv_path: one such frame (-EPROTO if it is another size); path NUL-terminated. */
+int wire_recv_path(int fd, struct wire_path *m);
 /* wire_spawn: fork and exec this binary as `--serve role [args...]` with one end of a
  * socketpair of type (SOCK_STREAM or SOCK_SEQPACKET) as its fd 3; the other end in
  * *ret_fd. The child dies with the runner (PR_SET_PDEATHSIG). */

@@ -17,12 +17,6 @@
 
 #define POOL_SLOTS 4
 
-/* A message: the array's size, then the file's path (NUL-terminated). */
-struct file_msg {
-    uint64_t size;
-    char path[120];
-};
-
 static unsigned long long file_seq;
 
 /* file_name: a fresh name in /dev/shm, prefixed by the runner's pid for cleanup. */
@@ -70,9 +64,9 @@ static const void *file_map(const char *path, size_t len)
 }
 
 /* exchange: send our file's path, receive the peer's. */
-static int exchange(struct rt_ctx *ctx, const char *path, struct file_msg *ret)
+static int exchange(struct rt_ctx *ctx, const char *path, struct wire_path *ret)
 {
-    struct file_msg m = { .size = ctx->size };
+    struct wire_path m = { .size = ctx->size };
     size_t len;
     snprintf(m.path, sizeof(m.path), "%s", path);
     int r = wire_send_frame(ctx->ctl, &m, sizeof(m), NULL, 0);
@@ -102,7 +96,7 @@ static int read_output(struct rt_ctx *ctx, const char *path, uint64_t iter)
 static int fresh_call(struct rt_ctx *ctx, uint64_t iter)
 {
     char in[120];
-    struct file_msg rep = { .path = "" };
+    struct wire_path rep = { .path = "" };
     file_name(in, sizeof(in), getpid(), "in");
     int r = file_write(in, ctx->in, ctx->size);
     if (r < 0)
@@ -116,7 +110,7 @@ static int fresh_call(struct rt_ctx *ctx, uint64_t iter)
 }
 
 /* srv_read_input: map the client's file and copy it into the server's heap. */
-static void *srv_read_input(const struct file_msg *m)
+static void *srv_read_input(const struct wire_path *m)
 {
     const void *p = file_map(m->path, m->size);
     void *heap = srv_heap(0, m->size);
@@ -131,22 +125,10 @@ static void *srv_read_input(const struct file_msg *m)
     return heap;
 }
 
-static int srv_recv_msg(int fd, struct file_msg *m)
-{
-    size_t len;
-    int r = wire_recv_frame(fd, m, sizeof(*m), &len);
-    if (r < 0)
-        return r;
-    if (len != sizeof(*m))
-        return -EPROTO;
-    m->path[sizeof(m->path) - 1] = '\0';
-    return 0;
-}
-
 int srv_binref_fresh(int fd)
 {
-    struct file_msg m;
-    while (srv_recv_msg(fd, &m) == 0) {
+    struct wire_path m;
+    while (wire_recv_path(fd, &m) == 0) {
         void *heap = srv_read_input(&m), *out = srv_heap(2, m.size);
         if (!heap || !out)
             return -EIO;
@@ -237,7 +219,7 @@ static int pool4_call(struct rt_ctx *ctx, uint64_t iter)
 {
     struct pool4 *p = ctx->state;
     struct slot *s = &p->s[p->next++ % POOL_SLOTS];
-    struct file_msg rep;
+    struct wire_path rep;
     memcpy(s->map, ctx->in, ctx->size);
     int r = exchange(ctx, s->path, &rep);
     return r < 0 ? r : read_output(ctx, rep.path, iter);
@@ -246,9 +228,9 @@ static int pool4_call(struct rt_ctx *ctx, uint64_t iter)
 int srv_binref_pool4(int fd)
 {
     struct pool4 p = { 0 };
-    struct file_msg m;
+    struct wire_path m;
     int r = 0;
-    while (r == 0 && srv_recv_msg(fd, &m) == 0) {
+    while (r == 0 && wire_recv_path(fd, &m) == 0) {
         void *heap = srv_read_input(&m);
         if (!heap) {
             r = -EIO;

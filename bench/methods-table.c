@@ -79,33 +79,16 @@ static void *file_open_map(const char *path, size_t len)
     return p == MAP_FAILED ? NULL : p;
 }
 
-/* The open message: the size and the one file's path. */
-struct open_msg {
-    uint64_t size;
-    char path[120];
-};
-
+/* The open message (struct wire_path): the size and the one file's path. */
 static int send_open(struct rt_ctx *ctx, const struct shared_file *f)
 {
-    struct open_msg m = { .size = ctx->size };
+    struct wire_path m = { .size = ctx->size };
     snprintf(m.path, sizeof(m.path), "%s", f->path);
     uint64_t ok;
     size_t len;
     int r = wire_send_frame(ctx->ctl, &m, sizeof(m), NULL, 0);
     if (r < 0 || (r = wire_recv_frame(ctx->ctl, &ok, sizeof(ok), &len)) < 0)
         return rt_fail(ctx, r, "control socket: %s", strerror(-r));
-    return 0;
-}
-
-static int recv_open(int fd, struct open_msg *m)
-{
-    size_t len;
-    int r = wire_recv_frame(fd, m, sizeof(*m), &len);
-    if (r < 0)
-        return r;
-    if (len != sizeof(*m))
-        return -EPROTO;
-    m->path[sizeof(m->path) - 1] = '\0';
     return 0;
 }
 
@@ -142,8 +125,8 @@ static void pair_close(struct rt_ctx *ctx)
 
 int srv_shm_pair(int fd)
 {
-    struct open_msg m;
-    int r = recv_open(fd, &m);
+    struct wire_path m;
+    int r = wire_recv_path(fd, &m);
     char *in = r < 0 ? NULL : file_open_map(m.path, 2 * m.size);
     uint64_t iter;
     size_t len;
@@ -298,8 +281,8 @@ static void tf_close(struct rt_ctx *ctx)
 
 int srv_table_floor(int fd)
 {
-    struct open_msg m;
-    int r = recv_open(fd, &m);
+    struct wire_path m;
+    int r = wire_recv_path(fd, &m);
     void *map = r < 0 ? NULL : file_open_map(m.path, tf_len(m.size));
     if (!map || (r = wire_send_frame(fd, &m.size, sizeof(m.size), NULL, 0)) < 0)
         return r < 0 ? r : -EIO;

@@ -180,3 +180,15 @@ int wire_pin(pid_t pid, int cpu)
             CPU_SET((int)i, &set);
     return sched_setaffinity(pid, sizeof(set), &set) < 0 ? -errno : 0;
 }
+
+int wire_recv_path(int fd, struct wire_path *m)
+{
+    size_t len;
+    int r = wire_recv_frame(fd, m, sizeof(*m), &len);
+    if (r < 0)
+        return r;
+    if (len != sizeof(*m))
+        return -EPROTO;
+    m->path[sizeof(m->path) - 1] = '\0';
+    return 0;
+}
