@@ -73,6 +73,10 @@ struct pending_ops {
     /* unhold: p no longer refers to the handle it holds busy (p->holds); p->buf becomes
      * NULL when that handle was released meanwhile and is gone now. */
     void (*unhold)(struct pending *p);
+    /* dispose: free the memory p's module keeps in it (a status reply), nothing else:
+     * nothing is sent, no handle touched. Called for every record freed, after release,
+     * also by pending_discard (which calls no other handler). */
+    void (*dispose)(struct pending *p);
 };
 
 enum pending_owner {
