@@ -73,6 +73,10 @@ struct pending_ops {
     /* unhold: p no longer refers to the handle it holds busy (p->holds); p->buf becomes
      * NULL when that handle was released meanwhile and is gone now. */
     void (*unhold)(struct pending *p);
+    /* dispose: free the memory p's module keeps in it (a status reply), nothing else:
+     * nothing is sent, no handle touched. Called for every record freed, after release,
+     * also by pending_discard (which calls no other handler). */
+    void (*dispose)(struct pending *p);
 };
 
 enum pending_owner {
@@ -98,7 +102,7 @@ struct pending {
     bool stock_sent;        /* sent with PROTO_LEASE_STOCK (the daemon bounds the stock) */
     bool stale_retried;     /* asked again once after a reply that raced our forget (-ESTALE) */
     bool wait_held;         /* a lease that may wait, sent without its wait (stock.c's wait_now) */
-    bool holds;             /* buf is held busy by this request (lease_hold) */
+    bool holds;             /* buf is held busy by this request (handle_hold) */
     int result;             /* 0 or -errno, once done */
     char *errmsg;           /* the message of a failure (malloc'd), once done */
     /* what the request's module keeps in it (the table never reads these) */

@@ -85,7 +85,7 @@ int shmref_lease_submit(shmref_conn *conn, size_t size, unsigned flags, uint32_t
         if ((r = stock_take(conn, size, &b, wait_ms ? NULL : &refill)) == 1) {
             struct pending *p = pending_new(conn, PROTO_OP_LEASE, PENDING_USER, &stock_lease_ops);
             if (!p) {
-                lease_drop(b);
+                handle_drop(b);
                 return pending_new_error(conn);
             }
             conn->counters.stock_hits++;
@@ -149,7 +149,7 @@ int shmref_acquire_submit(shmref_conn *conn, const shmref_desc *desc, unsigned f
     p->user = user;
     p->desc = *desc;
     p->private_map = (flags & SHMREF_ACQUIRE_PRIVATE) != 0; /* always the daemon's (lease_acquire) */
-    if (!p->private_map && ((p->buf = lease_share(conn, desc, flags)) || (p->buf = lease_local(conn, desc, flags))))
+    if (!p->private_map && ((p->buf = handle_share(conn, desc, flags)) || (p->buf = handle_local(conn, desc, flags))))
         return done_now(conn, p);
     p->wait_ms = (uint32_t)conn->acquire_wait_ms;
     p->require_sealed = (flags & SHMREF_ACQUIRE_SEALED) != 0;

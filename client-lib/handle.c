@@ -25,7 +25,7 @@ static void no_free(void *p)
     (void)p;
 }
 
-void lease_link(shmref_conn *conn, shmref_buf *b)
+void handle_link(shmref_conn *conn, shmref_buf *b)
 {
     b->conn = conn;
     b->prev = NULL;
@@ -92,16 +92,16 @@ static int check_fd(shmref_conn *conn, int fd, uint64_t capacity)
     return 0;
 }
 
-void lease_hold(shmref_buf *buf)
+void handle_hold(shmref_buf *buf)
 {
     buf->busy++;
 }
 
-shmref_buf *lease_unhold(shmref_buf *buf)
+shmref_buf *handle_unhold(shmref_buf *buf)
 {
     if (!buf || --buf->busy > 0 || !buf->doomed)
         return buf;
-    lease_drop(buf);
+    handle_drop(buf);
     return NULL;
 }
 
@@ -148,9 +148,9 @@ static int map_private(shmref_conn *conn, shmref_buf *b, int fd)
     return 0;
 }
 
-int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t size, uint64_t capacity,
-               const uint8_t *token, const uint8_t *meta, uint32_t meta_len, uint32_t flags, int fd,
-               bool writable, bool require_sealed, bool private_map, shmref_buf **ret_buf)
+int handle_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t size, uint64_t capacity,
+                const uint8_t *token, const uint8_t *meta, uint32_t meta_len, uint32_t flags, int fd,
+                bool writable, bool require_sealed, bool private_map, shmref_buf **ret_buf)
 {
     shmref_buf *b = NULL;
     int r = writable ? 0 : check_seals(conn, flags, fd, require_sealed);
@@ -178,7 +178,7 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
         if ((r = map_private(conn, b, fd)) < 0)
             goto fail;
         close(fd);
-        lease_link(conn, b); /* never shareable: its mapping is this handle's alone */
+        handle_link(conn, b); /* never shareable: its mapping is this handle's alone */
         *ret_buf = b;
         return 0;
     }
@@ -203,7 +203,7 @@ int lease_take(shmref_conn *conn, uint64_t handle, uint64_t buf_id, uint64_t siz
     }
     if (fd >= 0)
         close(fd);
-    lease_link(conn, b);
+    handle_link(conn, b);
     list_shareable(conn, b);
     *ret_buf = b;
     return 0;
@@ -220,10 +220,10 @@ fail:
     return r == -ENOMEM ? client_fail(conn, -ENOMEM, "out of memory") : r;
 }
 
-uint64_t lease_forget(shmref_buf *buf)
+uint64_t handle_forget(shmref_buf *buf)
 {
     if (buf->pinned && atomic_load(&buf->conn->closed)) {
-        lease_forget_pinned(buf); /* kept past shmref_close: off the list, its conn kept for it */
+        handle_forget_pinned(buf); /* kept past shmref_close: off the list, its conn kept for it */
         return 0;
     }
     uint64_t handle = buf->handle;
@@ -250,7 +250,7 @@ uint64_t lease_forget(shmref_buf *buf)
     return handle;
 }
 
-void lease_forget_pinned(shmref_buf *buf)
+void handle_forget_pinned(shmref_buf *buf)
 {
     shmref_conn *conn = buf->conn;
     bool last = !buf->share || atomic_fetch_sub(&buf->share->refs, 1) == 1;
@@ -268,11 +268,11 @@ void lease_forget_pinned(shmref_buf *buf)
     free(buf);
     if (atomic_fetch_sub(&conn->pins, 1) == 1) {
         transport_bye(conn);
-        lease_teardown(conn);
+        handle_teardown(conn);
     }
 }
 
-void lease_teardown(shmref_conn *conn)
+void handle_teardown(shmref_conn *conn)
 {
     conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     /* In a forked child the inherited mappings stay (adopt abandoned them): arrays it
@@ -292,15 +292,15 @@ void lease_teardown(shmref_conn *conn)
     free(conn);
 }
 
-void lease_drop(shmref_buf *buf)
+void handle_drop(shmref_buf *buf)
 {
     shmref_conn *conn = buf->conn;
-    uint64_t handle = lease_forget(buf);
+    uint64_t handle = handle_forget(buf);
     if (handle)
         client_release_handle(conn, handle); /* sent only on this process's live connection */
 }
 
-void lease_release_busy(shmref_buf *buf)
+void handle_release_busy(shmref_buf *buf)
 {
     buf->doomed = true;
     if (buf->shareable) {
@@ -309,13 +309,13 @@ void lease_release_busy(shmref_buf *buf)
     }
 }
 
-void lease_uncacheable(shmref_buf *buf)
+void handle_uncacheable(shmref_buf *buf)
 {
     if (buf->data && !buf->private_map)
         mapcache_nocache(&buf->conn->cache, buf->data);
 }
 
-void lease_inherit(shmref_conn *conn)
+void handle_inherit(shmref_conn *conn)
 {
     for (shmref_buf *b = conn->bufs; b; b = b->next) {
         b->inherited = true;
@@ -326,7 +326,7 @@ void lease_inherit(shmref_conn *conn)
 }
 
 
-shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned flags)
+shmref_buf *handle_share(shmref_conn *conn, const shmref_desc *desc, unsigned flags)
 {
     /* While any local handle holds the daemon's handle the daemon keeps its reference, so
      * the buffer cannot be recycled under a mapping: a new handle may share it. */
@@ -374,7 +374,7 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
             memcpy(b->meta, src->meta, src->meta_len);
         b->meta_len = src->meta_len;
         b->data = mapcache_ref(&conn->cache, src->data); /* one more user */
-        lease_link(conn, b);
+        handle_link(conn, b);
         if (!b->ledger)
             conn->counters.local_acquires++;
         return b;
@@ -382,13 +382,13 @@ shmref_buf *lease_share(shmref_conn *conn, const shmref_desc *desc, unsigned fla
     return NULL;
 }
 
-shmref_buf *lease_local(shmref_conn *conn, const shmref_desc *desc, unsigned flags)
+shmref_buf *handle_local(shmref_conn *conn, const shmref_desc *desc, unsigned flags)
 {
     shmref_buf *b;
     if (localhold_acquire(conn, desc, flags, &b) < 0)
         return NULL;
-    lease_link(conn, b);
-    list_shareable(conn, b); /* a re-acquire while it lives shares it (lease_share) */
+    handle_link(conn, b);
+    list_shareable(conn, b); /* a re-acquire while it lives shares it (handle_share) */
     return b;
 }
 
@@ -406,7 +406,7 @@ const void *shmref_buf_meta(const shmref_buf *buf, size_t *ret_len)
     return buf ? buf->meta : NULL;
 }
 
-void lease_undo_reply(shmref_conn *conn, const struct proto_msg *rep, int *fds, unsigned nfds, bool lost)
+void handle_undo_reply(shmref_conn *conn, const struct proto_msg *rep, int *fds, unsigned nfds, bool lost)
 {
     for (unsigned i = 0; i < nfds; i++)
         close(fds[i]);
@@ -424,9 +424,9 @@ void lease_undo_reply(shmref_conn *conn, const struct proto_msg *rep, int *fds, 
         }
     }
 }
-void lease_lost(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds)
+void handle_lost(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds)
 {
-    lease_undo_reply(conn, rep, fds, nfds, true);
+    handle_undo_reply(conn, rep, fds, nfds, true);
     bool writable = p->op != PROTO_OP_ACQUIRE;
     struct rlimit rl;
     unsigned long long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (unsigned long long)rl.rlim_cur : 0;

@@ -143,7 +143,7 @@ int lease_publish_send(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t m
     p->buf = buf;
     int r = pending_submit_msg(conn, p, &req);
     if (r == 0) {
-        lease_hold(buf);
+        handle_hold(buf);
         p->holds = true;
     }
     return r;
@@ -192,8 +192,8 @@ int lease_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags, bo
         return r;
     /* A private acquire always asks the daemon: its mapping is its own, never shared. */
     bool priv = (flags & SHMREF_ACQUIRE_PRIVATE) != 0;
-    shmref_buf *b = priv ? NULL : lease_share(conn, desc, flags);
-    if (b || (local && !priv && (b = lease_local(conn, desc, flags)))) {
+    shmref_buf *b = priv ? NULL : handle_share(conn, desc, flags);
+    if (b || (local && !priv && (b = handle_local(conn, desc, flags)))) {
         *ret_buf = b;
         return 0;
     }
@@ -231,15 +231,15 @@ int shmref_release(shmref_buf *buf)
     shmref_conn *conn = buf->conn;
     client_adopt(conn);
     if (buf->inherited) { /* a forked child's copy: its memory only, no connection needed */
-        lease_forget(buf);
+        handle_forget(buf);
         return 0;
     }
     int r = client_enter(conn);
     if (buf->busy) { /* a request in flight refers to it: released when that ends */
-        lease_release_busy(buf);
+        handle_release_busy(buf);
         return r;
     }
-    uint64_t handle = lease_forget(buf);
+    uint64_t handle = handle_forget(buf);
     if (r < 0 || handle == 0)
         return r;
     struct proto_msg req = { .op = PROTO_OP_RELEASE };
@@ -278,7 +278,7 @@ int shmref_release_many(shmref_buf **bufs, size_t n)
             continue;
         client_adopt(b->conn);
         if (b->inherited) { /* a forked child's copy: its memory only */
-            lease_forget(b);
+            handle_forget(b);
             continue;
         }
         if (b->busy) { /* a request in flight refers to it: released when that ends */
@@ -295,7 +295,7 @@ int shmref_release_many(shmref_buf **bufs, size_t n)
             if (ok < 0 && !first)
                 first = ok;
         }
-        uint64_t h = lease_forget(b);
+        uint64_t h = handle_forget(b);
         if (!h || ok < 0)
             continue;
         if (!CLIENT_WIRE_BATCH) {
@@ -425,12 +425,12 @@ static int acquire_take(shmref_conn *conn, struct pending *p, const struct proto
     if (lost && p->private_map) { /* its fd was never counted: nothing to forget */
         for (unsigned i = 0; i < nfds; i++)
             close(fds[i]);
-        lease_undo_reply(conn, rep, NULL, 0, false);
+        handle_undo_reply(conn, rep, NULL, 0, false);
         return client_fail(conn, -EMFILE, "the private acquire's fd could not be received: this process is at its "
                            "open-file limit (RLIMIT_NOFILE); the buffer was released");
     }
     if (lost) {
-        lease_lost(conn, p, rep, fds, nfds);
+        handle_lost(conn, p, rep, fds, nfds);
         return p->result;
     }
     for (unsigned i = 1; i < nfds; i++)
@@ -443,16 +443,16 @@ static int acquire_take(shmref_conn *conn, struct pending *p, const struct proto
                 close(fd);
             fd = -1;
         }
-        lease_undo_reply(conn, rep, &fd, fd >= 0, false);
+        handle_undo_reply(conn, rep, &fd, fd >= 0, false);
         return client_fail(conn, -EINVAL, "descriptor says %llu bytes, the buffer has %llu",
                            (unsigned long long)p->desc.size, (unsigned long long)l->size);
     }
-    int r = lease_take(conn, l->handle, l->buf_id, l->size, l->capacity, l->token, l->meta, l->meta_len, l->flags, fd,
-                       false, p->require_sealed, p->private_map, &p->buf);
+    int r = handle_take(conn, l->handle, l->buf_id, l->size, l->capacity, l->token, l->meta, l->meta_len, l->flags, fd,
+                        false, p->require_sealed, p->private_map, &p->buf);
     /* The daemon retires this buffer after its last release: a cached mapping would never
      * be used again, and would pin a sealed buffer's pages until exit. */
     if (r == 0 && (l->flags & PROTO_BUF_RETIRE) && !p->private_map)
-        lease_uncacheable(p->buf);
+        handle_uncacheable(p->buf);
     return r;
 }
 
@@ -460,7 +460,7 @@ static void acquire_release(shmref_conn *conn, struct pending *p)
 {
     (void)conn;
     if (p->buf)
-        lease_drop(p->buf);
+        handle_drop(p->buf);
     p->buf = NULL;
 }
 
@@ -487,7 +487,7 @@ static int publish_take(shmref_conn *conn, struct pending *p, const struct proto
 
 static void publish_unhold(struct pending *p)
 {
-    p->buf = lease_unhold(p->buf);
+    p->buf = handle_unhold(p->buf);
 }
 
 const struct pending_ops lease_publish_ops = {

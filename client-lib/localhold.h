@@ -23,7 +23,7 @@ void localhold_unmap(shmref_conn *conn);
  * directory before the publish is sent, when the local path is on and it fits. */
 void localhold_publish(shmref_buf *buf, size_t len, const void *meta, size_t meta_len);
 /* localhold_acquire: an acquire of desc taken without the daemon: 0 with *ret_buf (a
- * ledger hold, its TOOK queued; not linked into the connection yet: lease_local does),
+ * ledger hold, its TOOK queued; not linked into the connection yet: handle_local does),
  * or -EAGAIN: ask the daemon. */
 int localhold_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags, shmref_buf **ret_buf);
 /* localhold_again: one more hold on the buffer of buf, a live ledger hold of this

@@ -64,7 +64,8 @@ void pending_free(shmref_conn *conn, struct pending *p)
     pending_unhold(p);
     if (p->ops && p->ops->release)
         p->ops->release(conn, p);
-    shmref_status_free(p->status);
+    if (p->ops && p->ops->dispose)
+        p->ops->dispose(p);
     free(p->bufs);
     free(p->sizes);
     free(p->errmsg);
@@ -224,7 +225,8 @@ static void discard_list(struct pending *p)
         struct pending *next = p->next;
         if (p->holds && p->buf)
             p->buf->busy--;
-        shmref_status_free(p->status);
+        if (p->ops && p->ops->dispose)
+            p->ops->dispose(p);
         free(p->bufs);
         free(p->sizes);
         free(p->errmsg);

@@ -16,7 +16,7 @@ struct pending *pending_new(shmref_conn *conn, uint32_t op, uint8_t owner, const
 /* pending_new_error: why the last pending_new failed: -ENOBUFS (past the bound: at most
  * conn->max_requests records outstanding or not collected) or -ENOMEM. */
 int pending_new_error(const shmref_conn *conn);
-/* pending_free: a record and what it still owns (its release handler). */
+/* pending_free: a record and what it still owns (its release handler, then dispose). */
 void pending_free(shmref_conn *conn, struct pending *p);
 /* pending_submit: send p by its send handler (a record without handlers, a ping, as
  * pending_send_plain). On failure p is not listed. */
@@ -43,8 +43,8 @@ void pending_resend_parked(shmref_conn *conn);
 /* pending_orphan_all: every outstanding request becomes PENDING_DROP (a handle it holds
  * is unheld), every undelivered completion is dropped (pending_free): at shmref_close. */
 void pending_orphan_all(shmref_conn *conn);
-/* pending_discard: free every record without sending anything or calling a handler
- * (teardown, or a forked child forgetting its parent's requests). */
+/* pending_discard: free every record without sending anything or calling a handler but
+ * dispose (teardown, or a forked child forgetting its parent's requests). */
 void pending_discard(shmref_conn *conn);
 /* pending_intake: take in every reply that has arrived, without blocking (no syscall when
  * nothing is outstanding), after flushing queued messages. 0, or -errno: the connection

@@ -41,7 +41,7 @@ static bool adopt(shmref_conn *conn)
     pid_t me = client_pid();
     if (me == conn->pid)
         return false;
-    lease_inherit(conn);
+    handle_inherit(conn);
     localhold_unmap(conn); /* the parent's ledger: this process's copy of its mapping only */
     mapcache_abandon(&conn->cache); /* first: nothing below may unmap */
     stock_abandon(conn);
@@ -460,7 +460,7 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
     conn->cache.on_unmap = on_unmap;
     conn->cache.ctx = conn;
     conn->id_taken = pending_id_taken;
-    conn->on_stray = lease_undo_reply;
+    conn->on_stray = handle_undo_reply;
     conn->revive = revive;
     stock_init(&conn->stock);
     conn->acquire_wait_ms = client_acquire_wait_default(conn->timeout_ms);
@@ -469,7 +469,7 @@ int shmref_connect_timeout(const char *path, int timeout_ms, char *errbuf, size_
     if (r < 0) {
         copy_msg(errbuf, errcap, conn->errmsg);
         conn->cache.on_unmap = NULL;
-        lease_teardown(conn);
+        handle_teardown(conn);
         return r;
     }
     conn->errmsg[0] = '\0';
@@ -631,7 +631,7 @@ void shmref_close(shmref_conn *conn)
      * exports are alive) stays: the last export releases it. So does, in a forked child,
      * every handle it inherited: its holder may still read it, and its release (which
      * frees the child's copy only) may come after this close; the connection's memory
-     * stays for them, and the last one frees it (lease_forget_pinned). */
+     * stays for them, and the last one frees it (handle_forget_pinned). */
     conn->cache.on_unmap = NULL; /* the daemon forgets everything with the connection */
     unsigned inherited = 0;
     for (shmref_buf *b = conn->bufs, *next; b; b = next) {
@@ -646,7 +646,7 @@ void shmref_close(shmref_conn *conn)
         if (b->pinned)
             inherited += b->inherited;
         else
-            lease_drop(b); /* unlinks and frees b, one-way release */
+            handle_drop(b); /* unlinks and frees b, one-way release */
     }
     while (conn->bufs) {
         shmref_buf *b = conn->bufs;
@@ -664,7 +664,7 @@ void shmref_close(shmref_conn *conn)
     if (kept == inherited) { /* nothing of this process's own needs the socket any more */
         transport_bye(conn); /* refills still on their way: a clean close all the same */
         if (!kept) {
-            lease_teardown(conn);
+            handle_teardown(conn);
             return;
         }
         if (conn->fd >= 0) /* a forked child's own connection: its inherited handles send nothing */
@@ -704,12 +704,12 @@ void client_unpin(shmref_buf *buf)
             client_adopt(conn); /* the parent's handle: nothing to send, no connection needed */
         else
             client_enter(conn); /* a forked child adopts the connection first */
-        lease_drop(buf);
+        handle_drop(buf);
         return;
     }
     /* Closed by its owner: only pinned buffers' holders use it now, maybe from several
      * threads, so no shared state but the atomic counts (send is atomic per message). */
-    lease_forget_pinned(buf);
+    handle_forget_pinned(buf);
 }
 
 const char *shmref_errmsg(const shmref_conn *conn)

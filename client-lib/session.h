@@ -31,7 +31,7 @@ int client_acquire_wait_default(int timeout_ms);
  * child, every inherited handle, which shmref_close pins). While a connection has pinned
  * buffers, shmref_close releases every other handle and keeps the mappings, and the
  * socket unless only inherited handles are pinned; client_unpin then releases the buffer
- * (on an open connection: shmref_release; after shmref_close: lease_forget_pinned, a
+ * (on an open connection: shmref_release; after shmref_close: handle_forget_pinned, a
  * one-way release encoded on the stack, so it may run on any thread), and the unpin of
  * the last pinned buffer of a closed connection closes its socket, unmaps everything
  * and frees it. */

@@ -59,7 +59,14 @@ static int status_take(shmref_conn *conn, struct pending *p, const struct proto_
     return status_from_reply(conn, rep, &p->status);
 }
 
-const struct pending_ops status_ops = { .send = pending_send_plain, .take = status_take };
+/* A status record's reply is freed with it (also one never collected, at teardown). */
+static void status_dispose(struct pending *p)
+{
+    shmref_status_free(p->status);
+    p->status = NULL;
+}
+
+const struct pending_ops status_ops = { .send = pending_send_plain, .take = status_take, .dispose = status_dispose };
 
 int shmref_status_get(shmref_conn *conn, shmref_status **ret_status)
 {

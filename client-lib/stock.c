@@ -63,7 +63,7 @@ static unsigned empty(struct stock_class *c)
 {
     unsigned n = c->n_ready;
     while (c->n_ready > 0)
-        lease_drop(c->ready[--c->n_ready]);
+        handle_drop(c->ready[--c->n_ready]);
     c->inflight = 0;
     return n;
 }
@@ -181,7 +181,7 @@ static void stock_arrived(shmref_conn *conn, struct pending *p)
         if (c && p->result == 0 && c->n_ready < conn->stock.depth)
             c->ready[c->n_ready++] = v[i];
         else
-            lease_drop(v[i]);
+            handle_drop(v[i]);
         v[i] = NULL;
     }
 }
@@ -210,7 +210,7 @@ void stock_abandon(shmref_conn *conn)
     for (unsigned i = 0; i < STOCK_CLASSES; i++) {
         struct stock_class *c = &conn->stock.cls[i];
         while (c->n_ready > 0)
-            lease_forget(c->ready[--c->n_ready]); /* inherited: no release */
+            handle_forget(c->ready[--c->n_ready]); /* inherited: no release */
     }
     stock_reset(conn);
 }
@@ -224,7 +224,7 @@ void stock_reset(shmref_conn *conn)
 
 void stock_set_depth(shmref_conn *conn, unsigned depth)
 {
-    /* Leases past the new depth are released (lease_drop: one-way on a live connection;
+    /* Leases past the new depth are released (handle_drop: one-way on a live connection;
      * on a broken one the daemon has ended them with it, and only their local handles go).
      * Never dropped unreleased. */
     struct stock *st = &conn->stock;
@@ -232,7 +232,7 @@ void stock_set_depth(shmref_conn *conn, unsigned depth)
     for (unsigned i = 0; i < STOCK_CLASSES; i++) {
         struct stock_class *c = &st->cls[i];
         while (c->n_ready > st->depth)
-            lease_drop(c->ready[--c->n_ready]);
+            handle_drop(c->ready[--c->n_ready]);
     }
     if (depth == 0)
         stock_return(conn);
@@ -284,11 +284,11 @@ static int take_many(shmref_conn *conn, struct pending *p, const struct proto_ms
     unsigned fi = 0;
     int r = 0;
     if (n != p->n) {
-        lease_undo_reply(conn, rep, fds, nfds, false);
+        handle_undo_reply(conn, rep, fds, nfds, false);
         return client_fail(conn, -EPROTO, "shmrefd answered a lease_many of %u with %u leases", p->n, (unsigned)n);
     }
     if (!(p->bufs = calloc(n, sizeof(*p->bufs)))) {
-        lease_undo_reply(conn, rep, fds, nfds, false);
+        handle_undo_reply(conn, rep, fds, nfds, false);
         return client_fail(conn, -ENOMEM, "out of memory");
     }
     for (uint32_t i = 0; i < n; i++) {
@@ -301,8 +301,8 @@ static int take_many(shmref_conn *conn, struct pending *p, const struct proto_ms
             client_release_handle(conn, items[i].handle);
             continue;
         }
-        r = lease_take(conn, items[i].handle, items[i].buf_id, items[i].size, items[i].capacity, items[i].token,
-                       NULL, 0, 0, fd, true, false, false, &p->bufs[i]);
+        r = handle_take(conn, items[i].handle, items[i].buf_id, items[i].size, items[i].capacity, items[i].token,
+                        NULL, 0, 0, fd, true, false, false, &p->bufs[i]);
     }
     while (fi < nfds)
         close(fds[fi++]);
@@ -313,7 +313,7 @@ static int lease_reply(shmref_conn *conn, struct pending *p, const struct proto_
                        bool lost)
 {
     if (lost) {
-        lease_lost(conn, p, rep, fds, nfds);
+        handle_lost(conn, p, rep, fds, nfds);
         return p->result;
     }
     if (p->op == PROTO_OP_LEASE_MANY)
@@ -321,8 +321,8 @@ static int lease_reply(shmref_conn *conn, struct pending *p, const struct proto_
     for (unsigned i = 1; i < nfds; i++)
         close(fds[i]);
     const typeof(rep->u.lease_reply) *l = &rep->u.lease_reply;
-    int r = lease_take(conn, l->handle, l->buf_id, l->size, l->capacity, l->token, l->meta, l->meta_len, l->flags,
-                       nfds > 0 ? fds[0] : -1, true, false, false, &p->buf);
+    int r = handle_take(conn, l->handle, l->buf_id, l->size, l->capacity, l->token, l->meta, l->meta_len, l->flags,
+                        nfds > 0 ? fds[0] : -1, true, false, false, &p->buf);
     if (r == 0 && (p->owner == PENDING_WAIT || p->owner == PENDING_USER)) {
         p->buf->size = p->want;
         stock_learn(conn, p->want, p->buf->capacity);
@@ -375,11 +375,11 @@ static void lease_release(shmref_conn *conn, struct pending *p)
 {
     (void)conn;
     if (p->buf)
-        lease_drop(p->buf);
+        handle_drop(p->buf);
     p->buf = NULL;
     for (unsigned i = 0; p->bufs && i < p->n; i++)
         if (p->bufs[i])
-            lease_drop(p->bufs[i]);
+            handle_drop(p->bufs[i]);
 }
 
 const struct pending_ops stock_lease_ops = {
