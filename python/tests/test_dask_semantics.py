@@ -152,6 +152,39 @@ async def test_frames_of_one_message_do_not_share_a_buffer():
     assert s["pool"]["bytes_leased"] <= 512 * KiB, s["pool"]
 
 
+@gen_test()
+async def test_a_message_whose_header_frame_goes_by_reference():
+    """A message whose first frame (Dask's msgpack header) is itself past the threshold,
+    as a client's graph of a few thousand tasks is, with a writable array in it: read as
+    over tcp://. Before: the reader parsed the header before mapping it (ValueError:
+    Unpack failed: incomplete input) and closed the comm; a Client that submitted
+    c.map(inc, range(2000)) lost its scheduler ("scheduler-connection-lost")."""
+    keys = [f"task-{i:08d}" for i in range(20000)]  # about 300 KiB of msgpack header
+    x = np.arange(MiB // 8, dtype=np.float64)  # writable: arrives as a private mapping
+    got = []
+
+    async def keep(comm):
+        got.append(await comm.read())
+        await comm.close()
+
+    before = sd.stats()
+    async with listen("shmref://127.0.0.1:0", keep) as lst:
+        comm = await connect(lst.contact_address)
+        assert comm.by_ref
+        await comm.write({"keys": keys, "x": to_serialize(x)})
+        for _ in range(500):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+        await comm.close()
+    assert got, "the message was not read"
+    assert list(got[0]["keys"]) == keys  # a tuple, as over tcp:// (msgpack use_list=False)
+    assert np.array_equal(got[0]["x"], x)
+    after = sd.stats()
+    assert after["received_by_ref"] - before["received_by_ref"] >= 2, "the header and the array by reference"
+    assert after["received_private"] > before["received_private"]
+
+
 # ---- item 3b: a task that writes into its input ----
 
 def _add_one_in_place(x):

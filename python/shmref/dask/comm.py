@@ -307,10 +307,12 @@ def _mark_read_only(frames: list, by_ref: set) -> None:
             frames[off] = msgpack.dumps(sub, use_bin_type=True)
 
 
-def _writable_frames(frames: list, by_ref: set) -> set:
+def _writable_frames(frames: list, by_ref: set, frame) -> set:
     """Which of the frames in by_ref their sender had writable (the "writeable" flags of
     the sub-header that precedes them): Dask copies such a frame when it arrives
-    read-only, and keeps it when it arrives writable."""
+    read-only, and keeps it when it arrives writable. frame(i) gives frame i's bytes: a
+    header that itself came by reference (a message's first frame of 64 KiB or more: a
+    graph of thousands of tasks) is mapped first."""
     subs = []
 
     def hook(obj):
@@ -319,10 +321,10 @@ def _writable_frames(frames: list, by_ref: set) -> set:
             subs.append(off)
         return obj
 
-    msgpack.loads(frames[0], object_hook=hook, use_list=False, strict_map_key=False, raw=False)
+    msgpack.loads(frame(0), object_hook=hook, use_list=False, strict_map_key=False, raw=False)
     out = set()
     for off in subs:
-        sub = msgpack.loads(frames[off], use_list=False, strict_map_key=False, raw=False)
+        sub = msgpack.loads(frame(off), use_list=False, strict_map_key=False, raw=False)
         w = _find_writeable(sub)
         if not w or not isinstance(sub, dict):
             continue
@@ -479,13 +481,36 @@ class ShmrefComm(TCP):
         st = _state()
         if st.client is None:
             raise CommClosedError(f"in {self}: the peer sent frames by reference and this process has no shmrefd")
-        mapped = {}
-        mine = {}  # text -> a private mapping, for the frames their sender had writable
+        by_ref = {e[0]: e for e in entries}
+        mapped = {}  # text -> the plain (shared, read-only) mapping
+        mine = {}    # text -> a private mapping, for the frames their sender had writable
+        done = set()
+
+        def put(i, arr):
+            _, text, off, n = by_ref[i]
+            if off + n > arr.nbytes:
+                raise CommClosedError(f"in {self}: frame {i} ({off}+{n} bytes) lies outside {text}")
+            frames[i] = memoryview(arr).cast("B")[off:off + n]
+            done.add(i)
+
+        def plain(i):
+            """Frame i, mapped (shared, read-only) if it came by reference."""
+            if i in by_ref and i not in done:
+                text = by_ref[i][1]
+                arr = mapped.get(text)
+                if arr is None:
+                    arr = mapped[text] = st.client.acquire(text)
+                    st.add_mapping(arr, text)
+                put(i, arr)
+            return frames[i]
+
         # A frame its sender had writable arrives in a private copy-on-write mapping: Dask
         # keeps it as it is (no copy), and the task's writes stay in this process's pages.
-        writable = _writable_frames(frames, {e[0] for e in entries}) if st.writable and st.private else ()
+        writable = _writable_frames(frames, set(by_ref), plain) if st.writable and st.private else ()
         copied = 0
         for i, text, off, n in entries:
+            if i in done:
+                continue  # a header, mapped to be read
             arr = None
             if i in writable:
                 arr = mine.get(text)
@@ -493,19 +518,15 @@ class ShmrefComm(TCP):
                     arr = _acquire_private(st, text)
                     if arr is not None:
                         mine[text] = arr  # never forwarded: its bytes may be this process's own
+                copied += arr is None
             if arr is None:
-                copied += i in writable
-                arr = mapped.get(text)
-                if arr is None:
-                    arr = mapped[text] = st.client.acquire(text)
-                    st.add_mapping(arr, text)
-            if off + n > arr.nbytes:
-                raise CommClosedError(f"in {self}: frame {i} ({off}+{n} bytes) lies outside {text}")
-            frames[i] = memoryview(arr).cast("B")[off:off + n]
+                plain(i)
+            else:
+                put(i, arr)
         _stats.add(received_by_ref=len(entries), received_bytes_by_ref=sum(e[3] for e in entries),
                    received_private=len(writable) - copied if writable else 0, received_copied=copied)
         if not st.writable:
-            _mark_read_only(frames, {e[0] for e in entries})
+            _mark_read_only(frames, set(by_ref))
         return frames
 
     async def read(self, deserializers=None):
