@@ -12,7 +12,8 @@
  * Version 3 (this one): an acquire reply may say PROTO_BUF_RETIRE (the buffer is retired
  * when its last handle goes: the client does not cache its mapping); a lease or lease_many
  * may say PROTO_LEASE_STOCK (a lease kept ready in a client's stock, served only from the
- * daemon's stock reserve). The layout of every message is version 2's.
+ * daemon's stock reserve); a client may ask retain (PROTO_OP_RETAIN, when the daemon agreed
+ * PROTO_FEAT_RETAIN). The layout of every other message is version 2's.
  *
  * Version 2: a lease reply carries the token its buffer will be published
  * under, so a plain publish needs no reply (PROTO_PUBLISH_NOREPLY); an acquire may wait
