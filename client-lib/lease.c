@@ -405,6 +405,43 @@ int shmref_lease_many(shmref_conn *conn, const size_t *sizes, size_t n, shmref_b
     return err;
 }
 
+/* ---- retain ---- */
+
+static int retain_send(shmref_conn *conn, struct pending *p)
+{
+    struct proto_msg req = { .op = PROTO_OP_RETAIN };
+    memcpy(req.u.retain.token, p->desc.token, PROTO_TOKEN_LEN);
+    req.u.retain.keep_ms = p->wait_ms;
+    return pending_submit_msg(conn, p, &req);
+}
+
+static const struct pending_ops retain_ops = { .send = retain_send };
+
+int shmref_retain(shmref_conn *conn, const shmref_desc *desc, uint32_t keep_ms)
+{
+    if (!conn)
+        return -EINVAL;
+    if (!desc || keep_ms == 0)
+        return client_fail(conn, -EINVAL, "retain: desc must not be NULL, keep_ms at least 1");
+    int r = client_enter(conn);
+    if (r < 0)
+        return r;
+    /* never asked of a daemon that did not agree it: it would refuse an unknown op, and
+     * the caller could not tell that from a refusal of this retain */
+    if (!(conn->features & PROTO_FEAT_RETAIN))
+        return client_fail(conn, -EOPNOTSUPP, "retain: this shmrefd does not know retain requests: it did not "
+                           "agree PROTO_FEAT_RETAIN in hello");
+    struct pending *p = pending_new(conn, PROTO_OP_RETAIN, PENDING_WAIT, &retain_ops);
+    if (!p)
+        return pending_new_error(conn);
+    p->desc = *desc;
+    p->wait_ms = keep_ms; /* the record's one duration: here the retention's */
+    if ((r = pending_submit(conn, p)) == 0)
+        r = pending_wait(conn, p, pending_budget(conn, 0));
+    pending_free(conn, p);
+    return r;
+}
+
 /* ---- acquire and sealed publish requests: their handlers ---- */
 
 int lease_acquire_send(shmref_conn *conn, struct pending *p)

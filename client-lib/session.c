@@ -295,7 +295,7 @@ static int hello_as(shmref_conn *conn, uint32_t version, int64_t deadline)
     req.u.hello.version = conn->version = version;
     req.u.hello.features =
         PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN | PROTO_FEAT_BYE |
-        PROTO_FEAT_PRIVATE;
+        PROTO_FEAT_PRIVATE | PROTO_FEAT_RETAIN;
     if (localhold_wanted()) /* $SHMREF_LEDGER=0: every acquire asks the daemon */
         req.u.hello.features |= PROTO_FEAT_LEDGER;
     if (version != PROTO_VERSION)

@@ -3,7 +3,7 @@
  * one attempt (lease.c: the pipeline single leases and lease_many items share), batches
  * are batch.c's, requests that wait are waits.c's (parked in bk->waiters and in their
  * peer's own list), an acquire of a published buffer is acquire.c's. Here: the request
- * checks, publish, release, and a disconnect's reclaim. */
+ * checks, publish, retain, release, and a disconnect's reclaim. */
 #include "broker.h"
 
 #include <errno.h>
@@ -151,6 +151,60 @@ static void do_acquire(struct broker *bk, struct broker_peer *p, const struct pr
     waits_park_acquire(bk, p, m->id, b, wait);
 }
 
+/* retain_holder: whether p holds b: a handle on it, or a ledger hold the daemon can read.
+ * Only a holder may extend a buffer's life: it could have kept it alive itself. */
+static bool retain_holder(struct broker_peer *p, const struct registry_buf *b)
+{
+    return registry_holds(&p->holder, b) || (p->ops->ledger_holds && p->ops->ledger_holds(p, b));
+}
+
+/* do_retain: PROTO_OP_RETAIN. The retention is its tenant's charge (the buffer's, as at
+ * its publish): only that uid may add one, and only on a buffer it holds, so a flood of
+ * retains keeps alive nothing but what the flooder's own quota pays for (and a lease of
+ * its that would fail for quota reclaims them first: registry_reclaim_retained). */
+static void do_retain(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
+{
+    struct registry_buf *b = registry_find(bk->reg, m->u.retain.token);
+    bool lent = false;
+    if (!b)
+        lent = (b = registry_find_lent(bk->reg, m->u.retain.token)) != NULL;
+    if (!b) {
+        peer_fail(p, m->id, ENOENT,
+                  "retain: no published buffer for this descriptor (never published, released by every "
+                  "holder, or its retention ran out)");
+        return;
+    }
+    if (p->uid != b->tenant) {
+        peer_refuse(bk, p, m->id, EPERM, "retain",
+                    "retain: the buffer is another uid's (its retention would be charged to that uid): only "
+                    "its producer's uid may retain it");
+        return;
+    }
+    if (m->u.retain.keep_ms == 0) {
+        peer_fail(p, m->id, EINVAL, "retain: keep_ms must be at least 1");
+        return;
+    }
+    if (!retain_holder(p, b)) {
+        peer_refuse(bk, p, m->id, EPERM, "retain",
+                    "retain: this connection does not hold the buffer (acquire it first)");
+        return;
+    }
+    /* LENT: only ledger holds keep it; live again, as for a daemon acquire, and the
+     * retention is its one daemon reference */
+    if (lent && registry_revive(bk->reg, m->u.retain.token) != b) {
+        peer_fail(p, m->id, ENOENT, "retain: no published buffer for this descriptor");
+        return;
+    }
+    if (registry_retain(bk->reg, b, m->u.retain.keep_ms) < 0) {
+        if (lent && b->refs == 0)
+            registry_buf_drop(bk->reg, b); /* LENT again, or its end, as before the revive */
+        peer_fail(p, m->id, ENOMEM, "daemon out of memory");
+        return;
+    }
+    struct proto_msg r = { .op = PROTO_OP_RETAIN + PROTO_OP_REPLY, .id = m->id };
+    p->ops->reply(p, &r, -1);
+}
+
 static void do_release(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
 {
     if (registry_release(bk->reg, &p->holder, m->u.release.handle) < 0) {
@@ -189,6 +243,7 @@ bool broker_handle(struct broker *bk, struct broker_peer *p, const struct proto_
     case PROTO_OP_RELEASE: do_release(bk, p, m); return true;
     case PROTO_OP_LEASE_MANY: batch_lease_many(bk, p, m); return true;
     case PROTO_OP_RELEASE_MANY: batch_release_many(bk, p, m); return true;
+    case PROTO_OP_RETAIN: do_retain(bk, p, m); return true;
     default: return false;
     }
 }

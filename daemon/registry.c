@@ -361,6 +361,26 @@ static void retention_expired(uv_timer_t *t)
     registry_end_retention(b->reg, b);
 }
 
+/* retention_start: b (not retained) gets the retention reference, ending at now + keep_ms.
+ * Returns 0 or -ENOMEM. */
+static int retention_start(struct registry *r, struct registry_buf *b, uint32_t keep_ms)
+{
+    uv_timer_t *t = malloc(sizeof(*t));
+    if (!t)
+        return -ENOMEM;
+    uv_timer_init(r->loop, t);
+    t->data = b;
+    uv_timer_start(t, retention_expired, keep_ms, 0);
+    b->timer = t;
+    b->retained = true;
+    b->deadline = uv_now(r->loop) + keep_ms;
+    b->refs++;
+    r->st.retained++;
+    r->st.retained_bytes += b->pb->size;
+    quota_retained(r->quota, b->tenant, (int64_t)b->pb->size);
+    return 0;
+}
+
 int registry_publish(struct registry *r, struct registry_buf *b, uint64_t size, uint32_t keep_ms,
                      const uint8_t *meta, uint32_t meta_len)
 {
@@ -372,22 +392,9 @@ int registry_publish(struct registry *r, struct registry_buf *b, uint64_t size, 
             return -ENOMEM;
         memcpy(m, meta, meta_len);
     }
-    if (keep_ms) {
-        uv_timer_t *t = malloc(sizeof(*t));
-        if (!t) {
-            free(m);
-            return -ENOMEM;
-        }
-        uv_timer_init(r->loop, t);
-        t->data = b;
-        uv_timer_start(t, retention_expired, keep_ms, 0);
-        b->timer = t;
-        b->retained = true;
-        b->deadline = uv_now(r->loop) + keep_ms;
-        b->refs++;
-        r->st.retained++;
-        r->st.retained_bytes += b->pb->size;
-        quota_retained(r->quota, b->tenant, (int64_t)b->pb->size);
+    if (keep_ms && retention_start(r, b, keep_ms) < 0) {
+        free(m);
+        return -ENOMEM;
     }
     b->meta = m;
     b->meta_len = meta_len;
@@ -400,12 +407,46 @@ int registry_publish(struct registry *r, struct registry_buf *b, uint64_t size, 
     return 0;
 }
 
+int registry_retain(struct registry *r, struct registry_buf *b, uint32_t keep_ms)
+{
+    if (!b->retained) {
+        int e = retention_start(r, b, keep_ms);
+        if (e < 0)
+            return e;
+        /* the acquires counted so far are the holders' own: it serves the next one */
+        b->max_acquires = b->acquires < UINT32_MAX ? b->acquires + 1 : UINT32_MAX;
+        return 0;
+    }
+    if (b->max_acquires && b->max_acquires < UINT32_MAX)
+        b->max_acquires++;
+    uint64_t now = uv_now(r->loop), until = now + keep_ms;
+    if (until > b->deadline) {
+        b->deadline = until;
+        uv_timer_start(b->timer, retention_expired, keep_ms, 0); /* restarts it */
+    }
+    return 0;
+}
+
 static struct registry_buf *lookup(const struct registry *r, const uint8_t *token)
 {
     struct registry_buf *b = r->buckets[bucket_of(r, token)];
     while (b && !desc_token_equal(b->token, token))
         b = b->hnext;
     return b;
+}
+
+struct registry_buf *registry_find_lent(struct registry *r, const uint8_t *token)
+{
+    struct registry_buf *b = lookup(r, token);
+    return b && b->lent && b->published ? b : NULL;
+}
+
+bool registry_holds(const struct registry_holder *h, const struct registry_buf *b)
+{
+    for (uint32_t i = 0; i < h->nslots; i++)
+        if (h->slots[i].buf == b)
+            return true;
+    return false;
 }
 
 struct registry_buf *registry_find_writing(struct registry *r, const uint8_t *token)

@@ -131,6 +131,18 @@ struct registry_buf *registry_find(struct registry *reg, const uint8_t *token);
 /* registry_find_writing: the live buffer leased under this token and not published yet,
  * or NULL (an acquire may wait for its publish). */
 struct registry_buf *registry_find_writing(struct registry *reg, const uint8_t *token);
+/* registry_find_lent: the LENT buffer published under this token (registry_find does not
+ * find it; registry_revive makes it live again), or NULL. */
+struct registry_buf *registry_find_lent(struct registry *reg, const uint8_t *token);
+/* registry_holds: whether h has a handle on b. */
+bool registry_holds(const struct registry_holder *h, const struct registry_buf *b);
+/* registry_retain: published, live b gets one more acquire of retention (PROTO_OP_RETAIN):
+ * without a retention it gets one (the one reference a retention is, charged to its tenant
+ * as any) that ends at the acquire after those counted so far or at now + keep_ms; with
+ * one, that retention ends one acquire later (a cap of 0, none, stays none) and at the
+ * later of its deadline and now + keep_ms. keep_ms >= 1. Returns 0, or -ENOMEM (nothing
+ * changed). */
+int registry_retain(struct registry *reg, struct registry_buf *b, uint32_t keep_ms);
 /* registry_end_retention: drops the retention reference, if any. */
 void registry_end_retention(struct registry *reg, struct registry_buf *b);
 /* registry_reclaim_retained: ends the retention of tenant's oldest published buffer that

@@ -16,7 +16,7 @@
 
 #define FEATURES                                                                                          \
     (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN | PROTO_FEAT_BYE | \
-     PROTO_FEAT_PRIVATE)
+     PROTO_FEAT_PRIVATE | PROTO_FEAT_RETAIN)
 
 static uint8_t wbuf[PROTO_MAX_REPLY];              /* one encoded reply (one loop thread) */
 static uint8_t status_body[PROTO_MAX_REPLY - 64];  /* a status map, before its envelope */
@@ -256,8 +256,14 @@ static void as_peer_unref(struct broker_peer *p)
     session_unref((struct session *)p);
 }
 
+static bool as_peer_ledger_holds(struct broker_peer *p, const struct registry_buf *b)
+{
+    struct session *s = (struct session *)p;
+    return tenantdir_holds_buf(s->env->tenantdirs, &s->ledger, b);
+}
+
 static const struct broker_peer_ops as_peer_ops = { as_peer_reply, as_peer_refuse, as_peer_ref, as_peer_unref,
-                                                   as_peer_reply_many };
+                                                   as_peer_reply_many, as_peer_ledger_holds };
 
 /* ---- tenants: what one uid's sessions share ----------------------------------------- */
 

@@ -311,6 +311,12 @@ bool tenantdir_holds(const struct tenantdirs *t, const struct tenantdir_conn *c)
     return false;
 }
 
+bool tenantdir_holds_buf(const struct tenantdirs *t, const struct tenantdir_conn *c, const struct registry_buf *b)
+{
+    return t && c->dir && b->tenant == c->dir->uid && b->pb->slot < LEDGER_SLOTS && conn_knows(c, b->pb->id) &&
+           ledger_held(c->counts, b->pb->slot) != 0;
+}
+
 uint64_t tenantdir_lent(const struct tenantdirs *t)
 {
     return t && t->reg ? registry_stats(t->reg).lent : 0;

@@ -80,6 +80,11 @@ void tenantdir_forgot(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t b
  * (such a connection is not idle: closing it would drop holds a process still uses). */
 bool tenantdir_holds(const struct tenantdirs *t, const struct tenantdir_conn *c);
 
+/* tenantdir_holds_buf: whether c's ledger counts a hold on b that keeps it (b of c's uid,
+ * whose fd c was sent and has not forgotten): what the daemon trusts of a ledger, as at
+ * b's end (a LENT b is kept by such counts). */
+bool tenantdir_holds_buf(const struct tenantdirs *t, const struct tenantdir_conn *c, const struct registry_buf *b);
+
 /* tenantdir_lent: buffers LENT now. */
 uint64_t tenantdir_lent(const struct tenantdirs *t);
 

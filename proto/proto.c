@@ -282,6 +282,8 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
         return get_u64(f, 2, UINT64_MAX, &m->u.took.buf_id) && get_token(f, 3, m->u.took.token);
     case PROTO_OP_NUDGE:
         return get_u64(f, 2, UINT64_MAX, &m->u.nudge.buf_id);
+    case PROTO_OP_RETAIN:
+        return get_token(f, 2, m->u.retain.token) && get_u32(f, 3, UINT32_MAX, &m->u.retain.keep_ms);
     case PROTO_OP_STATUS + PROTO_OP_REPLY:
         if (!get_raw(f, 2, MSGPACK_OBJECT_BIN, PROTO_MAX_REPLY, &p, &m->u.status_reply.body_len))
             return false;
@@ -300,6 +302,7 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
     case PROTO_OP_RELEASE + PROTO_OP_REPLY:
     case PROTO_OP_PING + PROTO_OP_REPLY:
     case PROTO_OP_RELEASE_MANY + PROTO_OP_REPLY:
+    case PROTO_OP_RETAIN + PROTO_OP_REPLY:
         return true;
     default:
         return false; /* unknown op: reported as EOPNOTSUPP by the caller */
@@ -309,12 +312,12 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
 /* has_reply: forget, took, nudge and bye never have one. */
 static bool has_reply(uint32_t op)
 {
-    return op >= PROTO_OP_HELLO && op <= PROTO_OP_RELEASE_MANY && op != PROTO_OP_FORGET;
+    return (op >= PROTO_OP_HELLO && op <= PROTO_OP_RELEASE_MANY && op != PROTO_OP_FORGET) || op == PROTO_OP_RETAIN;
 }
 
 static bool op_known(uint32_t op)
 {
-    if (op == PROTO_OP_ERROR || (op >= PROTO_OP_HELLO && op <= PROTO_OP_BYE))
+    if (op == PROTO_OP_ERROR || (op >= PROTO_OP_HELLO && op <= PROTO_OP_RETAIN))
         return true;
     return op > PROTO_OP_REPLY && has_reply(op - PROTO_OP_REPLY);
 }
@@ -412,6 +415,7 @@ static unsigned field_count(uint32_t op)
     case PROTO_OP_FORGET: return 2;
     case PROTO_OP_TOOK: return 2;
     case PROTO_OP_NUDGE: return 1;
+    case PROTO_OP_RETAIN: return 2;
     case PROTO_OP_STATUS + PROTO_OP_REPLY: return 1;
     case PROTO_OP_ERROR: return 2;
     default: return 0;
@@ -521,6 +525,10 @@ int proto_encode(const struct proto_msg *m, uint8_t *buf, size_t cap)
     case PROTO_OP_NUDGE:
         msgpack_pack_uint64(&pk, m->u.nudge.buf_id);
         break;
+    case PROTO_OP_RETAIN:
+        pack_raw(&pk, false, m->u.retain.token, PROTO_TOKEN_LEN);
+        msgpack_pack_uint32(&pk, m->u.retain.keep_ms);
+        break;
     case PROTO_OP_STATUS + PROTO_OP_REPLY:
         pack_raw(&pk, false, m->u.status_reply.body, m->u.status_reply.body_len);
         break;
@@ -563,12 +571,13 @@ const char *proto_op_name(uint32_t op)
         [PROTO_OP_STATUS] = "status", [PROTO_OP_PING] = "ping", [PROTO_OP_FORGET] = "forget",
         [PROTO_OP_LEASE_MANY] = "lease_many", [PROTO_OP_RELEASE_MANY] = "release_many",
         [PROTO_OP_TOOK] = "took", [PROTO_OP_NUDGE] = "nudge", [PROTO_OP_BYE] = "bye",
+        [PROTO_OP_RETAIN] = "retain",
     };
     if (op == PROTO_OP_ERROR)
         return "error";
     if (op > PROTO_OP_REPLY && has_reply(op - PROTO_OP_REPLY))
         op -= PROTO_OP_REPLY; /* forget, took, nudge and bye have no reply */
-    else if (op > PROTO_OP_BYE)
+    else if (op > PROTO_OP_RETAIN)
         return "unknown";
     if (names[op])
         return names[op];

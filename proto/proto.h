@@ -12,7 +12,8 @@
  * Version 3 (this one): an acquire reply may say PROTO_BUF_RETIRE (the buffer is retired
  * when its last handle goes: the client does not cache its mapping); a lease or lease_many
  * may say PROTO_LEASE_STOCK (a lease kept ready in a client's stock, served only from the
- * daemon's stock reserve). The layout of every message is version 2's.
+ * daemon's stock reserve); a client may ask retain (PROTO_OP_RETAIN, when the daemon agreed
+ * PROTO_FEAT_RETAIN). The layout of every other message is version 2's.
  *
  * Version 2: a lease reply carries the token its buffer will be published
  * under, so a plain publish needs no reply (PROTO_PUBLISH_NOREPLY); an acquire may wait
@@ -82,6 +83,10 @@
  * bit: other additions take the next free ones.) */
 #define PROTO_FEAT_FOREIGN (1u << 6)
 
+/* The daemon knows PROTO_OP_RETAIN: a client sends it only when the daemon agreed this
+ * bit, so an older daemon is never asked (libshmref says -EOPNOTSUPP at once). Version 3. */
+#define PROTO_FEAT_RETAIN (1u << 7)
+
 /* Flags of a publish request. */
 #define PROTO_PUBLISH_SEALED (1u << 0)  /* add F_SEAL_WRITE: publish-once, never recycled */
 #define PROTO_PUBLISH_NOREPLY (1u << 1) /* no reply on success (the client knows the token
@@ -139,6 +144,7 @@ enum proto_op {
     PROTO_OP_TOOK = 11,           /* no reply, ever (PROTO_FEAT_LEDGER) */
     PROTO_OP_NUDGE = 12,          /* no reply, ever (PROTO_FEAT_LEDGER) */
     PROTO_OP_BYE = 13,            /* no reply, ever; the connection's last message (PROTO_FEAT_BYE) */
+    PROTO_OP_RETAIN = 14,         /* one more pending acquire of retention (PROTO_FEAT_RETAIN) */
     PROTO_OP_REPLY = 64,          /* added to a request op in its reply */
     PROTO_OP_ERROR = 127,
 };
@@ -209,6 +215,12 @@ struct proto_msg {
          * ignored unless the connection has a ledger and was sent buf_id's fd. */
         struct { uint64_t buf_id; uint8_t token[PROTO_TOKEN_LEN]; } took;
         struct { uint64_t buf_id; } nudge;
+        /* retain: the published buffer under token, which this connection holds (a handle,
+         * or a ledger hold the daemon can read), gets one more acquire of retention: a
+         * retention that ends at the acquire after those counted so far (one more than it
+         * had, if it had one) or at now + keep_ms (keep_ms >= 1; the later deadline of the
+         * two if it had one). Only its tenant's uid may ask (EPERM). Its reply is empty. */
+        struct { uint8_t token[PROTO_TOKEN_LEN]; uint32_t keep_ms; } retain;
         /* The status body is itself a msgpack map, carried as bin so the envelope stays
          * flat; decode it with proto_check() before unpacking. */
         struct { const uint8_t *body; uint32_t body_len; } status_reply;

@@ -771,6 +771,39 @@ static PyObject *Client_acquire_batch(ClientObject *self, PyObject *args, PyObje
     return b;
 }
 
+/* retain(ref, keep): shmref_retain; keep in float seconds (> 0, inf: the longest). */
+static PyObject *Client_retain(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = { "ref", "keep", NULL };
+    PyObject *ref, *keep;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:retain", names, &ref, &keep))
+        return NULL;
+    long long ms = 0;
+    shmref_desc d;
+    if (keep == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "retain needs keep= (seconds > 0)");
+        return NULL;
+    }
+    if (seconds_to_ms(keep, "keep", 0, UINT32_MAX, false, &ms) < 0 || ref_parse(ref, &d) < 0)
+        return NULL;
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return NULL;
+    char msg[MSG_MAX] = "";
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    conn_lock_nogil(conn);
+    r = shmref_retain(conn->c, &d, (uint32_t)ms);
+    if (r < 0)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(conn);
+    if (r < 0)
+        return shmrefpy_raise(r, msg);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Client_ping(ClientObject *self, PyObject *unused)
 {
     (void)unused;
@@ -1007,6 +1040,16 @@ static PyMethodDef Client_methods[] = {
       "writable array over a private copy-on-write mapping (no copy until written; a page is copied at its "
       "first write, into this process only: the producer and other consumers never see the writes); "
       "OSError EOPNOTSUPP if shmrefd does not know private acquires." },
+    { "retain", (PyCFunction)(void (*)(void))Client_retain, METH_VARARGS | METH_KEYWORDS,
+      "retain($self, ref, keep)\n--\n\n"
+      "One more acquire of retention for the published buffer ref (a Ref or its text) names, which this "
+      "client holds (an array acquired or leased from it, still alive): the daemon keeps it, even after "
+      "this process is gone, until one more acquire than those made so far or keep seconds from now, "
+      "whichever comes first (a retention it has keeps the later deadline). Call it before handing on a "
+      "descriptor you acquired if you may exit before the receiver acquires it: it returns once the "
+      "retention is in place. Charged to the buffer's uid as any retention. PermissionError: another "
+      "uid's buffer, or not held here; FileNotFoundError: nothing published under ref; OSError "
+      "EOPNOTSUPP: the daemon does not know retain requests (an older shmrefd)." },
     { "_acquire_view", (PyCFunction)Client_acquire_view, METH_VARARGS,
       "_acquire_view(ref, dtype, shape, strides, offset) -> numpy.ndarray (private)" },
     { "release", (PyCFunction)Client_release, METH_O,

@@ -554,7 +554,7 @@ def test_bad_descriptors_close_only_that_comm(dask_env):
             def unpublished(frames):
                 i = max(range(len(frames)), key=lambda k: len(memoryview(frames[k]).cast("B")))
                 frames[i] = b""
-                return [(i, bogus, 0, x.nbytes)], frames, []
+                return [(i, bogus, 0, x.nbytes)], frames
 
             def outside(frames):
                 i = max(range(len(frames)), key=lambda k: len(memoryview(frames[k]).cast("B")))
@@ -562,7 +562,7 @@ def test_bad_descriptors_close_only_that_comm(dask_env):
                 ref = c.share(np.zeros(4096, np.uint8), keep=0)  # a real one, 4 KiB
                 frames[i] = b""
                 send_forged.keep = (c, ref)
-                return [(i, str(ref), 1024, x.nbytes)], frames, []
+                return [(i, str(ref), 1024, x.nbytes)], frames
 
             await send_forged(unpublished)
             await send_forged(outside)

@@ -5,7 +5,11 @@ a close is delivered, independent frames of one message do not keep each other m
 task may write into what it received. In-process clusters against a real shmrefd."""
 import asyncio
 import gc
+import logging
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -19,6 +23,11 @@ from distributed.utils_test import gen_cluster, gen_test  # noqa: E402
 import shmref  # noqa: E402
 import shmref.dask as sd  # noqa: E402
 from shmref.dask import comm as sdcomm  # noqa: E402
+
+from conftest import Daemon  # noqa: E402
+
+#: The last release's shmrefd (ctest's skew-previous builds it), which knows no retain.
+PREVIOUS = os.environ.get("SHMREF_PREVIOUS_DAEMON", "")
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -71,10 +80,127 @@ async def test_a_message_written_before_close_keeps_its_forwarded_frames():
     gc.collect()
 
 
+# A forwarder in a process of its own: it reads one message, writes it back (its large
+# frame, which it received by reference, forwarded: the same descriptor) and exits at once,
+# as a retiring worker hands its data over and shuts down. It prints its address, then what
+# it forwarded.
+_FORWARDER = textwrap.dedent("""
+    import asyncio, os, sys
+    from distributed.comm import listen
+    import shmref.dask as sd
+
+    async def main():
+        done = asyncio.Event()
+
+        async def echo_and_exit(comm):
+            msg = await comm.read()
+            await comm.write(msg)
+            await comm.close()  # flushes what the write queued
+            print("forwarded", sd.stats()["sent_forwarded"], flush=True)
+            os._exit(0)  # no linger, no finalizer: the process is gone
+
+        async with listen("shmref://127.0.0.1:0", echo_and_exit) as lst:
+            print(lst.contact_address, flush=True)
+            await done.wait()
+
+    asyncio.run(main())
+""")
+
+
+@gen_test(timeout=60)
+async def test_a_message_written_before_its_writer_exits_keeps_its_forwarded_frames():
+    """A process reads a message (its large frame arrives by reference), writes it back
+    (the frame is forwarded) and exits at once (os._exit right after the write is
+    flushed); the peer reads the message only after that process is gone, and gets it,
+    as over tcp://. Before: CommClosedError ... shmref frames: [Errno 2] no published
+    buffer for this descriptor (the forwarder's hold ended with its connection; the
+    publish's retention had ended at the forwarder's own acquire)."""
+    x = np.arange(MiB // 8, dtype=np.float64)
+    x.setflags(write=False)  # arrives as a view of the mapping, so it is forwarded
+    proc = subprocess.Popen([sys.executable, "-c", _FORWARDER], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        addr = (await asyncio.to_thread(proc.stdout.readline)).strip()
+        assert addr.startswith("shmref://"), addr
+        comm = await connect(addr)
+        assert comm.by_ref
+        await comm.write({"x": to_serialize(x)})
+        out, _ = await asyncio.to_thread(proc.communicate, timeout=30)
+        assert proc.returncode == 0, out
+        assert out.split() == ["forwarded", "1"], out  # forwarded, not copied
+        got = await comm.read()  # after the forwarder exited
+        await comm.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert np.array_equal(got["x"], x)
+    del got
+    gc.collect()
+
+
+@pytest.mark.skipif(not os.path.exists(PREVIOUS), reason="no shmrefd of the previous release "
+                    "($SHMREF_PREVIOUS_DAEMON: ctest builds it, skew-previous)")
+@gen_test(timeout=60)
+async def test_a_daemon_without_retain_gets_the_forwarded_frame_copied():
+    """Against a shmrefd that does not know retain (EOPNOTSUPP) a frame that would be
+    forwarded is copied into a lease of its own, which its publish's retention keeps for
+    the reader; said once in the log."""
+    x = np.arange(MiB // 8, dtype=np.float64)
+    x.setflags(write=False)
+
+    async def echo_and_close(comm):
+        msg = await comm.read()
+        await comm.write(msg)
+        await comm.close()
+
+    old_bin, old_sock = os.environ["SHMREFD_BIN"], os.environ.get("SHMREFD_SOCKET")
+    os.environ["SHMREFD_BIN"] = PREVIOUS
+    try:
+        other = Daemon()
+    finally:
+        os.environ["SHMREFD_BIN"] = old_bin
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda r: said.append(r.getMessage()) if r.levelno >= logging.WARNING else None
+    log = logging.getLogger("distributed.comm.shmref")
+    log.addHandler(handler)
+    sdcomm._fallbacks_warned.discard(("retain", 95))
+    try:
+        os.environ["SHMREFD_SOCKET"] = other.socket
+        sdcomm._the_state = None
+        for _ in range(2):
+            before = sd.stats()
+            async with listen("shmref://127.0.0.1:0", echo_and_close) as lst:
+                comm = await connect(lst.contact_address)
+                assert comm.by_ref
+                await comm.write({"x": to_serialize(x)})
+                got = await comm.read()
+                await comm.close()
+            after = sd.stats()
+            assert np.array_equal(got["x"], x)
+            del got
+            assert after["sent_forwarded"] == before["sent_forwarded"]
+            assert after["forwards_copied"] - before["forwards_copied"] == 1
+            assert after["sent_by_ref"] - before["sent_by_ref"] == 2  # there, and back as a copy
+        retain_lines = [m for m in said if "forwarded frames are copied" in m]
+        assert len(retain_lines) == 1, said
+        assert "PROTO_FEAT_RETAIN" in retain_lines[0]
+    finally:
+        log.removeHandler(handler)
+        sdcomm._the_state = None
+        if old_sock is None:
+            os.environ.pop("SHMREFD_SOCKET", None)
+        else:
+            os.environ["SHMREFD_SOCKET"] = old_sock
+        gc.collect()
+        other.stop()
+
+
 @gen_test()
 async def test_a_forwarded_frame_whose_reader_never_comes_is_let_go_after_the_retention():
-    """The hold a close keeps for an unacknowledged forwarded frame ends with the
-    retention: nothing stays held for a reader that never reads."""
+    """The retention a forwarded frame got for its reader ends at its time when the reader
+    never comes: nothing stays held for a reader that never reads."""
     import dask
 
     x = np.arange(MiB // 8, dtype=np.float64)

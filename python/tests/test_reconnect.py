@@ -76,7 +76,7 @@ def test_dask_fallback_to_tcp_is_said_once_with_its_reason(monkeypatch, caplog):
     frames = [b"x" * 100_000, b"y" * 100_000]
     with caplog.at_level(logging.DEBUG, logger=comm.logger.name):
         for _ in range(20):
-            entries, out, pins = comm.ShmrefComm._to_refs(None, frames)
+            entries, out = comm.ShmrefComm._to_refs(None, frames)
             assert entries == [] and out == frames
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]

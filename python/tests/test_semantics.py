@@ -701,3 +701,34 @@ def test_a_private_acquire_is_writable_and_its_writes_are_its_own(client, daemon
     client.release(mine)
     other.release(theirs)
     other.close()
+
+
+def test_retain_keeps_a_held_buffer_for_one_more_acquire(client, daemon):
+    """Client.retain: a buffer this client acquired outlives its release (and this
+    connection) for one more acquire; refused for what is not held, not published, or a
+    keep that is not > 0."""
+    producer = shmref.connect(daemon.socket)
+    ref = producer.share(np.arange(1000, dtype="int64"), keep=60)  # retained for one acquire
+    producer.release(ref)                        # the retention alone holds it
+    got = client.acquire(ref)                    # that retention ends here
+    with pytest.raises(ValueError):
+        client.retain(ref, keep=0)
+    client.retain(str(ref), keep=60)             # one more, for whoever comes next
+    client.release(got)
+    client.close()                               # nothing of this process holds it now
+    other = shmref.connect(daemon.socket)
+    theirs = other.acquire(ref)
+    assert int(theirs[999]) == 999
+    other.release(theirs)
+    other.ping()                                 # (a ledger take's one-way TOOK is read)
+    with pytest.raises(FileNotFoundError):       # the retention ended at that acquire
+        other.acquire(ref)
+    with pytest.raises(FileNotFoundError):
+        other.retain(ref, keep=1)
+    b = producer.empty(10, dtype="int64")
+    ref2 = producer.publish(b)
+    with pytest.raises(PermissionError):         # published, but other holds nothing
+        other.retain(ref2, keep=1)
+    producer.release(b)
+    other.close()
+    producer.close()

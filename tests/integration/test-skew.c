@@ -38,7 +38,7 @@ static void hello_in(int fd, uint32_t v, uint64_t features, struct proto_msg *re
 
 #define ALL_FEATURES                                                                                      \
     (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_LEDGER | PROTO_FEAT_BYE | \
-     PROTO_FEAT_FOREIGN | PROTO_FEAT_PRIVATE)
+     PROTO_FEAT_FOREIGN | PROTO_FEAT_PRIVATE | PROTO_FEAT_RETAIN)
 
 /* prev_connect: a raw connection of the previous version that asked every feature; it
  * gets only that version's, in a reply of that version without fds. */
@@ -235,6 +235,8 @@ Test(skew, the_library_talks_to_a_daemon_of_the_previous_version, .timeout = 120
         cr_assert_eq(shmref_publish(b, size, 0, NULL, 0, &desc), 0, "publish: %s", shmref_errmsg(p));
         cr_assert_eq(shmref_acquire(c, &desc, &rb), 0, "acquire: %s", shmref_errmsg(c));
         cr_assert_eq(check_pattern(shmref_buf_data(rb), size, round), -1, "round %u: bytes differ", round);
+        /* a retain is never asked of it (it did not agree PROTO_FEAT_RETAIN) */
+        cr_assert_eq(shmref_retain(c, &desc, 1000), -EOPNOTSUPP, "retain: %s", shmref_errmsg(c));
         cr_assert_eq(shmref_release(rb), 0);
         cr_assert_eq(shmref_release(b), 0);
     }

@@ -23,7 +23,7 @@ static const uint32_t known_ops[] = {
     REPLY(PROTO_OP_ACQUIRE), REPLY(PROTO_OP_RELEASE), REPLY(PROTO_OP_STATUS),
     REPLY(PROTO_OP_PING), PROTO_OP_ERROR,
     PROTO_OP_LEASE_MANY, REPLY(PROTO_OP_LEASE_MANY), PROTO_OP_RELEASE_MANY, REPLY(PROTO_OP_RELEASE_MANY),
-    PROTO_OP_TOOK, PROTO_OP_NUDGE, PROTO_OP_BYE,
+    PROTO_OP_TOOK, PROTO_OP_NUDGE, PROTO_OP_BYE, PROTO_OP_RETAIN, REPLY(PROTO_OP_RETAIN),
 };
 #define N_KNOWN_OPS (sizeof(known_ops) / sizeof(known_ops[0]))
 
@@ -134,6 +134,10 @@ static void make_msg(uint32_t op, uint32_t id, struct proto_msg *m)
         break;
     case PROTO_OP_NUDGE:
         m->u.nudge.buf_id = UINT64_MAX - 3;
+        break;
+    case PROTO_OP_RETAIN:
+        fill_token(m->u.retain.token, 13);
+        m->u.retain.keep_ms = 60000;
         break;
     case REPLY(PROTO_OP_STATUS):
         m->u.status_reply.body = sample_body;
@@ -274,6 +278,10 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         break;
     case PROTO_OP_NUDGE:
         cr_assert_eq(b->u.nudge.buf_id, a->u.nudge.buf_id);
+        break;
+    case PROTO_OP_RETAIN:
+        raw_eq(a->u.retain.token, PROTO_TOKEN_LEN, b->u.retain.token, PROTO_TOKEN_LEN, "token");
+        cr_assert_eq(b->u.retain.keep_ms, a->u.retain.keep_ms);
         break;
     case REPLY(PROTO_OP_STATUS):
         raw_eq(a->u.status_reply.body, a->u.status_reply.body_len,
@@ -1308,7 +1316,7 @@ Test(proto, unknown_op_is_eopnotsupp)
     expect_unsupported(op50, sizeof(op50), 50, 1234);
     static const uint8_t op99[] = { 0x94, 99, 0x07, 0xa1, 'x', 0x92, 0x01, 0x02 };
     expect_unsupported(op99, sizeof(op99), 99, 7);
-    static const uint32_t ops[] = { 0, 14, 63, 64, 72, 75, 126, REPLY(PROTO_OP_TOOK), REPLY(PROTO_OP_NUDGE),
+    static const uint32_t ops[] = { 0, 15, 63, 64, 72, 75, 79, 126, REPLY(PROTO_OP_TOOK), REPLY(PROTO_OP_NUDGE),
                                     REPLY(PROTO_OP_BYE) };
     for (unsigned i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
         uint8_t b[] = { 0x92, (uint8_t)ops[i], 0xce, 0xff, 0xff, 0xff, 0xff };
@@ -1844,7 +1852,8 @@ Test(proto, op_names)
         { REPLY(PROTO_OP_RELEASE_MANY), "release_many" }, { PROTO_OP_TOOK, "took" },
         { PROTO_OP_NUDGE, "nudge" }, { REPLY(PROTO_OP_TOOK), "unknown" }, { REPLY(PROTO_OP_NUDGE), "unknown" },
         { PROTO_OP_BYE, "bye" }, { REPLY(PROTO_OP_BYE), "unknown" },
-        { REPLY(PROTO_OP_FORGET), "unknown" }, { 14, "unknown" }, { 75, "unknown" },
+        { REPLY(PROTO_OP_FORGET), "unknown" }, { PROTO_OP_RETAIN, "retain" },
+        { REPLY(PROTO_OP_RETAIN), "retain" }, { 15, "unknown" }, { 75, "unknown" },
         { 0, "unknown" }, { 50, "unknown" }, { 63, "unknown" },
         { PROTO_OP_REPLY, "unknown" }, { 72, "unknown" }, { 99, "unknown" }, { 126, "unknown" },
         { 128, "unknown" }, { 128 + PROTO_OP_HELLO, "unknown" }, { 191, "unknown" },

@@ -447,6 +447,19 @@ SHMREF_EXPORT int shmref_publish_ex(shmref_buf *buf, size_t len, uint32_t keep_m
                                     unsigned flags, const void *meta, size_t meta_len,
                                     shmref_desc *ret_desc);
 
+/* shmref_retain: the published buffer desc names, which conn holds (an acquire or a lease
+ * of it not yet released), gets one more acquire of retention: it stays alive, even after
+ * every holder is gone (a process that exits right after handing desc on), until one more
+ * acquire than those made so far (by anyone; with a retention already, one more than it
+ * waited for) or keep_ms from now, whichever comes first (a retention it had keeps the
+ * later deadline). Charged to the buffer's uid as any retention (a lease of that uid that
+ * would fail for quota ends it first). One round trip: the retention is in place when it
+ * returns, so hand desc on after it. -EPERM: the buffer is another uid's, or conn does not
+ * hold it; -ENOENT: nothing is published under desc; -EOPNOTSUPP: the daemon does not know
+ * retain requests (an older shmrefd); -EINVAL: desc NULL or keep_ms 0. conn stays usable
+ * after any of them. */
+SHMREF_EXPORT int shmref_retain(shmref_conn *conn, const shmref_desc *desc, uint32_t keep_ms);
+
 /* shmref_acquire_ex: shmref_acquire with flags. Whenever the daemon says a buffer is
  * sealed, the library checks F_GET_SEALS (F_SEAL_WRITE, F_SEAL_SHRINK and F_SEAL_GROW)
  * on its fd before mapping it and refuses it otherwise (-EPERM); SHMREF_ACQUIRE_SEALED

@@ -3,7 +3,6 @@
 same shmrefd travel as descriptors (see the package's docstring)."""
 from __future__ import annotations
 
-import asyncio
 import bisect
 import errno
 import logging
@@ -11,7 +10,6 @@ import os
 import struct
 import threading
 import weakref
-from collections import deque
 
 import msgpack
 import numpy as np
@@ -49,7 +47,8 @@ SHMREF = "shmref://"
 #: require_encryption) with frames by reference (issue 27, item 4).
 SHMREF_TLS = "shmref+tls://"
 #: Marker frame version; the first frame of every message on a shmref comm is
-#: msgpack [MARK_VERSION, ack, [[index, descriptor, offset, nbytes], ...]].
+#: msgpack [MARK_VERSION, ack, [[index, descriptor, offset, nbytes], ...]]. ack (the
+#: peer's messages read) is still sent, for peers before retain, and no longer read.
 MARK_VERSION = 1
 #: Frames above this many bytes in one message make the copy run on Dask's offload thread.
 _OFFLOAD_BYTES = 8 << 20
@@ -122,6 +121,9 @@ class _Stats:
         # frames its sender had writable that arrived as private copy-on-write mappings (no
         # copy), and those copied instead (the daemon does not know private acquires)
         self.received_private = self.received_copied = 0
+        # frames found in a mapping this process acquired that were copied instead of
+        # forwarded (the daemon could not retain them for the reader: _retain)
+        self.forwards_copied = 0
 
     def add(self, **kw):
         with self.lock:
@@ -160,6 +162,7 @@ class _State:
         self.client = None
         self.identity = None
         self.private = True      # until the daemon says it does not know private acquires
+        self.retain = True       # until the daemon says it does not know retain requests
         self.starts: list = []   # sorted start addresses of live mappings
         self.maps: dict = {}     # start -> (end, descriptor text)
         if not enabled:
@@ -374,38 +377,43 @@ def _acquire_private(st, text: str):
         return None
 
 
-def _linger(pins: deque, seconds: float) -> None:
-    """Keeps the forwarded frames of a comm that closes before its peer acknowledged the
-    messages carrying them, for the retention (issue 27, item 3a). A forwarded frame is a
-    buffer this process acquired: the descriptor the peer got names it, and only holders
-    keep it (its publish's retention ended at this process's own acquire). The daemon has
-    no request that gives an acquired buffer a retention of its own, and the peer's read
-    can no longer tell this end that it took the frame, so the hold stays the retention's
-    time, the time a copied frame's publish waits for its reader."""
-    held = [frames for _, frames in pins]
-    pins.clear()
-    if not held:
-        return
+def _retain(st, text: str) -> bool:
+    """Gives the buffer text names, which this process holds, one more acquire of
+    retention (Client.retain), so that it outlives this process for the reader of the
+    message about to carry its descriptor: a forwarded frame is a buffer this process
+    acquired, whose publish's retention ended at this process's own acquire, and this
+    process may exit (a retiring worker hands its data over and shuts down) before the
+    reader acquires it. False when it cannot: the frame is then copied into a lease of its
+    own (EOPNOTSUPP, an older shmrefd: from then on in this process, said once; EPERM,
+    another uid's buffer: its retention would be that uid's charge; said once per reason)."""
     try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # closed outside a loop: a timer thread drops the frames
-        t = threading.Timer(seconds, held.clear)
-        t.daemon = True
-        t.start()
-    else:
-        loop.call_later(seconds, held.clear)
+        st.client.retain(text, keep=st.keep)
+        return True
+    except OSError as e:
+        if e.errno == errno.EOPNOTSUPP:
+            st.retain = False
+        reason = ("retain", e.errno)
+        if reason in _fallbacks_warned:
+            logger.debug("shmref: a forwarded frame is copied: %s", e)
+        else:
+            _fallbacks_warned.add(reason)
+            logger.warning("shmref: forwarded frames are copied into fresh leases: %s (said once per reason in "
+                           "this process: counted in shmref.dask.stats()['forwards_copied'])", e)
+        return False
 
 
 class ShmrefComm(TCP):
     """A TCP comm whose first frame of each message says which frames travel as
-    descriptors (and acknowledges the peer's messages read, so a forwarded buffer is held
-    until the peer has taken it)."""
+    descriptors. A message written is delivered even if this end closes or its process
+    exits right after: a frame copied is its publish's retention's to keep, a frame
+    forwarded the retention _to_refs adds before the message goes (_retain)."""
 
     def __init__(self, *args, **kwargs):
         self._by_ref = False
-        self._nread = 0          # the peer's messages read
-        self._nwritten = 0       # messages written
-        self._pins: deque = deque()  # (message number, [frames forwarded]) until acknowledged
+        # The peer's messages read: sent as the marker's ack, which this end no longer
+        # reads, for a peer of MARK_VERSION 1 before retain, which held the frames it
+        # forwarded until acknowledged.
+        self._nread = 0
         super().__init__(*args, **kwargs)
 
     # The handshake: both ends say which daemon they reach; frames go by reference only
@@ -429,22 +437,21 @@ class ShmrefComm(TCP):
         """Whether large frames go by reference on this comm (decided by the handshake)."""
         return self._by_ref
 
-    def _unpin(self, ack: int) -> None:
-        while self._pins and self._pins[0][0] <= ack:
-            self._pins.popleft()
-
     def _to_refs(self, frames: list):
-        """(marker entries, frames with the by-reference ones emptied, forwarded frames to
-        hold). Every frame copied gets a lease of its own, so that each is released on its
-        own: the receiver's objects of one message (P2P's shards, a list of arrays) do not
-        keep each other mapped, as TCP.read gives each frame its own buffer on purpose
-        (issue 27, item 2). A frame that cannot get a lease (pool full, daemon gone) stays
-        in the TCP frames."""
+        """(marker entries, frames with the by-reference ones emptied). A frame in a
+        mapping this process acquired is forwarded (its descriptor travels) once its buffer
+        got one more acquire of retention, one round trip per buffer per message (_retain:
+        the reader takes it once, whatever number of frames lie in it). Every frame copied
+        gets a lease of its own, so that each is released on its own: the receiver's
+        objects of one message (P2P's shards, a list of arrays) do not keep each other
+        mapped, as TCP.read gives each frame its own buffer on purpose (issue 27, item 2).
+        A frame that cannot get a lease (pool full, daemon gone) stays in the TCP frames."""
         st = _state()
         client = st.client
-        entries, pins, out = [], [], list(frames)
-        forwarded = 0
+        entries, out = [], list(frames)
+        forwarded = forwards_copied = 0
         own = []
+        retained: dict = {}  # descriptor text -> whether its retention was added
         for i, f in enumerate(frames):
             n = nbytes(f)
             if n < st.threshold or client is None:
@@ -452,12 +459,16 @@ class ShmrefComm(TCP):
             mv = ensure_memoryview(f)
             hit = st.lookup(_address(mv), n)
             if hit is not None:
-                entries.append((i, hit[0], hit[1], n))
-                pins.append(mv)
-                out[i] = b""
-                forwarded += 1
-            else:
-                own.append((i, mv, n))
+                text = hit[0]
+                if text not in retained:
+                    retained[text] = st.retain and _retain(st, text)
+                if retained[text]:
+                    entries.append((i, text, hit[1], n))
+                    out[i] = b""
+                    forwarded += 1
+                    continue
+                forwards_copied += 1
+            own.append((i, mv, n))
         copied = 0
         for i, mv, n in own:
             try:
@@ -472,10 +483,10 @@ class ShmrefComm(TCP):
             entries.append((i, str(ref), 0, n))
             out[i] = b""
             copied += n
-        if entries:
+        if entries or forwards_copied:
             _stats.add(sent_by_ref=len(entries), sent_forwarded=forwarded, sent_copied_bytes=copied,
-                       sent_bytes_by_ref=sum(e[3] for e in entries))
-        return entries, out, pins
+                       sent_bytes_by_ref=sum(e[3] for e in entries), forwards_copied=forwards_copied)
+        return entries, out
 
     def _from_refs(self, frames: list, entries) -> list:
         st = _state()
@@ -551,12 +562,11 @@ class ShmrefComm(TCP):
             self.abort()
             raise
         try:
-            version, ack, entries = msgpack.loads(frames[0], use_list=False)
+            version, _ack, entries = msgpack.loads(frames[0], use_list=False)
             if version != MARK_VERSION:
                 raise ValueError(f"marker version {version}, expected {MARK_VERSION}")
             frames = list(frames[1:])
             self._nread += 1
-            self._unpin(ack)
             if entries:
                 big = sum(e[3] for e in entries) >= _OFFLOAD_BYTES
                 frames = await offload(self._from_refs, frames, entries) if big else self._from_refs(frames, entries)
@@ -587,15 +597,12 @@ class ShmrefComm(TCP):
             frame_split_size=_NO_SPLIT if by_ref else self.max_shard_size,
         )
         logical = sum(map(nbytes, frames))
-        entries, pins = [], []
+        entries = []
         if by_ref:
             st = _state()
             if any(nbytes(f) >= st.threshold for f in frames):
                 big = logical >= _OFFLOAD_BYTES
-                entries, frames, pins = await offload(self._to_refs, frames) if big else self._to_refs(frames)
-        self._nwritten += 1
-        if pins:
-            self._pins.append((self._nwritten, pins))
+                entries, frames = await offload(self._to_refs, frames) if big else self._to_refs(frames)
         mark = msgpack.dumps([MARK_VERSION, self._nread, entries])
         frames, frames_nbytes, frames_nbytes_total = _add_frames_header([mark, *frames])
         try:
@@ -617,20 +624,6 @@ class ShmrefComm(TCP):
             self.abort()
             raise
         return logical
-
-    # A message written is delivered even if this end closes right after: frames it
-    # forwarded and the peer has not acknowledged stay held for the retention (_linger);
-    # frames it copied are the daemon's to keep (their publish's retention).
-    def abort(self) -> None:
-        _linger(self._pins, _state().keep)
-        super().abort()
-
-    async def close(self):
-        try:
-            await super().close()
-        finally:
-            _linger(self._pins, _state().keep)
-
 
 class ShmrefConnector(TCPConnector):
     prefix = SHMREF
