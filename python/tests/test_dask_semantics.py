@@ -311,6 +311,47 @@ async def test_a_message_whose_header_frame_goes_by_reference():
     assert after["received_private"] > before["received_private"]
 
 
+@gen_test()
+async def test_daemon_calls_of_a_message_leave_the_event_loop():
+    """No daemon call holds the event loop for long (issue 27 item 5): a message with one
+    small frame by reference does its one round trip on the loop; a message with eight
+    (eight leases, eight acquires) does them on Dask's offload thread, at both ends.
+    Before: every message under 8 MiB did all of its round trips on the loop."""
+    small = [np.full(128 * KiB // 8, i, dtype=np.float64) for i in range(8)]
+    got = []
+
+    async def keep(comm):
+        while True:
+            try:
+                got.append(await comm.read())
+            except Exception:
+                return
+
+    async with listen("shmref://127.0.0.1:0", keep) as lst:
+        comm = await connect(lst.contact_address)
+        assert comm.by_ref
+        before = sd.stats()
+        await comm.write({"x": to_serialize(small[0])})
+        for _ in range(500):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+        one = sd.stats()
+        await comm.write({"xs": [to_serialize(x) for x in small]})
+        for _ in range(500):
+            if len(got) == 2:
+                break
+            await asyncio.sleep(0.01)
+        eight = sd.stats()
+        await comm.close()
+    assert len(got) == 2 and all(np.array_equal(a, b) for a, b in zip(small, got[1]["xs"]))
+    # one process plays both ends: each message counts once when written, once when read
+    assert one["refs_on_loop"] - before["refs_on_loop"] == 2
+    assert one["refs_offloaded"] == before["refs_offloaded"]
+    assert eight["refs_offloaded"] - one["refs_offloaded"] == 2
+    assert eight["refs_on_loop"] == one["refs_on_loop"]
+
+
 # ---- item 3b: a task that writes into its input ----
 
 def _add_one_in_place(x):

@@ -50,8 +50,16 @@ SHMREF_TLS = "shmref+tls://"
 #: msgpack [MARK_VERSION, ack, [[index, descriptor, offset, nbytes], ...]]. ack (the
 #: peer's messages read) is still sent, for peers before retain, and no longer read.
 MARK_VERSION = 1
-#: Frames above this many bytes in one message make the copy run on Dask's offload thread.
-_OFFLOAD_BYTES = 8 << 20
+#: The most daemon work a message does on the event loop (issue 27, item 5): one frame by
+#: reference of less than this many bytes, i.e. one lease (or acquire, or retain) round
+#: trip and a copy of under 1 MiB. A message with more goes to Dask's offload thread, so
+#: that no daemon call holds the worker's event loop for long.
+_INLINE_BYTES = 1 << 20
+
+
+def _on_loop(sizes: list) -> bool:
+    """Whether the frames by reference of sizes may be handled on the event loop."""
+    return len(sizes) <= 1 and sum(sizes) < _INLINE_BYTES
 #: Sharding (distributed.comm.shard) exists for TCP's sake; a frame that goes by reference
 #: stays whole, so the receiver gets one mapping (merge_memoryviews needs no copy).
 _NO_SPLIT = 1 << 62
@@ -124,6 +132,9 @@ class _Stats:
         # frames found in a mapping this process acquired that were copied instead of
         # forwarded (the daemon could not retain them for the reader: _retain)
         self.forwards_copied = 0
+        # messages whose frames by reference were handled on the event loop (one small
+        # frame) and on Dask's offload thread (the rest: _on_loop)
+        self.refs_on_loop = self.refs_offloaded = 0
 
     def add(self, **kw):
         with self.lock:
@@ -568,8 +579,12 @@ class ShmrefComm(TCP):
             frames = list(frames[1:])
             self._nread += 1
             if entries:
-                big = sum(e[3] for e in entries) >= _OFFLOAD_BYTES
-                frames = await offload(self._from_refs, frames, entries) if big else self._from_refs(frames, entries)
+                if _on_loop([e[3] for e in entries]):
+                    _stats.add(refs_on_loop=1)
+                    frames = self._from_refs(frames, entries)
+                else:
+                    _stats.add(refs_offloaded=1)
+                    frames = await offload(self._from_refs, frames, entries)
         except CommClosedError:
             self.abort()
             raise
@@ -600,9 +615,13 @@ class ShmrefComm(TCP):
         entries = []
         if by_ref:
             st = _state()
-            if any(nbytes(f) >= st.threshold for f in frames):
-                big = logical >= _OFFLOAD_BYTES
-                entries, frames = await offload(self._to_refs, frames) if big else self._to_refs(frames)
+            sizes = [n for n in map(nbytes, frames) if n >= st.threshold]
+            if sizes and _on_loop(sizes):
+                _stats.add(refs_on_loop=1)
+                entries, frames = self._to_refs(frames)
+            elif sizes:
+                _stats.add(refs_offloaded=1)
+                entries, frames = await offload(self._to_refs, frames)
         mark = msgpack.dumps([MARK_VERSION, self._nread, entries])
         frames, frames_nbytes, frames_nbytes_total = _add_frames_header([mark, *frames])
         try:
