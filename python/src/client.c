@@ -771,6 +771,42 @@ static PyObject *Client_acquire_batch(ClientObject *self, PyObject *args, PyObje
     return b;
 }
 
+/* client_call: fn(c, arg) on the client's connection, taken, with the GIL released (other
+ * threads' calls queue on its lock); a failure raises what fn returned, with the library's
+ * message. 0, or -1 with the error set. */
+static int client_call(ClientObject *self, int (*fn)(shmref_conn *c, void *arg), void *arg)
+{
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return -1;
+    char msg[MSG_MAX] = "";
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    conn_lock_nogil(conn);
+    r = fn(conn->c, arg);
+    if (r < 0)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(conn);
+    if (r < 0) {
+        shmrefpy_raise(r, msg);
+        return -1;
+    }
+    return 0;
+}
+
+struct retain_args {
+    shmref_desc d;
+    uint32_t ms;
+};
+
+static int do_retain(shmref_conn *c, void *arg)
+{
+    struct retain_args *a = arg;
+    return shmref_retain(c, &a->d, a->ms);
+}
+
 /* retain(ref, keep): shmref_retain; keep in float seconds (> 0, inf: the longest). */
 static PyObject *Client_retain(ClientObject *self, PyObject *args, PyObject *kw)
 {
@@ -779,49 +815,30 @@ static PyObject *Client_retain(ClientObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:retain", names, &ref, &keep))
         return NULL;
     long long ms = 0;
-    shmref_desc d;
+    struct retain_args a;
     if (keep == Py_None) {
         PyErr_SetString(PyExc_TypeError, "retain needs keep= (seconds > 0)");
         return NULL;
     }
-    if (seconds_to_ms(keep, "keep", 0, UINT32_MAX, false, &ms) < 0 || ref_parse(ref, &d) < 0)
+    if (seconds_to_ms(keep, "keep", 0, UINT32_MAX, false, &ms) < 0 || ref_parse(ref, &a.d) < 0)
         return NULL;
-    ConnObject *conn = client_conn(self);
-    if (!conn)
+    a.ms = (uint32_t)ms;
+    if (client_call(self, do_retain, &a) < 0)
         return NULL;
-    char msg[MSG_MAX] = "";
-    int r;
-    Py_BEGIN_ALLOW_THREADS
-    conn_lock_nogil(conn);
-    r = shmref_retain(conn->c, &d, (uint32_t)ms);
-    if (r < 0)
-        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
-    conn_unlock_nogil(conn);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(conn);
-    if (r < 0)
-        return shmrefpy_raise(r, msg);
     Py_RETURN_NONE;
+}
+
+static int do_ping(shmref_conn *c, void *arg)
+{
+    (void)arg;
+    return shmref_ping(c);
 }
 
 static PyObject *Client_ping(ClientObject *self, PyObject *unused)
 {
     (void)unused;
-    ConnObject *conn = client_conn(self);
-    if (!conn)
+    if (client_call(self, do_ping, NULL) < 0)
         return NULL;
-    char msg[MSG_MAX] = "";
-    int r;
-    Py_BEGIN_ALLOW_THREADS
-    conn_lock_nogil(conn);
-    r = shmref_ping(conn->c);
-    if (r < 0)
-        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
-    conn_unlock_nogil(conn);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(conn);
-    if (r < 0)
-        return shmrefpy_raise(r, msg);
     Py_RETURN_NONE;
 }
 
@@ -848,25 +865,17 @@ static PyObject *Client_set_stock(ClientObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static int do_status(shmref_conn *c, void *arg)
+{
+    return shmref_status_get(c, arg);
+}
+
 static PyObject *Client_status(ClientObject *self, PyObject *unused)
 {
     (void)unused;
-    ConnObject *conn = client_conn(self);
-    if (!conn)
-        return NULL;
-    char msg[MSG_MAX] = "";
     shmref_status *st = NULL;
-    int r;
-    Py_BEGIN_ALLOW_THREADS
-    conn_lock_nogil(conn);
-    r = shmref_status_get(conn->c, &st);
-    if (r < 0)
-        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
-    conn_unlock_nogil(conn);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(conn);
-    if (r < 0)
-        return shmrefpy_raise(r, msg);
+    if (client_call(self, do_status, &st) < 0)
+        return NULL;
     const char *json = shmref_status_json(st);
     PyObject *text = json ? PyUnicode_FromString(json) : PyErr_NoMemory();
     shmref_status_free(st);
