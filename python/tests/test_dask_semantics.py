@@ -48,6 +48,26 @@ def _host(a):
     return a
 
 
+async def _echo_and_close(comm):
+    """A handler that reads one message, writes it back (its frames by reference are
+    forwarded) and closes the comm at once."""
+    msg = await comm.read()
+    await comm.write(msg)
+    await comm.close()
+
+
+async def _echo(x):
+    """x written to _echo_and_close's listener; (what came back, stats before, after)."""
+    before = sd.stats()
+    async with listen("shmref://127.0.0.1:0", _echo_and_close) as lst:
+        comm = await connect(lst.contact_address)
+        assert comm.by_ref
+        await comm.write({"x": to_serialize(x)})
+        got = await comm.read()
+        await comm.close()
+    return got, before, sd.stats()
+
+
 # ---- item 3a: a message written just before a close ----
 
 @gen_test()
@@ -61,19 +81,7 @@ async def test_a_message_written_before_close_keeps_its_forwarded_frames():
     x = np.arange(MiB // 8, dtype=np.float64)
     x.setflags(write=False)
 
-    async def echo_and_close(comm):
-        msg = await comm.read()
-        await comm.write(msg)
-        await comm.close()
-
-    before = sd.stats()
-    async with listen("shmref://127.0.0.1:0", echo_and_close) as lst:
-        comm = await connect(lst.contact_address)
-        assert comm.by_ref
-        await comm.write({"x": to_serialize(x)})
-        got = await comm.read()
-        await comm.close()
-    after = sd.stats()
+    got, before, after = await _echo(x)
     assert np.array_equal(got["x"], x)
     assert after["sent_forwarded"] - before["sent_forwarded"] == 1  # forwarded, not copied
     del got
@@ -149,11 +157,6 @@ async def test_a_daemon_without_retain_gets_the_forwarded_frame_copied():
     x = np.arange(MiB // 8, dtype=np.float64)
     x.setflags(write=False)
 
-    async def echo_and_close(comm):
-        msg = await comm.read()
-        await comm.write(msg)
-        await comm.close()
-
     old_bin, old_sock = os.environ["SHMREFD_BIN"], os.environ.get("SHMREFD_SOCKET")
     os.environ["SHMREFD_BIN"] = PREVIOUS
     try:
@@ -170,14 +173,7 @@ async def test_a_daemon_without_retain_gets_the_forwarded_frame_copied():
         os.environ["SHMREFD_SOCKET"] = other.socket
         sdcomm._the_state = None
         for _ in range(2):
-            before = sd.stats()
-            async with listen("shmref://127.0.0.1:0", echo_and_close) as lst:
-                comm = await connect(lst.contact_address)
-                assert comm.by_ref
-                await comm.write({"x": to_serialize(x)})
-                got = await comm.read()
-                await comm.close()
-            after = sd.stats()
+            got, before, after = await _echo(x)
             assert np.array_equal(got["x"], x)
             del got
             assert after["sent_forwarded"] == before["sent_forwarded"]
