@@ -18,6 +18,17 @@
 
 #define NO_SLOT UINT32_MAX
 #define TOKEN_STOCK 64 /* tokens drawn by one getrandom */
+#define TENANT_BUCKETS 64
+
+/* The retained buffers of one uid, in the order their retentions started: what
+ * registry_reclaimable and registry_reclaim_retained read, so that their work is bounded
+ * by the tenant's own retained buffers, never by every live buffer (a lease refused for
+ * quota asks both). Made at the uid's first retention, freed with its last. */
+struct registry_tenant {
+    uint32_t uid;
+    struct registry_buf *head, *tail;
+    struct registry_tenant *next; /* bucket chain */
+};
 
 struct registry {
     uv_loop_t *loop;
@@ -32,7 +43,56 @@ struct registry {
     registry_lend_cb lend;
     registry_unlend_cb unlend;
     void *lend_arg;
+    struct registry_tenant *tenants[TENANT_BUCKETS];
 };
+
+static struct registry_tenant **tenant_slot(struct registry *r, uint32_t uid)
+{
+    struct registry_tenant **t = &r->tenants[uid % TENANT_BUCKETS];
+    while (*t && (*t)->uid != uid)
+        t = &(*t)->next;
+    return t;
+}
+
+/* retained_link: b's retention started: at the tail of its tenant's list. -ENOMEM. */
+static int retained_link(struct registry *r, struct registry_buf *b)
+{
+    struct registry_tenant **slot = tenant_slot(r, b->tenant), *t = *slot;
+    if (!t) {
+        if (!(t = calloc(1, sizeof(*t))))
+            return -ENOMEM;
+        t->uid = b->tenant;
+        *slot = t;
+    }
+    b->ret_next = NULL;
+    b->ret_prev = t->tail;
+    if (t->tail)
+        t->tail->ret_next = b;
+    else
+        t->head = b;
+    t->tail = b;
+    return 0;
+}
+
+static void retained_unlink(struct registry *r, struct registry_buf *b)
+{
+    struct registry_tenant **slot = tenant_slot(r, b->tenant), *t = *slot;
+    if (!t)
+        return;
+    if (b->ret_prev)
+        b->ret_prev->ret_next = b->ret_next;
+    else
+        t->head = b->ret_next;
+    if (b->ret_next)
+        b->ret_next->ret_prev = b->ret_prev;
+    else
+        t->tail = b->ret_prev;
+    b->ret_prev = b->ret_next = NULL;
+    if (!t->head) {
+        *slot = t->next;
+        free(t);
+    }
+}
 
 /* on_pin: bytes a tenant's mappings keep alive after their buffer's end count against
  * that tenant's quota (never as a charge of a live buffer: the ledgers stay as they are). */
@@ -339,6 +399,7 @@ void registry_end_retention(struct registry *r, struct registry_buf *b)
     if (!b->retained)
         return;
     b->retained = false;
+    retained_unlink(r, b);
     stop_timer(b);
     r->st.retained--;
     r->st.retained_bytes -= b->pb->size;
@@ -366,8 +427,10 @@ static void retention_expired(uv_timer_t *t)
 static int retention_start(struct registry *r, struct registry_buf *b, uint32_t keep_ms)
 {
     uv_timer_t *t = malloc(sizeof(*t));
-    if (!t)
+    if (!t || retained_link(r, b) < 0) {
+        free(t);
         return -ENOMEM;
+    }
     uv_timer_init(r->loop, t);
     t->data = b;
     uv_timer_start(t, retention_expired, keep_ms, 0);
@@ -485,20 +548,19 @@ struct registry_buf *registry_revive(struct registry *r, const uint8_t *token)
 uint64_t registry_reclaimable(const struct registry *r, uint32_t tenant)
 {
     uint64_t bytes = 0;
-    for (uint32_t i = 0; i < r->nbuckets; i++)
-        for (const struct registry_buf *b = r->buckets[i]; b; b = b->hnext)
-            if (b->tenant == tenant && b->retained && b->refs == 1)
-                bytes += b->pb->size;
+    const struct registry_tenant *t = *tenant_slot((struct registry *)r, tenant);
+    for (const struct registry_buf *b = t ? t->head : NULL; b; b = b->ret_next)
+        if (b->refs == 1)
+            bytes += b->pb->size;
     return bytes;
 }
 
 uint64_t registry_reclaim_retained(struct registry *r, uint32_t tenant)
 {
-    struct registry_buf *oldest = NULL;
-    for (uint32_t i = 0; i < r->nbuckets; i++)
-        for (struct registry_buf *b = r->buckets[i]; b; b = b->hnext)
-            if (b->tenant == tenant && b->retained && b->refs == 1 && (!oldest || b->created_ms < oldest->created_ms))
-                oldest = b;
+    struct registry_tenant *t = *tenant_slot(r, tenant);
+    struct registry_buf *oldest = t ? t->head : NULL;
+    while (oldest && oldest->refs != 1)
+        oldest = oldest->ret_next;
     if (!oldest)
         return 0;
     uint64_t bytes = oldest->pb->size;

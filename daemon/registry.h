@@ -43,6 +43,9 @@ struct registry_buf {
      * registry_revive), not back in the pool until registry_lent_end. */
     bool lent;
     struct registry_buf *lent_prev, *lent_next; /* the lender's list */
+    /* while retained: its tenant's list of retained buffers, oldest retention first
+     * (registry_reclaim_retained walks only its own tenant's) */
+    struct registry_buf *ret_prev, *ret_next;
 };
 
 struct registry_lease {
@@ -145,10 +148,12 @@ bool registry_holds(const struct registry_holder *h, const struct registry_buf *
 int registry_retain(struct registry *reg, struct registry_buf *b, uint32_t keep_ms);
 /* registry_end_retention: drops the retention reference, if any. */
 void registry_end_retention(struct registry *reg, struct registry_buf *b);
-/* registry_reclaim_retained: ends the retention of tenant's oldest published buffer that
- * only its retention holds (no handle on it anywhere), which then goes back to the pool;
- * returns its bytes, 0 when there is none. Its tenant's lease that would fail for quota
- * calls it first: retention alone never fills a quota. */
+/* registry_reclaim_retained: ends the retention that started first among tenant's
+ * buffers that only their retention holds (no handle on them anywhere); that buffer goes
+ * back to the pool; returns its bytes, 0 when there is none. Its tenant's lease that would
+ * fail for quota calls it first: retention alone never fills a quota. Both this and
+ * registry_reclaimable read only that tenant's retained buffers (a list per tenant in the
+ * order their retentions started), never every live buffer. */
 uint64_t registry_reclaim_retained(struct registry *reg, uint32_t tenant);
 /* registry_reclaimable: the bytes registry_reclaim_retained could give back for tenant. */
 uint64_t registry_reclaimable(const struct registry *reg, uint32_t tenant);

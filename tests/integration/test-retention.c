@@ -131,3 +131,98 @@ Test(retention, never_fills_its_own_tenants_quota_nor_takes_anothers, .timeout =
     close(fd);
     daemon_stop(&d);
 }
+
+/* ---- a lease refused for quota costs its own tenant's buffers, not everyone's ---- */
+
+#define FLOOD 20000
+#define MANY 8000
+
+/* daemon_cpu_ticks: the daemon's user + system time so far, in clock ticks. */
+static long daemon_cpu_ticks(const struct daemon *d)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)d->pid);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    cr_assert(p);
+    unsigned long ut = 0, st = 0;
+    /* after the comm: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    cr_assert_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
+    return (long)(ut + st);
+}
+
+struct flooder {
+    const char *socket;
+    int ready[2], go[2];
+};
+
+/* uid 65534 fills its quota with one lease, says so, then (at each byte on go) sends FLOOD
+ * leases of 4 KiB that must all be refused EDQUOT, and says so again. */
+static int flooder(void *arg)
+{
+    struct flooder *f = arg;
+    close(f->ready[0]);
+    close(f->go[1]);
+    if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+        return 10;
+    shmref_conn *c;
+    shmref_buf *all, *b;
+    if (shmref_connect(f->socket, &c) < 0 || shmref_set_stock(c, 0) < 0 || shmref_lease(c, 64 << 20, &all) < 0)
+        return 11;
+    char x = 0;
+    while (write(f->ready[1], &x, 1) == 1 && read(f->go[0], &x, 1) == 1) {
+        for (int i = 0; i < FLOOD; i++)
+            if (shmref_lease(c, 4096, &b) != -EDQUOT)
+                return 12;
+    }
+    shmref_close(c);
+    return 0;
+}
+
+static long flood_ticks(const struct daemon *d, struct flooder *f)
+{
+    char x = 0;
+    long t0 = daemon_cpu_ticks(d);
+    cr_assert_eq(write(f->go[1], &x, 1), 1);
+    cr_assert_eq(read(f->ready[0], &x, 1), 1, "the flooder failed");
+    return daemon_cpu_ticks(d) - t0;
+}
+
+Test(retention, a_lease_refused_for_quota_reads_only_its_own_tenants_buffers, .timeout = 300)
+{
+    /* Every non-waiting lease refused for quota asks what its tenant's retentions could
+     * free (registry_reclaimable). Before, that walked every live buffer of every tenant:
+     * a tenant at its quota flooding leases made the daemon read all of them per lease. */
+    struct daemon d;
+    daemon_start(&d, "--tenant-quota", "64M", "--pool-size", "256M", "--socket-mode", "0666", NULL);
+    struct flooder f = { .socket = d.socket };
+    cr_assert_eq(pipe(f.ready), 0);
+    cr_assert_eq(pipe(f.go), 0);
+    pid_t pid = child_run(flooder, &f);
+    close(f.ready[1]);
+    close(f.go[0]);
+    char x;
+    cr_assert_eq(read(f.ready[0], &x, 1), 1, "uid 65534 could not fill its quota");
+    long few = flood_ticks(&d, &f);
+    /* root: MANY live buffers (two connections: --max-leases 4096 each) */
+    shmref_conn *c[2] = { connect_ok(&d), connect_ok(&d) };
+    static shmref_buf *held[MANY];
+    for (int i = 0; i < MANY; i++)
+        cr_assert_eq(shmref_lease(c[i % 2], 4096, &held[i]), 0, "lease %d: %s", i, shmref_errmsg(c[i % 2]));
+    long many = flood_ticks(&d, &f);
+    printf("a flood of %d leases refused for quota: %ld daemon ticks beside 0 other buffers, %ld beside %d\n", FLOOD,
+           few, many, MANY);
+    cr_assert_leq(many, 2 * few + 10, "%d leases refused for quota cost the daemon %ld ticks beside %d other "
+                  "buffers, %ld beside none", FLOOD, many, MANY, few);
+    close(f.go[1]);
+    cr_assert_eq(child_wait(pid), 0);
+    for (int i = 0; i < MANY; i++)
+        shmref_release(held[i]);
+    shmref_close(c[0]);
+    shmref_close(c[1]);
+    daemon_stop(&d);
+}

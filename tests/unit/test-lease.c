@@ -207,16 +207,23 @@ Test(lease, quota_refusal_gives_back_the_warm_buffer)
 }
 
 /* retain: n leases of 8 KiB by p, each published with a long retention and released:
- * only their retentions hold them. */
-static void retain(struct fx *f, struct fake *p, int n)
+ * only their retentions hold them. Their tokens in tokens[0..n) (NULL: not wanted). */
+static void retain_tokens(struct fx *f, struct fake *p, int n, uint8_t (*tokens)[PROTO_TOKEN_LEN])
 {
     for (int i = 0; i < n; i++) {
         struct att t;
         att_init(&t, f, p, 8 * KiB);
         cr_assert_eq(try(f, &t, NULL), 0, "%s", t.msg);
+        if (tokens)
+            memcpy(tokens[i], t.a.buf->token, PROTO_TOKEN_LEN);
         cr_assert_eq(registry_publish(f->bk.reg, t.a.buf, 8 * KiB, 60000, NULL, 0), 0);
         cr_assert_eq(registry_release(f->bk.reg, &p->peer.holder, t.a.handle), 0);
     }
+}
+
+static void retain(struct fx *f, struct fake *p, int n)
+{
+    retain_tokens(f, p, n, NULL);
 }
 
 /* A lease refused for quota that reclaiming its tenant's retained buffers would cure
@@ -252,15 +259,21 @@ Test(lease, reclaims_retained_as_needed_unless_it_waits)
     cr_assert_eq(quota_held(f.bk.quota, 1000), 16 * KiB);
     registry_release_all(f.bk.reg, &f.a.peer.holder);
 
-    /* 8 KiB of three retained at a 24 KiB quota: one goes, two stay */
+    /* 8 KiB of three retained at a 24 KiB quota: one goes, two stay; the one that goes is
+     * the first retained (all three in the same millisecond: before, the order was the
+     * hash's) */
     quota_set(f.bk.quota, 1000, 24 * KiB);
-    retain(&f, &f.a, 3);
+    uint8_t tok[3][PROTO_TOKEN_LEN];
+    retain_tokens(&f, &f.a, 3, tok);
     cr_assert_eq(quota_held(f.bk.quota, 1000), 24 * KiB);
     att_init(&n, &f, &f.a, 8 * KiB);
     cr_assert_eq(try(&f, &n, NULL), 0, "%s", n.msg);
     st = registry_stats(f.bk.reg);
     cr_assert_eq(st.reclaimed, 3, "reclaimed more than it needed");
     cr_assert_eq(st.retained, 2);
+    cr_assert_null(registry_find(f.bk.reg, tok[0]), "the first retained is not the one reclaimed");
+    cr_assert_not_null(registry_find(f.bk.reg, tok[1]));
+    cr_assert_not_null(registry_find(f.bk.reg, tok[2]));
     cr_assert_eq(quota_held(f.bk.quota, 1000), 24 * KiB);
 
     /* another tenant's retention is never reclaimed for this one */
