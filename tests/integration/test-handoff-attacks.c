@@ -1,0 +1,834 @@
+/* SPDX-License-Identifier: MIT */
+/* test-handoff-attacks.c: issue 28's attacks on handoffs, at the level of real processes,
+ * the public API (libshmref) and the raw protocol, so that they hold for today's ledger
+ * fast path and for whatever replaces it: (1) a uid that scribbles on every shared
+ * mapping it has (its directory and ledger today) while it floods acquire/took/nudge/
+ * forget never makes another uid read a byte not its own, slow it past a ratio of its
+ * own baseline or charge it anything; (2) consumers racing a producer's recycles for 10 s
+ * never read another generation under a token (every page names its generation). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "ledger.h"
+#include "proto.h"
+#include "rawclient.h"
+
+#define OTHER_UID 65534
+#define PAGE 4096u
+#define RT_SIZE (16 * PAGE)        /* a victim's round trip: 16 pages, every one checked */
+#define VICTIM_MAGIC 0x4d4954434956ull /* "VICTIM" */
+
+/* Sanitized builds (SHMREF_SANITIZE): the daemon is several times slower; the ratios are
+ * the same, the absolute bound of (3) is stated for an unsanitized daemon. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#else
+#define SANITIZED 0
+#endif
+
+static void init(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+}
+
+TestSuite(handoff_attacks, .init = init, .fini = reap_children);
+
+/* ---- small helpers ------------------------------------------------------------------ */
+
+static long now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000L + ts.tv_nsec / 1000;
+}
+
+static int cmp_long(const void *a, const void *b)
+{
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+/* pct: the p-th percentile (0..100) of n samples (sorted in place). */
+static long pct(long *v, size_t n, int p)
+{
+    qsort(v, n, sizeof(*v), cmp_long);
+    size_t i = (n - 1) * (size_t)p / 100;
+    return v[i];
+}
+
+static int become(uid_t uid)
+{
+    return setgroups(0, NULL) == 0 && setresgid(uid, uid, uid) == 0 && setresuid(uid, uid, uid) == 0 ? 0 : -1;
+}
+
+
+
+static bool daemon_alive(const struct daemon *d)
+{
+    return waitpid(d->pid, NULL, WNOHANG) == 0;
+}
+
+/* tenant_u64: status tenants[] entry of uid, field key; 0 when the uid has no entry
+ * (nothing charged). */
+static uint64_t tenant_u64(const shmref_status *st, unsigned uid, const char *key)
+{
+    int n = shmref_status_count(st, "tenants");
+    char path[64];
+    for (int i = 0; i < n; i++) {
+        uint64_t u = 0, v = 0;
+        snprintf(path, sizeof(path), "tenants.%d.uid", i);
+        if (shmref_status_u64(st, path, &u) != 0 || u != uid)
+            continue;
+        snprintf(path, sizeof(path), "tenants.%d.%s", i, key);
+        cr_assert_eq(shmref_status_u64(st, path, &v), 0, "status has no %s", path);
+        return v;
+    }
+    return 0;
+}
+
+struct charge {
+    uint64_t bytes, pinned, buffers;
+};
+
+static struct charge charge_of(shmref_conn *c, unsigned uid)
+{
+    shmref_status *st;
+    cr_assert_eq(shmref_status_get(c, &st), 0, "status: %s", shmref_errmsg(c));
+    struct charge ch = { tenant_u64(st, uid, "bytes"), tenant_u64(st, uid, "pinned"), tenant_u64(st, uid, "buffers") };
+    shmref_status_free(st);
+    return ch;
+}
+
+
+/* ---- the victim: round trips of its own, every page checked ------------------------- */
+
+/* Every page of round trip `iter` starts with (VICTIM_MAGIC, iter, page) and continues
+ * with bytes from a seed of both: a page of another round trip, another buffer or another
+ * uid fails the check. */
+static void victim_fill(uint8_t *p, uint64_t iter)
+{
+    for (uint64_t pg = 0; pg < RT_SIZE / PAGE; pg++) {
+        uint64_t h[3] = { VICTIM_MAGIC, iter, pg };
+        memcpy(p + pg * PAGE, h, sizeof(h));
+        fill_pattern(p + pg * PAGE + sizeof(h), PAGE - sizeof(h), (uint32_t)(iter * 131 + pg + 1));
+    }
+}
+
+/* victim_check: the first page that is not round trip iter's, or -1. */
+static long victim_check(const uint8_t *p, uint64_t iter)
+{
+    for (uint64_t pg = 0; pg < RT_SIZE / PAGE; pg++) {
+        uint64_t h[3];
+        memcpy(h, p + pg * PAGE, sizeof(h));
+        if (h[0] != VICTIM_MAGIC || h[1] != iter || h[2] != pg ||
+            check_pattern(p + pg * PAGE + sizeof(h), PAGE - sizeof(h), (uint32_t)(iter * 131 + pg + 1)) != -1)
+            return (long)pg;
+    }
+    return -1;
+}
+
+struct victim {
+    shmref_conn *prod, *cons;
+    uint64_t iter;
+};
+
+static void victim_open(struct victim *v, const struct daemon *d)
+{
+    v->prod = connect_ok(d);
+    v->cons = connect_ok(d);
+    cr_assert_eq(shmref_set_stock(v->prod, 0), 0); /* its charge is what it holds, nothing more */
+    cr_assert_eq(shmref_set_stock(v->cons, 0), 0);
+}
+
+static void victim_close(struct victim *v)
+{
+    shmref_close(v->cons);
+    shmref_close(v->prod);
+}
+
+/* victim_rt: one round trip (lease, fill, publish, the second connection acquires and
+ * checks every page, both release); returns its time in microseconds. */
+static long victim_rt(struct victim *v)
+{
+    long t0 = now_us();
+    uint64_t it = ++v->iter;
+    shmref_buf *b, *r;
+    shmref_desc desc;
+    cr_assert_eq(shmref_lease(v->prod, RT_SIZE, &b), 0, "victim lease %llu: %s", (unsigned long long)it,
+                 shmref_errmsg(v->prod));
+    victim_fill(shmref_buf_data(b), it);
+    cr_assert_eq(shmref_publish(b, RT_SIZE, 0, NULL, 0, &desc), 0, "victim publish: %s", shmref_errmsg(v->prod));
+    cr_assert_eq(shmref_acquire(v->cons, &desc, &r), 0, "victim acquire %llu: %s", (unsigned long long)it,
+                 shmref_errmsg(v->cons));
+    cr_assert_eq(shmref_buf_size(r), RT_SIZE);
+    long bad = victim_check(shmref_buf_data(r), it);
+    cr_assert_eq(bad, -1, "round trip %llu: page %ld of what the victim acquired is not its own",
+                 (unsigned long long)it, bad);
+    shmref_release(r);
+    shmref_release(b);
+    return now_us() - t0;
+}
+
+/* ---- (1) a uid that scribbles on everything it can write ----------------------------- */
+
+/* What the test and its children share (MAP_SHARED anonymous, made before the fork; the
+ * scribbler skips it: it is /dev/zero in its maps). */
+struct ctl {
+    _Atomic int stop;
+    _Atomic int armed;              /* the attacker finished a whole pass */
+    _Atomic uint64_t passes, regions, scribbled_dirs, msgs, api_ok, api_err, reconnects;
+};
+
+static struct ctl *ctl_new(void)
+{
+    struct ctl *c = mmap(NULL, sizeof(*c), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(c, MAP_FAILED);
+    memset(c, 0, sizeof(*c));
+    return c;
+}
+
+/* A raw connection of the attacker, with whatever shared files its hello brought. */
+struct raw {
+    int sock;
+    uint32_t id;
+    void *shared[2];                /* mapped read-write: the hello's fds (today: directory, ledger) */
+    size_t shared_len[2];
+};
+
+static int raw_send(struct raw *c, struct proto_msg *m)
+{
+    uint8_t buf[1024];
+    m->id = ++c->id;
+    int n = proto_encode(m, buf, sizeof(buf));
+    return n < 0 ? n : rawclient_send(c->sock, buf, (size_t)n);
+}
+
+/* raw_open: hello asking for every feature this build speaks; every fd the reply carries
+ * is mapped read-write if it can be (a hostile client keeps what it is sent). */
+static int raw_open(struct raw *c, const char *socket)
+{
+    *c = (struct raw){ .sock = rawclient_connect(socket) };
+    if (c->sock < 0)
+        return c->sock;
+    struct proto_msg m = { .op = PROTO_OP_HELLO }, r;
+    m.u.hello.version = PROTO_VERSION;
+    m.u.hello.features = PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_LEDGER;
+    m.u.hello.name = "attacker";
+    m.u.hello.name_len = 8;
+    int e = raw_send(c, &m);
+    if (e < 0)
+        return e;
+    uint8_t rep[PROTO_MAX_REPLY];
+    int fds[2] = { -1, -1 };
+    unsigned n = 0;
+    ssize_t len = rawclient_recv_fds(c->sock, rep, sizeof(rep), fds, 2, &n, 10000);
+    const char *why;
+    if (len <= 0 || proto_decode(rep, (size_t)len, sizeof(rep), &r, &why) < 0 || r.op != PROTO_OP_HELLO + PROTO_OP_REPLY)
+        return -EPROTO;
+    for (unsigned i = 0; i < n; i++) {
+        struct stat sb;
+        if (fstat(fds[i], &sb) == 0 && sb.st_size > 0) {
+            void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[i], 0);
+            if (p != MAP_FAILED) {
+                c->shared[i] = p;
+                c->shared_len[i] = (size_t)sb.st_size;
+            }
+        }
+        close(fds[i]);
+    }
+    return 0;
+}
+
+static void raw_close(struct raw *c)
+{
+    for (int i = 0; i < 2; i++)
+        if (c->shared[i])
+            munmap(c->shared[i], c->shared_len[i]);
+    if (c->sock >= 0)
+        close(c->sock);
+    c->sock = -1;
+}
+
+/* raw_drain: reads replies until the ping with id want is answered (fds closed; every
+ * handle a reply grants is released). Returns 0, or -EPIPE when the daemon closed. */
+static int raw_drain(struct raw *c, uint32_t want)
+{
+    uint8_t rep[PROTO_MAX_REPLY];
+    for (;;) {
+        int fd = -1;
+        unsigned n = 0;
+        ssize_t len = rawclient_recv_fds(c->sock, rep, sizeof(rep), &fd, 1, &n, 10000);
+        if (n)
+            close(fd);
+        if (len <= 0)
+            return -EPIPE;
+        struct proto_msg r;
+        const char *why;
+        if (proto_decode(rep, (size_t)len, sizeof(rep), &r, &why) < 0)
+            continue;
+        if ((r.op == PROTO_OP_LEASE + PROTO_OP_REPLY || r.op == PROTO_OP_ACQUIRE + PROTO_OP_REPLY)) {
+            struct proto_msg rel = { .op = PROTO_OP_RELEASE };
+            rel.u.release.handle = r.u.lease_reply.handle;
+            rel.u.release.flags = PROTO_RELEASE_NOREPLY;
+            raw_send(c, &rel);
+        }
+        if (r.op == PROTO_OP_PING + PROTO_OP_REPLY && r.id == want)
+            return 0;
+    }
+}
+
+static int raw_ping_drain(struct raw *c)
+{
+    struct proto_msg m = { .op = PROTO_OP_PING };
+    int e = raw_send(c, &m);
+    return e < 0 ? e : raw_drain(c, m.id);
+}
+
+static void rand_token(uint8_t *t, uint32_t *s, uint32_t slot)
+{
+    for (int i = 0; i < PROTO_TOKEN_LEN; i++)
+        t[i] = (uint8_t)xorshift(s);
+    ledger_set_slot(t, slot);
+}
+
+/* scribble_dir: garbage in every entry of a directory laid out as proto/ledger.h says,
+ * a different kind of garbage per entry and pass: random bytes, seq odd, states out of
+ * range, huge sizes and meta_len, other buffers' ids under a PUBLISHED state. */
+static void scribble_dir(uint8_t *dir, size_t len, uint32_t *s, uint64_t pass)
+{
+    if (len < LEDGER_DIR_SIZE)
+        return;
+    uint32_t from = pass % 8 == 0 ? 0 : xorshift(s) % LEDGER_SLOTS, n = pass % 8 == 0 ? LEDGER_SLOTS : 2048;
+    for (uint32_t i = from; i < from + n && i < LEDGER_SLOTS; i++) {
+        struct ledger_entry *e = (struct ledger_entry *)(dir + LEDGER_HEADER + (size_t)i * sizeof(*e));
+        switch ((i + pass) % 6) {
+        case 0:
+            for (size_t k = 0; k < sizeof(*e); k += 4) {
+                uint32_t x = xorshift(s);
+                memcpy((uint8_t *)e + k, &x, 4);
+            }
+            break;
+        case 1:
+            atomic_store(&e->seq, xorshift(s) | 1); /* a writer forever */
+            break;
+        case 2:
+            atomic_store(&e->state, 3 + xorshift(s) % 0xfffffff0u);
+            atomic_store(&e->seq, xorshift(s) & ~1u);
+            break;
+        case 3:
+            atomic_store(&e->size, UINT64_MAX - (xorshift(s) & 0xff));
+            atomic_store(&e->meta_len, 0xffffffffu - (xorshift(s) & 0xff));
+            atomic_store(&e->state, LEDGER_PUBLISHED);
+            break;
+        case 4: /* another buffer's id, published under a random hash, even seq */
+            atomic_store(&e->buf_id, 1 + xorshift(s) % 4096);
+            atomic_store(&e->tokhash, (uint64_t)xorshift(s) << 32 | xorshift(s));
+            atomic_store(&e->size, RT_SIZE);
+            atomic_store(&e->meta_len, xorshift(s) % (LEDGER_META_MAX + 64));
+            atomic_store(&e->state, LEDGER_PUBLISHED);
+            atomic_store(&e->seq, xorshift(s) & ~1u);
+            break;
+        default:
+            memset(e, 0xff, sizeof(*e));
+            break;
+        }
+    }
+    if (pass % 3 == 2)
+        memset(dir, (int)(xorshift(s) & 0xff), LEDGER_HEADER); /* the header too, now and then */
+}
+
+/* scribble_region: a shared writable mapping the attacker has: a directory gets
+ * scribble_dir, a ledger of counts 0xffffffff everywhere, anything else random bytes
+ * over every page (so a redesign's files get garbage too). */
+static void scribble_region(uint8_t *p, size_t len, uint32_t *s, uint64_t pass)
+{
+    if (len == LEDGER_DIR_SIZE) {
+        scribble_dir(p, len, s, pass);
+    } else if (len == LEDGER_COUNTS_SIZE) {
+        memset(p, 0xff, len);
+    } else {
+        for (size_t off = 0; off + 64 <= len; off += PAGE / 4) {
+            uint32_t x[16];
+            for (int k = 0; k < 16; k++)
+                x[k] = (pass & 1) ? 0xffffffffu : xorshift(s);
+            memcpy(p + off, x, sizeof(x));
+        }
+    }
+}
+
+/* scribble_maps: every shared writable mapping in this process but /dev/zero (the test's
+ * own control blocks): whatever libshmref mapped (today the directory, the ledger and
+ * its buffers). Returns how many. */
+static unsigned scribble_maps(uint32_t *s, uint64_t pass, unsigned *ret_dirs)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return 0;
+    static struct { uintptr_t a, b; } r[8192];
+    unsigned n = 0, dirs = 0;
+    char line[512];
+    while (n < 8192 && fgets(line, sizeof(line), f)) {
+        uintptr_t a, b;
+        char perms[8], path[256] = "";
+        if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %255[^\n]", &a, &b, perms, path) < 3)
+            continue;
+        if (strcmp(perms, "rw-s") != 0 || strstr(path, "/dev/zero"))
+            continue;
+        r[n].a = a;
+        r[n++].b = b;
+    }
+    fclose(f);
+    for (unsigned i = 0; i < n; i++) {
+        size_t len = r[i].b - r[i].a;
+        dirs += len == LEDGER_DIR_SIZE;
+        scribble_region((uint8_t *)r[i].a, len, s, pass);
+    }
+    *ret_dirs = dirs;
+    return n;
+}
+
+/* unmap_inherited: a forked child keeps its parent's shared mappings (the victim's own
+ * ledger and buffers, mapped by the test's libshmref before the fork); a process of
+ * another uid would have none of them, so the attacker drops them first. */
+static void unmap_inherited(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    static struct { uintptr_t a, b; } r[8192];
+    unsigned n = 0;
+    char line[512];
+    while (f && n < 8192 && fgets(line, sizeof(line), f)) {
+        uintptr_t a, b;
+        char perms[8], path[256] = "";
+        if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %255[^\n]", &a, &b, perms, path) >= 3 && perms[3] == 's' &&
+            !strstr(path, "/dev/zero")) {
+            r[n].a = a;
+            r[n++].b = b;
+        }
+    }
+    if (f)
+        fclose(f);
+    for (unsigned i = 0; i < n; i++)
+        munmap((void *)r[i].a, r[i].b - r[i].a);
+}
+
+struct attack_arg {
+    const char *socket;
+    struct ctl *ctl;
+};
+
+/* api_round: the attacker's own handoffs through libshmref (its consumer maps its
+ * buffers, so its garbage ledger claims them): lease, fill, publish, acquire, release.
+ * Errors (its own scribbles confuse its own library; its quota runs out) are counted;
+ * after one, both connections are made again. Returns the descriptor published. */
+static void api_round(const char *socket, shmref_conn **a, shmref_conn **b, struct ctl *ctl, shmref_desc *ret)
+{
+    if (!*a && shmref_connect(socket, a) < 0)
+        *a = NULL;
+    if (!*b && shmref_connect(socket, b) < 0)
+        *b = NULL;
+    shmref_buf *x = NULL, *y = NULL;
+    bool ok = *a && *b && shmref_lease(*a, RT_SIZE, &x) == 0;
+    if (ok) {
+        memset(shmref_buf_data(x), 0xa5, RT_SIZE);
+        ok = shmref_publish(x, RT_SIZE, 0, NULL, 0, ret) == 0 && shmref_acquire(*b, ret, &y) == 0;
+    }
+    if (y)
+        shmref_release(y);
+    if (x)
+        shmref_release(x);
+    if (ok) {
+        atomic_fetch_add(&ctl->api_ok, 1);
+        return;
+    }
+    atomic_fetch_add(&ctl->api_err, 1);
+    if (*a)
+        shmref_close(*a);
+    if (*b)
+        shmref_close(*b);
+    *a = *b = NULL;
+}
+
+/* raw_burst: acquires of random tokens (slots of any buffer) and of the attacker's own,
+ * took, nudge and forget of buffer ids it guesses and of its own; then a ping, whose
+ * answer drains the rest. */
+static int raw_burst(struct raw *c, uint32_t *s, const shmref_desc *own)
+{
+    for (int i = 0; i < 16; i++) {
+        struct proto_msg m = { .op = PROTO_OP_ACQUIRE };
+        if (i == 0 && own->size)
+            memcpy(m.u.acquire.token, own->token, PROTO_TOKEN_LEN);
+        else
+            rand_token(m.u.acquire.token, s, xorshift(s) % 64);
+        raw_send(c, &m);
+        m = (struct proto_msg){ .op = PROTO_OP_TOOK };
+        m.u.took.buf_id = 1 + xorshift(s) % 256;
+        if (i == 1 && own->size)
+            memcpy(m.u.took.token, own->token, PROTO_TOKEN_LEN);
+        else
+            rand_token(m.u.took.token, s, xorshift(s) % 64);
+        raw_send(c, &m);
+        m = (struct proto_msg){ .op = PROTO_OP_NUDGE };
+        m.u.nudge.buf_id = 1 + xorshift(s) % 256;
+        raw_send(c, &m);
+        m = (struct proto_msg){ .op = PROTO_OP_FORGET };
+        m.u.forget.buf_id = 1 + xorshift(s) % 256;
+        m.u.forget.writable = xorshift(s) & 1;
+        raw_send(c, &m);
+    }
+    return raw_ping_drain(c);
+}
+
+static int attacker(void *p)
+{
+    struct attack_arg *a = p;
+    struct ctl *ctl = a->ctl;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    /* The test measures the daemon's fairness, not the scheduler's: the attacker runs
+     * niced, so that on a 2-CPU machine it does not simply take the victim's CPU. */
+    unmap_inherited();
+    if (setpriority(PRIO_PROCESS, 0, 10) < 0 || become(OTHER_UID) < 0)
+        return 10;
+    uint32_t s = (uint32_t)getpid() * 2654435761u | 1;
+    struct raw c;
+    if (raw_open(&c, a->socket) < 0)
+        return 11;
+    shmref_conn *ca = NULL, *cb = NULL;
+    for (uint64_t pass = 0; !atomic_load(&ctl->stop); pass++) {
+        shmref_desc own = { .size = 0 };
+        api_round(a->socket, &ca, &cb, ctl, &own);
+        for (int i = 0; i < 2; i++)
+            if (c.shared[i])
+                scribble_region(c.shared[i], c.shared_len[i], &s, pass);
+        unsigned dirs = 0;
+        unsigned n = scribble_maps(&s, pass, &dirs);
+        atomic_store(&ctl->regions, n);
+        atomic_store(&ctl->scribbled_dirs, dirs);
+        if (raw_burst(&c, &s, &own) < 0) {
+            raw_close(&c);
+            atomic_fetch_add(&ctl->reconnects, 1);
+            if (raw_open(&c, a->socket) < 0)
+                return 12;
+        }
+        atomic_fetch_add(&ctl->msgs, 65);
+        atomic_fetch_add(&ctl->passes, 1);
+        if (pass >= 2)
+            atomic_store(&ctl->armed, 1);
+    }
+    if (ca)
+        shmref_close(ca);
+    if (cb)
+        shmref_close(cb);
+    raw_close(&c);
+    return 0;
+}
+
+#define RT_WARM 50
+#define RT_N 300
+#define RT_MAX 200000
+#define ATTACK_RATIO 5          /* the victim's median round trip under attack <= 5x its own baseline */
+
+/* victim_series: round trips for at least ms and at least min of them (at most max);
+ * their times (us) into t; returns how many. Every 50, the victim's charge (nothing held
+ * between round trips) must read as `quiet` again. */
+static uint64_t attacker_charged_max; /* the most uid OTHER_UID was charged at a check */
+
+static int victim_series(struct victim *v, shmref_conn *st, long *t, int min, int max, long ms, struct charge quiet,
+                         const char *when)
+{
+    long end_ms = now_ms() + ms;
+    int i;
+    for (i = 0; i < max && (i < min || now_ms() < end_ms); i++) {
+        t[i] = victim_rt(v);
+        if (i % 50 == 49) {
+            struct charge ch = charge_of(st, OTHER_UID);
+            if (ch.bytes > attacker_charged_max)
+                attacker_charged_max = ch.bytes;
+            long end = now_ms() + 5000;
+            do /* a release the daemon has not read yet: wait for the state, not for time */
+                ch = charge_of(st, getuid());
+            while ((ch.bytes != quiet.bytes || ch.pinned != quiet.pinned || ch.buffers != quiet.buffers) &&
+                   now_ms() < end && (usleep(1000), true));
+            cr_assert(ch.bytes == quiet.bytes && ch.pinned == quiet.pinned && ch.buffers == quiet.buffers,
+                      "%s: uid %u between round trips is charged %llu bytes, %llu pinned, %llu buffers "
+                      "(without the attacker: %llu, %llu, %llu)", when, (unsigned)getuid(),
+                      (unsigned long long)ch.bytes, (unsigned long long)ch.pinned, (unsigned long long)ch.buffers,
+                      (unsigned long long)quiet.bytes, (unsigned long long)quiet.pinned,
+                      (unsigned long long)quiet.buffers);
+        }
+    }
+    return i;
+}
+
+Test(handoff_attacks, a_uid_scribbling_on_everything_it_shares_harms_only_itself, .timeout = 300)
+{
+    struct daemon d;
+    daemon_start(&d, "--socket-mode", "0666", NULL);
+    shmref_conn *st = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(st, 0), 0);
+    struct victim v = { 0 };
+    victim_open(&v, &d);
+    static long base[RT_MAX], hit[RT_MAX];
+    for (int i = 0; i < RT_WARM; i++)
+        victim_rt(&v);
+    struct charge quiet = charge_of(st, getuid());
+    int nb = victim_series(&v, st, base, RT_N, RT_MAX, 2000, quiet, "baseline");
+
+    struct ctl *ctl = ctl_new();
+    struct attack_arg a = { .socket = d.socket, .ctl = ctl };
+    pid_t pid = child_run(attacker, &a);
+    long end = now_ms() + 60000;
+    while (!atomic_load(&ctl->armed) && now_ms() < end && waitpid(pid, NULL, WNOHANG) == 0)
+        usleep(2000);
+    cr_assert(atomic_load(&ctl->armed), "the attacker never finished a pass (passes %llu)",
+              (unsigned long long)atomic_load(&ctl->passes));
+    uint64_t passes0 = atomic_load(&ctl->passes);
+    int nh = victim_series(&v, st, hit, RT_N, RT_MAX, 4000, quiet, "under attack");
+    struct charge att = charge_of(st, OTHER_UID);
+    uint64_t passes = atomic_load(&ctl->passes) - passes0;
+    cr_assert(daemon_alive(&d), "the daemon died");
+
+    long b50 = pct(base, nb, 50), b99 = pct(base, nb, 99), h50 = pct(hit, nh, 50), h99 = pct(hit, nh, 99);
+    printf("scribbler: victim round trip of %u KiB median %ld us (p99 %ld, %d of them) alone, %ld us (p99 %ld, %d) "
+           "under attack (%.2fx; charged %llu bytes, %llu pinned, %llu buffers between round trips); the attacker made %llu passes meanwhile over %llu shared mappings (%llu directories), "
+           "%llu raw messages in all, %llu own handoffs (%llu failed), %llu reconnects; uid %u charged %llu bytes, "
+           "%llu buffers, %llu pinned at the end, at most %llu bytes at a check\n",
+           RT_SIZE / 1024, b50, b99, nb, h50, h99, nh, (double)h50 / (double)b50, (unsigned long long)quiet.bytes,
+           (unsigned long long)quiet.pinned, (unsigned long long)quiet.buffers, (unsigned long long)passes,
+           (unsigned long long)atomic_load(&ctl->regions), (unsigned long long)atomic_load(&ctl->scribbled_dirs),
+           (unsigned long long)atomic_load(&ctl->msgs), (unsigned long long)atomic_load(&ctl->api_ok),
+           (unsigned long long)atomic_load(&ctl->api_err), (unsigned long long)atomic_load(&ctl->reconnects),
+           OTHER_UID, (unsigned long long)att.bytes, (unsigned long long)att.buffers,
+           (unsigned long long)att.pinned, (unsigned long long)attacker_charged_max);
+    cr_assert_geq(passes, 20, "the attacker made only %llu passes during the victim's round trips",
+                  (unsigned long long)passes);
+    cr_assert_gt(attacker_charged_max, 0, "what the attacker held and pinned was charged to nobody");
+    cr_assert_geq(atomic_load(&ctl->scribbled_dirs), 1, "the attacker found no shared directory to scribble on");
+    cr_assert_leq(h50, ATTACK_RATIO * b50, "under attack the victim's median round trip took %ld us, %.1fx its "
+                  "%ld us alone (bound %dx)", h50, (double)h50 / (double)b50, b50, ATTACK_RATIO);
+
+    atomic_store(&ctl->stop, 1);
+    cr_assert_eq(child_wait(pid), 0, "the attacker failed (10-12: setup, 128+: a signal)");
+    /* what the attacker held or pinned was its own, and goes with it */
+    long t0 = now_ms();
+    struct charge after;
+    while ((after = charge_of(st, OTHER_UID)).bytes != 0 && now_ms() - t0 < 5000)
+        usleep(2000);
+    cr_assert_eq(after.bytes, 0, "uid %u still charged %llu bytes after it exited", OTHER_UID,
+                 (unsigned long long)after.bytes);
+    victim_series(&v, st, hit, 50, 50, 0, quiet, "after the attack");
+    victim_close(&v);
+    shmref_close(st);
+    munmap(ctl, sizeof(*ctl));
+    daemon_stop(&d);
+}
+
+/* ---- (2) consumers racing a producer's recycles for 10 s ----------------------------- */
+
+#define RACE_SIZE (16 * PAGE)
+#define RING 16
+#define NCONS 2
+
+/* Shared by the producer and the consumers: the descriptors published so far, each with
+ * its generation. */
+struct ring {
+    _Atomic uint64_t head;
+    struct { _Atomic uint32_t lock; shmref_desc desc; uint64_t gen; } e[RING];
+    _Atomic int stop;
+    _Atomic uint64_t acquired, local, refused, bad_pages, rechecked, failed;
+};
+
+static void ring_put(struct ring *r, const shmref_desc *desc, uint64_t gen)
+{
+    uint64_t h = atomic_load(&r->head);
+    unsigned i = (unsigned)(h % RING);
+    atomic_fetch_add(&r->e[i].lock, 1); /* odd: writing */
+    r->e[i].desc = *desc;
+    r->e[i].gen = gen;
+    atomic_fetch_add(&r->e[i].lock, 1);
+    atomic_store(&r->head, h + 1);
+}
+
+static bool ring_get(struct ring *r, unsigned back, shmref_desc *desc, uint64_t *gen)
+{
+    uint64_t h = atomic_load(&r->head);
+    if (h <= back)
+        return false;
+    unsigned i = (unsigned)((h - 1 - back) % RING);
+    uint32_t l = atomic_load(&r->e[i].lock);
+    if (l & 1)
+        return false;
+    *desc = r->e[i].desc;
+    *gen = r->e[i].gen;
+    return atomic_load(&r->e[i].lock) == l;
+}
+
+/* Every page of generation gen: (gen, page) then bytes from a seed of both. */
+static void gen_fill(uint8_t *p, uint64_t gen)
+{
+    for (uint64_t pg = 0; pg < RACE_SIZE / PAGE; pg++) {
+        uint64_t h[2] = { gen, pg };
+        memcpy(p + pg * PAGE, h, sizeof(h));
+        fill_pattern(p + pg * PAGE + sizeof(h), PAGE - sizeof(h), (uint32_t)(gen * 257 + pg + 1));
+    }
+}
+
+/* gen_bad: how many pages of p are not generation gen's. */
+static unsigned gen_bad(const uint8_t *p, uint64_t gen, uint64_t *ret_seen)
+{
+    unsigned bad = 0;
+    for (uint64_t pg = 0; pg < RACE_SIZE / PAGE; pg++) {
+        uint64_t h[2];
+        memcpy(h, p + pg * PAGE, sizeof(h));
+        if (h[0] != gen || h[1] != pg ||
+            check_pattern(p + pg * PAGE + sizeof(h), PAGE - sizeof(h), (uint32_t)(gen * 257 + pg + 1)) != -1) {
+            bad++;
+            *ret_seen = h[0];
+        }
+    }
+    return bad;
+}
+
+struct race_arg {
+    const char *socket;
+    struct ring *r;
+};
+
+/* race_producer: lease, stamp every page with the generation, publish, keep the two
+ * newest published (so daemon acquires find them), release the older, a short random
+ * pause: the same few buffers recycled as fast as the daemon goes. */
+static int race_producer(void *p)
+{
+    struct race_arg *a = p;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    shmref_conn *c;
+    if (shmref_connect(a->socket, &c) < 0)
+        return 101;
+    uint32_t s = (uint32_t)getpid() | 1;
+    shmref_buf *held[2] = { NULL, NULL };
+    uint64_t gen = 0;
+    while (!atomic_load(&a->r->stop)) {
+        shmref_buf *b;
+        if (shmref_lease(c, RACE_SIZE, &b) < 0) {
+            fprintf(stderr, "producer lease: %s\n", shmref_errmsg(c));
+            return 102;
+        }
+        gen_fill(shmref_buf_data(b), ++gen);
+        shmref_desc desc;
+        if (shmref_publish(b, RACE_SIZE, 0, NULL, 0, &desc) < 0)
+            return 103;
+        ring_put(a->r, &desc, gen);
+        if (held[gen % 2])
+            shmref_release(held[gen % 2]);
+        held[gen % 2] = b;
+        usleep(xorshift(&s) % 200);
+    }
+    shmref_close(c);
+    return 0;
+}
+
+/* race_consumer: acquires the newest and older descriptors at random (some already
+ * recycled: ENOENT), checks every page while it holds the buffer, and holds one in eight
+ * a little longer and checks again at the end of the hold. */
+static int race_consumer(void *p)
+{
+    struct race_arg *a = p;
+    struct ring *r = a->r;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    shmref_conn *c;
+    if (shmref_connect(a->socket, &c) < 0)
+        return 101;
+    shmref_set_acquire_wait(c, 0); /* a descriptor whose buffer went is ENOENT at once */
+    uint32_t s = (uint32_t)getpid() | 1;
+    while (!atomic_load(&r->stop)) {
+        shmref_desc desc;
+        uint64_t gen, seen = 0;
+        if (!ring_get(r, xorshift(&s) % 4, &desc, &gen))
+            continue;
+        shmref_buf *b;
+        int e = shmref_acquire(c, &desc, &b);
+        if (e == -ENOENT) {
+            atomic_fetch_add(&r->refused, 1);
+            continue;
+        }
+        if (e < 0) {
+            fprintf(stderr, "consumer acquire: %d %s\n", e, shmref_errmsg(c));
+            atomic_fetch_add(&r->failed, 1);
+            return 102;
+        }
+        atomic_fetch_add(&r->acquired, 1);
+        unsigned bad = shmref_buf_size(b) == RACE_SIZE ? gen_bad(shmref_buf_data(b), gen, &seen) : RACE_SIZE / PAGE;
+        if ((xorshift(&s) & 7) == 0) {
+            usleep(300);
+            bad += gen_bad(shmref_buf_data(b), gen, &seen);
+            atomic_fetch_add(&r->rechecked, 1);
+        }
+        if (bad) {
+            fprintf(stderr, "consumer: %u pages under the token of generation %llu are not its own (one is of "
+                    "generation %llu)\n", bad, (unsigned long long)gen, (unsigned long long)seen);
+            atomic_fetch_add(&r->bad_pages, bad);
+        }
+        shmref_release(b);
+    }
+    uint64_t local = 0;
+    if (shmref_conn_counter(c, "ledger_acquires", &local) == 0)
+        atomic_fetch_add(&r->local, local);
+    shmref_close(c);
+    return 0;
+}
+
+Test(handoff_attacks, consumers_racing_recycles_for_10s_never_read_another_generation, .timeout = 300)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    struct ring *r = mmap(NULL, sizeof(*r), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(r, MAP_FAILED);
+    memset(r, 0, sizeof(*r));
+    struct race_arg a = { .socket = d.socket, .r = r };
+    pid_t prod = child_run(race_producer, &a), cons[NCONS];
+    for (int i = 0; i < NCONS; i++)
+        cons[i] = child_run(race_consumer, &a);
+    const char *e = getenv("SHMREF_RACE_SECONDS");
+    long secs = e && *e ? atol(e) : 10;
+    long end = now_ms() + secs * 1000;
+    while (now_ms() < end && atomic_load(&r->bad_pages) == 0 && atomic_load(&r->failed) == 0)
+        usleep(10000);
+    atomic_store(&r->stop, 1);
+    cr_assert_eq(child_wait(prod), 0, "the producer failed");
+    for (int i = 0; i < NCONS; i++)
+        cr_assert_eq(child_wait(cons[i]), 0, "a consumer failed");
+    uint64_t acquired = atomic_load(&r->acquired), local = atomic_load(&r->local);
+    printf("race, %ld s: %llu generations published; %llu acquires (%llu of them local), %llu refused (ENOENT), "
+           "%llu held longer and checked again; %llu pages of another generation\n", secs,
+           (unsigned long long)atomic_load(&r->head), (unsigned long long)acquired, (unsigned long long)local,
+           (unsigned long long)atomic_load(&r->refused), (unsigned long long)atomic_load(&r->rechecked),
+           (unsigned long long)atomic_load(&r->bad_pages));
+    cr_assert_eq(atomic_load(&r->bad_pages), 0, "%llu pages read under a token were of another generation",
+                 (unsigned long long)atomic_load(&r->bad_pages));
+    cr_assert_gt(atomic_load(&r->head), 1000, "the producer published only %llu generations",
+                 (unsigned long long)atomic_load(&r->head));
+    cr_assert_gt(acquired, 1000, "only %llu acquires: the race was not run", (unsigned long long)acquired);
+    cr_assert_gt(atomic_load(&r->refused), 0, "no acquire met a recycled buffer: the race was not run");
+    munmap(r, sizeof(*r));
+    daemon_stop(&d);
+}
+
