@@ -12,10 +12,11 @@ connection tells whether both ends reach the same shmrefd (boot id, the daemon's
 start time, its socket's inode); when they do, every frame of at least
 ``distributed.comm.shmref.threshold`` bytes (default 64 KiB) travels as a descriptor: the
 sender copies it once into a lease and publishes it for one consumer (or forwards the
-descriptor of a buffer it received through shmref, without a copy), the receiver maps it
-read-only and hands Dask a memoryview over the mapping. An object its sender had writable
-arrives writable, as over tcp:// (Dask copies it out of the mapping when it deserializes
-it); with ``writable`` false it stays a read-only view of the mapping, with no copy.
+descriptor of a buffer it received through shmref, without a copy; an Arrow table or
+record batch is serialized straight into a lease: shmref.dask.serialize), the receiver
+maps it read-only and hands Dask a memoryview over the mapping. An object its sender had
+writable arrives writable, as over tcp://, in a private copy-on-write mapping (no copy
+until it is written); with ``writable`` false it stays a read-only view of the mapping.
 
 Config keys (``distributed.comm.shmref.*``, also ``DASK_DISTRIBUTED__COMM__SHMREF__*``):
 ``threshold`` (bytes, "64 KiB"), ``socket`` (the daemon's socket; null: libshmref's
@@ -39,5 +40,9 @@ dask.config.update_defaults({"distributed": {"comm": {"shmref": dict(DEFAULTS)}}
 from distributed.comm.registry import backends as _backends  # noqa: E402
 
 _backends.setdefault("shmref+tls", ShmrefTLSBackend())
+
+# Arrow tables and record batches are serialized straight into a lease for a comm that
+# takes frames by reference (registered lazily, at Dask's first pyarrow object).
+from . import serialize  # noqa: E402,F401
 
 __all__ = ["ShmrefBackend", "ShmrefComm", "ShmrefTLSBackend", "SHMREF", "SHMREF_TLS", "stats"]

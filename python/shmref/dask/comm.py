@@ -135,6 +135,9 @@ class _Stats:
         # messages whose frames by reference were handled on the event loop (one small
         # frame) and on Dask's offload thread (the rest: _on_loop)
         self.refs_on_loop = self.refs_offloaded = 0
+        # frames Dask's serializers wrote straight into a lease (shmref.dask.serialize: Arrow
+        # tables and record batches), sent with no copy
+        self.sent_serialized = 0
 
     def add(self, **kw):
         with self.lock:
@@ -197,12 +200,14 @@ class _State:
         logger.info("shmref: frames of at least %d bytes to peers of shmrefd %s (pid %d) go by reference",
                     self.threshold, self.socket, self.client.daemon_pid)
 
-    def add_mapping(self, arr, text):
+    def add_mapping(self, arr, text, published=False):
+        """arr maps the buffer text names. published: arr is a lease this process published
+        for one reader (shmref.dask.serialize's frames): its first send needs no retain."""
         start = arr.__array_interface__["data"][0]
         with self.lock:
             if start not in self.maps:
                 bisect.insort(self.starts, start)
-            self.maps[start] = (start + arr.nbytes, text)
+            self.maps[start] = [start + arr.nbytes, text, published]
         weakref.finalize(arr, self._drop_mapping, start, text)
 
     def _drop_mapping(self, start, text):
@@ -215,15 +220,17 @@ class _State:
                     del self.starts[i]
 
     def lookup(self, addr, n):
-        """(descriptor, offset) when [addr, addr+n) lies in a mapping this process holds."""
+        """(descriptor, offset, fresh) when [addr, addr+n) lies in a mapping this process
+        holds; fresh: a lease it published for one reader, not sent yet (now it is)."""
         with self.lock:
             i = bisect.bisect_right(self.starts, addr) - 1
             if i < 0:
                 return None
             start = self.starts[i]
-            end, text = self.maps[start]
-            if addr + n <= end:
-                return text, addr - start
+            m = self.maps[start]
+            if addr + n <= m[0]:
+                fresh, m[2] = m[2], False
+                return m[1], addr - start, fresh
         return None
 
 
@@ -460,7 +467,7 @@ class ShmrefComm(TCP):
         st = _state()
         client = st.client
         entries, out = [], list(frames)
-        forwarded = forwards_copied = 0
+        forwarded = forwards_copied = serialized = 0
         own = []
         retained: dict = {}  # descriptor text -> whether its retention was added
         for i, f in enumerate(frames):
@@ -471,12 +478,15 @@ class ShmrefComm(TCP):
             hit = st.lookup(_address(mv), n)
             if hit is not None:
                 text = hit[0]
-                if text not in retained:
+                if hit[2]:  # serialized into a lease published for this message's reader
+                    retained[text] = True
+                    serialized += 1
+                elif text not in retained:
                     retained[text] = st.retain and _retain(st, text)
                 if retained[text]:
                     entries.append((i, text, hit[1], n))
                     out[i] = b""
-                    forwarded += 1
+                    forwarded += not hit[2]
                     continue
                 forwards_copied += 1
             own.append((i, mv, n))
@@ -496,7 +506,8 @@ class ShmrefComm(TCP):
             copied += n
         if entries or forwards_copied:
             _stats.add(sent_by_ref=len(entries), sent_forwarded=forwarded, sent_copied_bytes=copied,
-                       sent_bytes_by_ref=sum(e[3] for e in entries), forwards_copied=forwards_copied)
+                       sent_bytes_by_ref=sum(e[3] for e in entries), forwards_copied=forwards_copied,
+                       sent_serialized=serialized)
         return entries, out
 
     def _from_refs(self, frames: list, entries) -> list:
