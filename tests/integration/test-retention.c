@@ -207,21 +207,28 @@ Test(retention, a_lease_refused_for_quota_reads_only_its_own_tenants_buffers, .t
     close(f.go[0]);
     char x;
     cr_assert_eq(read(f.ready[0], &x, 1), 1, "uid 65534 could not fill its quota");
-    long few = flood_ticks(&d, &f);
-    /* root: MANY live buffers (two connections: --max-leases 4096 each) */
+    /* root: MANY live buffers (two connections: --max-leases 4096 each) or none, in turn,
+     * three times; the least of each kind is compared (CPU time on a busy machine is
+     * inflated by whatever runs beside: the least is the flood's own cost) */
     shmref_conn *c[2] = { connect_ok(&d), connect_ok(&d) };
     static shmref_buf *held[MANY];
-    for (int i = 0; i < MANY; i++)
-        cr_assert_eq(shmref_lease(c[i % 2], 4096, &held[i]), 0, "lease %d: %s", i, shmref_errmsg(c[i % 2]));
-    long many = flood_ticks(&d, &f);
-    printf("a flood of %d leases refused for quota: %ld daemon ticks beside 0 other buffers, %ld beside %d\n", FLOOD,
-           few, many, MANY);
+    long few = -1, many = -1;
+    for (int round = 0; round < 3; round++) {
+        long t = flood_ticks(&d, &f);
+        few = few < 0 || t < few ? t : few;
+        for (int i = 0; i < MANY; i++)
+            cr_assert_eq(shmref_lease(c[i % 2], 4096, &held[i]), 0, "lease %d: %s", i, shmref_errmsg(c[i % 2]));
+        t = flood_ticks(&d, &f);
+        many = many < 0 || t < many ? t : many;
+        for (int i = 0; i < MANY; i++)
+            shmref_release(held[i]);
+    }
+    printf("a flood of %d leases refused for quota: %ld daemon ticks beside 0 other buffers, %ld beside %d "
+           "(the least of 3 each)\n", FLOOD, few, many, MANY);
     cr_assert_leq(many, 2 * few + 10, "%d leases refused for quota cost the daemon %ld ticks beside %d other "
                   "buffers, %ld beside none", FLOOD, many, MANY, few);
     close(f.go[1]);
     cr_assert_eq(child_wait(pid), 0);
-    for (int i = 0; i < MANY; i++)
-        shmref_release(held[i]);
     shmref_close(c[0]);
     shmref_close(c[1]);
     daemon_stop(&d);
