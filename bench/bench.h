@@ -62,6 +62,7 @@ struct result {
     uint64_t live_leases, rss_bytes;  /* scale rows */
     double bytes_per_lease;
     double waits;                     /* waits for shmrefd per call (round trip), -1: not counted */
+    double messages;                  /* messages sent to shmrefd per call (one-way ones too), -1: not counted */
     char note[96];
     char skipped[240];                /* non-empty: not measured, and why */
     char error[160];                  /* non-empty: the method failed */

@@ -172,31 +172,39 @@ static int srv_serve_one(shmref_conn *c, int fd, bool zero_copy)
     return r < 0 ? r : send_desc(fd, &out);
 }
 
-/* srv_waits_*: the server's own count of the times it waited for shmrefd (libshmref's
- * "waits" counter, from after its hello to its last call), left for the runner in the
- * file $SHMREF_BENCH_WAITS_FILE (rt_server_waits reads it). */
-static uint64_t srv_waits_start(shmref_conn *c)
+/* srv_waits_*: the server's own counts of the times it waited for shmrefd (libshmref's
+ * "round_trips" counter) and of the messages it sent it ("sent"), from after its hello to
+ * its last call, left for the runner in the file $SHMREF_BENCH_WAITS_FILE as two numbers
+ * (rt_server_waits reads them). */
+struct srv_counts {
+    uint64_t round_trips, sent;
+};
+
+static struct srv_counts srv_waits_start(shmref_conn *c)
 {
-    uint64_t v = 0;
-    shmref_conn_counter(c, "round_trips", &v);
+    struct srv_counts v = { 0, 0 };
+    shmref_conn_counter(c, "round_trips", &v.round_trips);
+    shmref_conn_counter(c, "sent", &v.sent);
     return v;
 }
 
-static void srv_waits_report(shmref_conn *c, uint64_t start)
+static void srv_waits_report(shmref_conn *c, struct srv_counts start)
 {
     const char *path = getenv("SHMREF_BENCH_WAITS_FILE");
-    uint64_t v;
-    if (!path || shmref_conn_counter(c, "round_trips", &v) < 0)
+    struct srv_counts v;
+    if (!path || shmref_conn_counter(c, "round_trips", &v.round_trips) < 0 ||
+        shmref_conn_counter(c, "sent", &v.sent) < 0)
         return;
     FILE *f = fopen(path, "w");
     if (f) {
-        fprintf(f, "%llu\n", (unsigned long long)(v - start));
+        fprintf(f, "%llu %llu\n", (unsigned long long)(v.round_trips - start.round_trips),
+                (unsigned long long)(v.sent - start.sent));
         fclose(f);
     }
 }
 
 /* srv_connect: the server's connection, and its round-trip count after the hello. */
-static int srv_connect(const char *socket, shmref_conn **ret, uint64_t *ret_w0)
+static int srv_connect(const char *socket, shmref_conn **ret, struct srv_counts *ret_w0)
 {
     int r = shmref_connect(socket, ret);
     if (r < 0) {
@@ -210,7 +218,7 @@ static int srv_connect(const char *socket, shmref_conn **ret, uint64_t *ret_w0)
 int srv_shmref(int fd, const char *socket, bool zero_copy)
 {
     shmref_conn *c;
-    uint64_t w0;
+    struct srv_counts w0;
     int r = srv_connect(socket, &c, &w0);
     if (r < 0)
         return r;
@@ -243,7 +251,7 @@ static int srv_reply(shmref_conn *c, shmref_buf *in, int mode, shmref_desc *ret)
 int srv_shmref_pubsub(int fd, const char *socket, int mode)
 {
     shmref_conn *c;
-    uint64_t w0;
+    struct srv_counts w0;
     int r = srv_connect(socket, &c, &w0);
     if (r < 0)
         return r;

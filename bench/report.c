@@ -25,6 +25,7 @@ struct result *report_add(const char *scenario, const char *method, const char *
     snprintf(r->label, sizeof(r->label), "%s", label);
     r->size_bytes = size_bytes;
     r->waits = -1;
+    r->messages = -1;
     return r;
 }
 
@@ -315,6 +316,10 @@ static void targets_handoff(void)
     k = z && measured(z) && z->waits >= 0;
     verdict("a same-tenant steady-state handoff waits for shmrefd 0 times", k, k && z->waits / 2 < 0.005,
             "%.2f waits per handoff (%.2f per round trip)", k ? z->waits / 2 : 0, k ? z->waits : 0);
+    k = z && measured(z) && z->messages >= 0;
+    verdict("0 messages to shmrefd per steady-state same-tenant round trip (issue 28)", k,
+            k && z->messages < 0.01, "%.2f per round trip, client and server (%.2f per handoff)",
+            k ? z->messages : 0, k ? z->messages / 2 : 0);
 }
 
 /* targets_arrow: the producer's cost per unit of work against one memcpy (issue 10). */
@@ -451,6 +456,8 @@ static void json_record(FILE *f, const struct result *r)
     }
     if (r->waits >= 0)
         json_num(f, "daemon_waits_per_call", r->waits, true);
+    if (r->messages >= 0)
+        json_num(f, "daemon_messages_per_call", r->messages, true);
     if (r->note[0])
         json_str(f, "note", r->note);
     if (r->skipped[0])

@@ -98,28 +98,31 @@ static int run_loop(const struct rt_method *m, struct rt_ctx *ctx, const struct 
     return (int)(p->warmup + p->iters);
 }
 
-/* client_waits: the round trips this process's libshmref made to shmrefd on conn (its
- * "round_trips" counter: blocking calls that needed a reply, in already or not). A
- * one-way publish or release, a lease from the stock and a re-acquire of a handle the
- * connection holds are none; an acquire is one. */
-static int client_waits(shmref_conn *c, uint64_t *ret)
+/* client_counts: the round trips this process's libshmref made to shmrefd on conn (its
+ * "round_trips" counter: blocking calls that needed a reply, in already or not; a one-way
+ * publish or release, a lease from the stock and a re-acquire of a handle the connection
+ * holds are none; an acquire is one) and the messages it sent it ("sent": one-way ones
+ * too). */
+static int client_counts(shmref_conn *c, uint64_t ret[2])
 {
-    return shmref_conn_counter(c, "round_trips", ret);
+    int r = shmref_conn_counter(c, "round_trips", &ret[0]);
+    return r < 0 ? r : shmref_conn_counter(c, "sent", &ret[1]);
 }
 
-/* server_waits: the server's count for its whole connection (it serves exactly the
+/* server_counts: the server's two counts for its whole connection (it serves exactly the
  * calls of the loop, warm-up included), from the file it leaves at exit. */
-static int server_waits(const char *path, uint64_t *ret)
+static int server_counts(const char *path, uint64_t ret[2])
 {
     FILE *f = fopen(path, "r");
-    unsigned long long v;
-    int ok = f && fscanf(f, "%llu", &v) == 1;
+    unsigned long long v[2];
+    int ok = f && fscanf(f, "%llu %llu", &v[0], &v[1]) == 2;
     if (f)
         fclose(f);
     unlink(path);
     if (!ok)
         return -ENOENT;
-    *ret = v;
+    ret[0] = v[0];
+    ret[1] = v[1];
     return 0;
 }
 
@@ -155,7 +158,7 @@ static int run_measured(const struct rt_method *m, struct rt_ctx *ctx, const str
 {
     char *extra[] = { (char *)ctx->socket, ctx->full ? (char *)"full" : NULL, NULL };
     char wfile[512];
-    uint64_t w0 = 0, w1 = 0, ws = 0;
+    uint64_t w0[2] = { 0, 0 }, w1[2] = { 0, 0 }, ws[2] = { 0, 0 };
     int r = 0, calls = 0;
     snprintf(wfile, sizeof(wfile), "%s/server-waits", opts->tmpdir);
     unlink(wfile);
@@ -169,12 +172,12 @@ static int run_measured(const struct rt_method *m, struct rt_ctx *ctx, const str
     }
     if (r == 0 && m->open)
         r = m->open(ctx);
-    bool count = r == 0 && m->shmref && client_waits(ctx->conn, &w0) == 0;
+    bool count = r == 0 && m->shmref && client_counts(ctx->conn, w0) == 0;
     if (r == 0 && (r = run_loop(m, ctx, p, s)) > 0) {
-        count = count && client_waits(ctx->conn, &w1) == 0;
+        count = count && client_counts(ctx->conn, w1) == 0;
         calls = r;
         if (!m->shmref && !m->floor)
-            res->waits = 0; /* no daemon on the path */
+            res->waits = res->messages = 0; /* no daemon on the path */
         r = 0;
     }
     if (r == 0)
@@ -184,8 +187,10 @@ static int run_measured(const struct rt_method *m, struct rt_ctx *ctx, const str
     if (m->role && wire_reap(ctx->ctl, ctx->server) < 0 && r == 0)
         r = rt_fail(ctx, -ECHILD, "server exited with an error");
     /* client and server summed: the server's file exists once it has exited */
-    if (r == 0 && count && calls > 0 && server_waits(wfile, &ws) == 0)
-        res->waits = (double)(w1 - w0 + ws) / calls;
+    if (r == 0 && count && calls > 0 && server_counts(wfile, ws) == 0) {
+        res->waits = (double)(w1[0] - w0[0] + ws[0]) / calls;
+        res->messages = (double)(w1[1] - w0[1] + ws[1]) / calls;
+    }
     unsetenv("SHMREF_BENCH_WAITS_FILE");
     return r;
 }
