@@ -738,3 +738,14 @@ int shmref_daemon_pid(const shmref_conn *conn)
 {
     return conn ? (int)conn->daemon_pid : -EINVAL;
 }
+
+int shmref_conn_socket(const shmref_conn *conn, char *buf, size_t cap)
+{
+    if (!conn || !conn->path || !buf)
+        return -EINVAL;
+    size_t n = strlen(conn->path);
+    if (n >= cap)
+        return -ERANGE;
+    memcpy(buf, conn->path, n + 1);
+    return (int)n;
+}

@@ -228,6 +228,15 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->conn = conn;
+    if (sock == Py_None) { /* the socket that answered: the default, or the private daemon's */
+        char got[4096];
+        PyObject *reached = shmref_conn_socket(conn->c, got, sizeof(got)) >= 0 ? PyUnicode_DecodeFSDefault(got) : NULL;
+        if (reached) {
+            Py_DECREF(path);
+            path = reached;
+        }
+        PyErr_Clear();
+    }
     Py_XSETREF(self->socket, path);
     return 0;
 }
@@ -1112,7 +1121,9 @@ static PyMethodDef Client_methods[] = {
 
 static PyGetSetDef Client_getset[] = {
     { "closed", (getter)Client_get_closed, NULL, "Whether close() was called.", NULL },
-    { "socket", (getter)Client_get_socket, NULL, "The daemon's socket path.", NULL },
+    { "socket", (getter)Client_get_socket, NULL,
+      "The daemon's socket path: the one named, or with none named the one that answered (the system's "
+      "default socket, or the private daemon libshmref started).", NULL },
     { "daemon_pid", (getter)Client_get_daemon_pid, NULL, "The daemon's pid, as it said in hello.", NULL },
     { "timeout", (getter)Client_get_timeout, (setter)Client_set_timeout,
       "Seconds every call may wait for the daemon (inf: no limit); set None for the default "

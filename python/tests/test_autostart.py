@@ -104,6 +104,8 @@ def test_the_default_client_starts_the_private_daemon_as_connect_does(runtime_di
         assert float(y.sum()) == 100_000.0
         with shmref.connect() as c2:                             # the same rule, the same daemon
             assert c2.daemon_pid == c.daemon_pid
+            # the socket that answered, not the default path where nothing is
+            assert c2.socket == c.socket == c2.status()["daemon"]["socket"], (c2.socket, c2.status()["daemon"])
         print("ok", flush=True)
     """, runtime_dir)
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)

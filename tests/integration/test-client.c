@@ -352,3 +352,17 @@ Test(client, a_connection_closed_for_idleness_reconnects_at_its_next_call)
               "connect to shmrefd at"), "%s", shmref_errmsg(c));
     shmref_close(c);
 }
+
+Test(client, the_connection_says_which_socket_it_reached)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *c = connect_ok(&d);
+    char got[256], small[4];
+    cr_assert_eq(shmref_conn_socket(c, got, sizeof(got)), (int)strlen(d.socket));
+    cr_assert_str_eq(got, d.socket);
+    cr_assert_eq(shmref_conn_socket(c, small, sizeof(small)), -ERANGE);
+    cr_assert_eq(shmref_conn_socket(NULL, got, sizeof(got)), -EINVAL);
+    shmref_close(c);
+    daemon_stop(&d);
+}

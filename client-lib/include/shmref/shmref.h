@@ -94,6 +94,12 @@ SHMREF_EXPORT int shmref_ping(shmref_conn *conn);
 /* shmref_daemon_pid: the daemon's pid, as it said in hello. */
 SHMREF_EXPORT int shmref_daemon_pid(const shmref_conn *conn);
 
+/* shmref_conn_socket: the socket conn is connected to, copied into buf (cap bytes,
+ * NUL-terminated): the path given at connect, or, with none given, the one that answered
+ * (the system's default socket, or the uid's private daemon's). Its length, or -ERANGE
+ * (cap too small), -EINVAL. */
+SHMREF_EXPORT int shmref_conn_socket(const shmref_conn *conn, char *buf, size_t cap);
+
 /* shmref_lease: a writable buffer of at least size bytes (size > 0). The daemon charges
  * the tenant's quota for the buffer's size class. *ret_buf is owned by the caller until
  * shmref_release() or shmref_close(). */

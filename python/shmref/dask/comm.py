@@ -187,7 +187,7 @@ class _State:
             # default socket, else the private daemon libshmref starts), as every entry
             # point does: naming the default path would turn the private daemon off.
             self.client = shmref.connect(sock, timeout=10)
-            self.socket = sock or _reached_socket(self.client)
+            self.socket = self.client.socket  # the one that answered (libshmref's rule)
             # No lease stock: frames come in every size, so a stock would keep up to 4
             # classes x 2 leases (of up to 16 MiB each) per process leased and charged
             # after the transfers are done; a frame's lease is one round trip without it.
@@ -256,18 +256,6 @@ def _after_fork_in_child():
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _reached_socket(client) -> str:
-    """The socket a client connected with no socket named reached: the default path, or,
-    when nothing is there (libshmref started a private daemon elsewhere), the path the
-    daemon says it serves on."""
-    if os.path.exists(client.socket):
-        return client.socket
-    try:
-        return client.status()["daemon"]["socket"]
-    except (OSError, KeyError, TypeError):
-        return client.socket
 
 
 def _identity(client, socket) -> str:
