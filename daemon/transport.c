@@ -32,7 +32,8 @@ struct transport_out {
 /* A request received (with others, by one recvmmsg) after the transport reached a cap of
  * fds in flight: held, and handled when the cap clears, so that no reply past the cap is
  * made (a lease_many reply carries up to TRANSPORT_MAX_FDS fds: 16 of them read at once
- * would be 512 fds in flight to a peer capped at 64). */
+ * would be 512 fds in flight to a peer capped at 64). Also held: the rest of a batch
+ * received after the connection used its time of this wake-up (TRANSPORT_TURN_NS). */
 struct transport_in {
     struct transport_in *next;
     size_t len;
@@ -627,8 +628,8 @@ static void on_recheck(uv_timer_t *h)
     resume(t);
 }
 
-static int read_batch(struct transport *t, unsigned max);
-static void drain(struct transport *t);
+static int read_batch(struct transport *t, unsigned max, uint64_t deadline);
+static void drain(struct transport *t, uint64_t deadline);
 
 /* hang_up: a paused peer is gone. What it sent before it went is still handled, in
  * order (requests held at a cap, then those still in the socket: a one-way publish or
@@ -637,8 +638,8 @@ static void drain(struct transport *t);
 static void hang_up(struct transport *t)
 {
     peer_gone(t);
-    drain(t);
-    for (int i = 0; i < 1024 && !t->closing && read_batch(t, TRANSPORT_BATCH); i++)
+    drain(t, 0);
+    for (int i = 0; i < 1024 && !t->closing && read_batch(t, TRANSPORT_BATCH, 0); i++)
         ;
     end(t, TRANSPORT_END_PEER, NULL);
 }
@@ -735,6 +736,20 @@ static void framing_fault(struct transport *t, const char *why)
     end(t, TRANSPORT_END_FRAMING, why);
 }
 
+/* eof: the peer's EOF, read after what it sent. Requests it sent before are handled
+ * first, in order, held ones too (past a wake-up's time or at an fd cap): a one-way
+ * publish or release written just before exit must not be lost. Those a cap or a full
+ * queue still holds are handled as for a peer that is gone (their replies dropped). */
+static void eof(struct transport *t)
+{
+    drain(t, 0);
+    if (t->in_head && !t->closing) {
+        peer_gone(t);
+        drain(t, 0);
+    }
+    end(t, TRANSPORT_END_PEER, NULL);
+}
+
 /* admit: whether one received message (n bytes, control data in mh) is a request to
  * handle; framing faults close the transport. */
 static bool admit(struct transport *t, struct msghdr *mh, size_t n)
@@ -744,7 +759,7 @@ static bool admit(struct transport *t, struct msghdr *mh, size_t n)
     if (t->closing)
         return false; /* an earlier message of the batch closed it: only the fds mattered */
     if (n == 0 && !(mh->msg_flags & MSG_CTRUNC) && nfds == 0) {
-        end(t, TRANSPORT_END_PEER, NULL); /* EOF: the peer closed or died */
+        eof(t); /* the peer closed or died */
         return false;
     }
     if (mh->msg_flags & MSG_CTRUNC) {
@@ -778,10 +793,19 @@ static void hold(struct transport *t, const uint8_t *buf, size_t n)
     t->in_tail = i;
 }
 
-/* drain: the held requests, in order, while no cap is reached and no reply is queued. */
-static void drain(struct transport *t)
+/* past: whether this wake-up's time for the connection is used up (deadline 0: never). */
+static bool past(uint64_t deadline)
 {
-    while (t->in_head && !t->closing && !t->out_head && !fd_blocked(t)) {
+    return deadline && uv_hrtime() >= deadline;
+}
+
+/* drain: the held requests, in order, while no cap is reached, no reply is queued and
+ * (after the first) the deadline has not passed. */
+static void drain(struct transport *t, uint64_t deadline)
+{
+    bool first = true;
+    while (t->in_head && !t->closing && !t->out_head && !fd_blocked(t) && (first || !past(deadline))) {
+        first = false;
         struct transport_in *i = t->in_head;
         if (!(t->in_head = i->next))
             t->in_tail = NULL;
@@ -791,20 +815,22 @@ static void drain(struct transport *t)
 }
 
 /* handle: one received message (n bytes in buf, control data in mh): handled now, or held
- * when the transport is at an fd cap (or already holds requests: order is kept). */
-static void handle(struct transport *t, struct msghdr *mh, const uint8_t *buf, size_t n)
+ * when the transport is at an fd cap or past its deadline (or already holds requests:
+ * order is kept). */
+static void handle(struct transport *t, struct msghdr *mh, const uint8_t *buf, size_t n, uint64_t deadline)
 {
     if (!admit(t, mh, n))
         return;
-    if (t->in_head || fd_blocked(t))
+    if (t->in_head || fd_blocked(t) || past(deadline))
         hold(t, buf, n);
     else
         t->ops->on_message(t->ctx, buf, n);
 }
 
 /* read_batch: receive up to TRANSPORT_BATCH messages with one recvmmsg and handle them
- * all (they are off the socket). Returns 1 if there may be more to read now. */
-static int read_batch(struct transport *t, unsigned max)
+ * (they are off the socket: those past the deadline, if not 0, are held for the next
+ * wake-up). Returns 1 if there may be more to read now. */
+static int read_batch(struct transport *t, unsigned max, uint64_t deadline)
 {
     struct mmsghdr mm[TRANSPORT_BATCH];
     struct iovec iov[TRANSPORT_BATCH];
@@ -834,7 +860,7 @@ static int read_batch(struct transport *t, unsigned max)
         return 0;
     }
     for (int i = 0; i < n; i++)
-        handle(t, &mm[i].msg_hdr, rbuf[i], mm[i].msg_len);
+        handle(t, &mm[i].msg_hdr, rbuf[i], mm[i].msg_len, deadline);
     return n == (int)max && !t->closing && !t->out_head && !t->in_head;
 }
 
@@ -858,18 +884,23 @@ static void on_poll(uv_poll_t *p, int status, int events)
         if (!t->fd_unread)
             arm_recheck(t, false); /* stops the recheck: the peer has read everything */
     }
+    /* A few batches per wake-up at most, and TRANSPORT_TURN_NS of handling (a request may
+     * cost far more than another: a status walks every lease): other clients get their
+     * turn. What was received past the time is held; the rest stays in the socket, which
+     * (level-triggered) wakes the loop again. */
+    uint64_t deadline = uv_hrtime() + TRANSPORT_TURN_NS;
     bool held = t->in_head != NULL;
     if (held)
-        drain(t);
-    /* A few batches per wake-up at most: other clients get their turn. */
+        drain(t, deadline);
     if (!t->closing && !t->out_head && !t->in_head && !fd_blocked(t) && (events & (UV_READABLE | UV_DISCONNECT))) {
-        for (int i = 0; i < 4 && !fd_blocked(t) && read_batch(t, shared_full(t) ? 1 : TRANSPORT_BATCH); i++)
+        for (int i = 0; i < 4 && !fd_blocked(t) && !past(deadline) &&
+                        read_batch(t, shared_full(t) ? 1 : TRANSPORT_BATCH, deadline); i++)
             ;
     }
     if (!t->closing && !t->out_head && fd_blocked(t)) {
         set_events(t); /* stops reading until the recheck finds the replies read */
         arm_recheck(t, false);
-    } else if (held && !t->closing) {
-        set_events(t); /* back to reading once nothing is held */
+    } else if ((held || t->in_head) && !t->closing) {
+        set_events(t); /* held requests wake the next turn (writable); reading once none are */
     }
 }

@@ -8,7 +8,9 @@
  * never read another generation under a token (every page names its generation); (3) a
  * SIGKILL between any two steps of a handoff is reclaimed within 10 ms (median); (4) a
  * flood of each message kind costs only its sender (another uid's latency within a ratio
- * of its baseline, the daemon's anonymous memory bounded). */
+ * of its baseline, the daemon's anonymous memory bounded); (5) so does a flood of status
+ * (or of lease, acquire and status mixed) beside a daemon holding 12,000 leases, where a
+ * status costs 100 us. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -1126,7 +1128,9 @@ static long rss_anon_kb(pid_t pid)
     return kb;
 }
 
-enum flood_kind { F_LEASE, F_ACQUIRE, F_RELEASE, F_TOOK, F_NUDGE, F_FORGET, F_STATUS, F_PING, F_KINDS };
+/* F_MIX (past the kinds of (4)): lease, acquire of a bad token and status, one picked at
+ * random per message ((5)). */
+enum flood_kind { F_LEASE, F_ACQUIRE, F_RELEASE, F_TOOK, F_NUDGE, F_FORGET, F_STATUS, F_PING, F_KINDS, F_MIX = F_KINDS };
 
 static const char *const flood_name[F_KINDS] = {
     "lease", "acquire of a bad token", "release of an unknown handle", "took", "nudge", "forget", "status", "ping",
@@ -1136,6 +1140,7 @@ struct flood_arg {
     const char *socket;
     struct ctl *ctl;
     enum flood_kind kind;
+    bool unniced;           /* keeps the test's priority (a niced flooder may barely run) */
 };
 
 /* flood_msg: one request of kind k, its fields random where the daemon must not trust
@@ -1144,6 +1149,9 @@ static void flood_msg(struct proto_msg *m, enum flood_kind k, uint32_t *s)
 {
     static const uint32_t op[F_KINDS] = { PROTO_OP_LEASE, PROTO_OP_ACQUIRE, PROTO_OP_RELEASE, PROTO_OP_TOOK,
                                           PROTO_OP_NUDGE, PROTO_OP_FORGET, PROTO_OP_STATUS, PROTO_OP_PING };
+    static const enum flood_kind mix[] = { F_LEASE, F_ACQUIRE, F_STATUS };
+    if (k == F_MIX)
+        k = mix[xorshift(s) % 3];
     *m = (struct proto_msg){ .op = op[k] };
     switch (k) {
     case F_LEASE:
@@ -1183,7 +1191,7 @@ static int flooder(void *p)
     struct ctl *ctl = a->ctl;
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     unmap_inherited();
-    if (setpriority(PRIO_PROCESS, 0, 10) < 0 || become(OTHER_UID) < 0) /* as the attacker of (1) */
+    if ((!a->unniced && setpriority(PRIO_PROCESS, 0, 10) < 0) || become(OTHER_UID) < 0) /* as the attacker of (1) */
         return 10;
     uint32_t s = (uint32_t)getpid() * 2654435761u | 1;
     struct raw c = { .sock = -1 };
@@ -1346,5 +1354,128 @@ Test(handoff_attacks, a_flood_of_each_message_kind_costs_only_the_flooder, .time
     close(fd);
     victim_close(&v);
     shmref_close(st);
+    daemon_stop(&d);
+}
+
+/* ---- (5) a flood of expensive requests beside a daemon holding thousands of leases --- */
+
+/* Root holds FAIR_LEASES leases (FAIR_CONNS connections): a status then walks every one
+ * of them (status.c lists the buffers being written, session by session), so each status
+ * of the flooder costs the daemon about 100 us, however little its reply says (the
+ * flooder sees nothing of root's). Root's pings alone, then under the flood: the daemon
+ * bounds the time one connection gets per wake-up (transport.c), so a ping waits for that
+ * bound and one request, not for a turn of 64 requests. */
+#define FAIR_LEASES 12000
+#define FAIR_CONNS 4           /* each under --max-leases (4096) */
+#define FAIR_CHUNK 250
+#define FAIR_TRIES 3
+#define FAIR_MSGS 20000        /* the flood's messages while root pings, at least */
+#define FAIR_PINGS_MAX 200000
+/* Root's ping under the flood against alone (13 us): the median <= 40x, the p99 <= 100x
+ * the median alone (or 3x the p99 alone, when the machine's own noise is larger), the
+ * least of FAIR_TRIES. A ping may wait for the flooder's turn (100 us and the status that
+ * passes it, about 100 us here) and, the flooder's socket being ahead of root's in epoll's
+ * ready list, for one more: measured 14x and 22x (with a turn of 64 statuses, before:
+ * 460x and 850x; a p99 on a busy 2-core machine is the scheduler's as much as the
+ * daemon's, hence its generous bound). Sanitized, a status costs several times more and
+ * a ping less so: 12x and 39x measured, bounds 3x. */
+#define FAIR_MEDIAN_RATIO (SANITIZED ? 120 : 40)
+#define FAIR_P99_RATIO (SANITIZED ? 300 : 100)
+#define FAIR_P99_NOISE 3
+
+struct fair_result {
+    int n;
+    long ms;
+    long p50, b99;                      /* root's pings alone (us) */
+    long f50, f90, f99, fmax, fmean;    /* under the flood */
+    uint64_t sent;
+};
+
+/* fair_once: root's pings alone, then under a flood of kind k by uid OTHER_UID (waited for
+ * until the flooder has a burst answered). */
+static struct fair_result fair_once(const struct daemon *d, int fd, enum flood_kind k)
+{
+    static long pb[PINGS], pf[FAIR_PINGS_MAX];
+    struct fair_result r = { 0 };
+    pings(fd, pb, PINGS);
+    r.p50 = pct(pb, PINGS, 50);
+    r.b99 = pct(pb, PINGS, 99);
+    struct ctl *ctl = ctl_new();
+    struct flood_arg a = { .socket = d->socket, .ctl = ctl, .kind = k, .unniced = true };
+    pid_t pid = child_run(flooder, &a);
+    long end = now_ms() + 30000;
+    while (!atomic_load(&ctl->armed) && now_ms() < end && waitpid(pid, NULL, WNOHANG) == 0)
+        usleep(2000);
+    cr_assert(atomic_load(&ctl->armed), "the flooder never finished a burst");
+    long t0 = now_ms();
+    /* Pings, in rounds of PINGS, until the flooder has sent FAIR_MSGS during them. */
+    uint64_t m0 = atomic_load(&ctl->msgs);
+    int n = 0;
+    do {
+        pings(fd, pf + n, PINGS);
+        n += PINGS;
+    } while (atomic_load(&ctl->msgs) - m0 < FAIR_MSGS && n + PINGS <= FAIR_PINGS_MAX);
+    r.sent = atomic_load(&ctl->msgs) - m0;
+    r.ms = now_ms() - t0;
+    int ex = ctl_stop(ctl, pid);
+    cr_assert_eq(ex, 0, "the flooder failed: %d", ex);
+    munmap(ctl, sizeof(*ctl));
+    cr_assert_geq(r.sent, FAIR_MSGS, "the flooder sent only %llu messages during %d pings",
+                  (unsigned long long)r.sent, n);
+    r.n = n;
+    long sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += pf[i];
+    r.fmean = sum / n;
+    r.f50 = pct(pf, (size_t)n, 50);
+    r.f90 = pct(pf, (size_t)n, 90);
+    r.f99 = pct(pf, (size_t)n, 99);
+    r.fmax = pct(pf, (size_t)n, 100);
+    cr_assert(daemon_alive(d), "the daemon died under the flood");
+    return r;
+}
+
+Test(handoff_attacks, an_expensive_flood_beside_thousands_of_leases_costs_only_the_flooder, .timeout = 300)
+{
+    struct daemon d;
+    daemon_start(&d, "--socket-mode", "0666", NULL);
+    shmref_conn *held[FAIR_CONNS];
+    for (int i = 0; i < FAIR_CONNS; i++)
+        held[i] = connect_ok(&d);
+    static shmref_buf *bufs[FAIR_LEASES];
+    static size_t sizes[FAIR_CHUNK];
+    for (int i = 0; i < FAIR_CHUNK; i++)
+        sizes[i] = PAGE;
+    for (int i = 0; i < FAIR_LEASES; i += FAIR_CHUNK)
+        cr_assert_eq(shmref_lease_many(held[i / FAIR_CHUNK % FAIR_CONNS], sizes, FAIR_CHUNK, &bufs[i]), 0, "lease_many: %s",
+                     shmref_errmsg(held[i / FAIR_CHUNK % FAIR_CONNS]));
+    cr_assert_geq(wait_status(&d, "buffers.leases", FAIR_LEASES, 10000), FAIR_LEASES);
+    int fd = raw_connect(&d);
+    raw_hello(fd);
+    static const enum flood_kind kinds[] = { F_STATUS, F_MIX };
+    static const char *const names[] = { "status", "lease/acquire/status" };
+    for (unsigned k = 0; k < 2; k++) {
+        double med = 1e9, p99 = 1e9;
+        for (int i = 0; i < FAIR_TRIES && (med > FAIR_MEDIAN_RATIO || p99 > FAIR_P99_RATIO); i++) {
+            struct fair_result r = fair_once(&d, fd, kinds[k]);
+            long noise = FAIR_P99_NOISE * r.b99 / FAIR_P99_RATIO; /* the p99's bound, over FAIR_P99_RATIO */
+            double m = (double)r.f50 / (double)r.p50, q = (double)r.f99 / (double)(r.p50 > noise ? r.p50 : noise);
+            printf("flood of %s beside %d leases (try %d): %llu messages during %d pings (%ld ms); root's ping "
+                   "median %ld us against %ld alone (%.2fx), mean %ld, p90 %ld, p99 %ld us (%.2fx the median alone, or 1/%d of %dx the "
+                   "p99 alone if more; that p99 %ld), max %ld\n", names[k], FAIR_LEASES, i + 1, (unsigned long long)r.sent, r.n, r.ms,
+                   r.f50, r.p50, m, r.fmean, r.f90, r.f99, q, FAIR_P99_RATIO, FAIR_P99_NOISE, r.b99, r.fmax);
+            med = m < med ? m : med;
+            p99 = q < p99 ? q : p99;
+        }
+        cr_assert_leq(med, FAIR_MEDIAN_RATIO, "under a flood of %s root's median ping was %.1fx its baseline at best "
+                      "of %d (bound %dx)", names[k], med, FAIR_TRIES, FAIR_MEDIAN_RATIO);
+        cr_assert_leq(p99, FAIR_P99_RATIO, "under a flood of %s root's p99 ping was %.1fx its baseline median (or "
+                      "1/%d of %dx its p99 alone) at best of %d (bound %dx)", names[k], p99, FAIR_P99_RATIO,
+                      FAIR_P99_NOISE, FAIR_TRIES, FAIR_P99_RATIO);
+    }
+    close(fd);
+    shmref_release_many(bufs, FAIR_LEASES);
+    for (int i = 0; i < FAIR_CONNS; i++)
+        shmref_close(held[i]);
     daemon_stop(&d);
 }

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <uv.h>
@@ -35,7 +36,16 @@ struct fx {
     char why[PROTO_MAX_ERRMSG + 1];
     bool in_callback;            /* set while on_message runs */
     const char *close_in_message; /* on_message closes with this reason */
+    unsigned spin_us;            /* on_message busy-waits this long (an expensive request) */
+    unsigned out_of_order;       /* messages whose first 4 bytes were not f->messages - 1 */
 };
+
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
 
 static void on_message(void *ctx, const uint8_t *data, size_t len)
 {
@@ -44,6 +54,13 @@ static void on_message(void *ctx, const uint8_t *data, size_t len)
     f->messages++;
     memcpy(f->last, data, len);
     f->last_len = len;
+    if (f->spin_us) {
+        unsigned k;
+        memcpy(&k, data, sizeof(k));
+        f->out_of_order += k != f->messages - 1;
+        for (uint64_t end = mono_us() + f->spin_us; mono_us() < end;)
+            ;
+    }
     if (f->close_in_message) {
         transport_close(f->t, f->close_in_message);
         cr_assert_eq(f->closes, 0, "on_close ran inside transport_close");
@@ -261,6 +278,30 @@ Test(transport, queued_replies_hold_back_reading)
     }
     run(&f);
     cr_assert_eq(f.messages, 1, "reading did not resume once the queue drained");
+    fx_close(&f);
+}
+
+/* Requests that cost 50 us each: one wake-up handles TRANSPORT_TURN_NS of them (and the
+ * one that passes it), not 4 batches; the rest are handled on the next turns, every one,
+ * in order, also when the peer closed right after sending them. */
+Test(transport, one_wake_up_handles_a_bounded_time_of_requests)
+{
+    struct fx f;
+    fx_open(&f, PROTO_MAX_REQUEST);
+    f.spin_us = 50;
+    const unsigned n = 40, most = TRANSPORT_TURN_NS / 1000 / 50 + 1;
+    for (unsigned i = 0; i < n; i++)
+        cr_assert_eq(rawclient_send(f.peer, &i, sizeof(i)), 0);
+    shutdown(f.peer, SHUT_WR);
+    uv_run(&f.loop, UV_RUN_NOWAIT);
+    cr_assert_geq(f.messages, 1);
+    cr_assert_leq(f.messages, most, "one wake-up handled %u requests of 50 us (at most %u)", f.messages, most);
+    for (int i = 0; i < 200 && f.closes == 0; i++)
+        uv_run(&f.loop, UV_RUN_NOWAIT);
+    cr_assert_eq(f.messages, n, "%u of %u requests were handled", f.messages, n);
+    cr_assert_eq(f.out_of_order, 0, "%u requests were handled out of order", f.out_of_order);
+    cr_assert_eq(f.closes, 1, "the peer's EOF was not seen after its requests");
+    cr_assert_eq(f.end, TRANSPORT_END_PEER);
     fx_close(&f);
 }
 
