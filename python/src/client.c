@@ -267,28 +267,40 @@ static int parse_dtype_order(PyObject *dtype, const char *order, PyArray_Descr *
     return 0;
 }
 
-/* lease_array: a writable array of the given layout over a fresh lease, which may wait
- * wait_ms for quota or pool space (the GIL released meanwhile); what: the caller's name,
- * for the TimeoutError of such a wait. */
-static PyObject *lease_array(ClientObject *self, ConnObject *conn, PyArray_Descr *descr, int ndim,
-                             const npy_intp *dims, char order, uint32_t wait_ms, const char *what)
+/* client_call: fn(c, arg) on the client's connection, taken, with the GIL released (other
+ * threads' calls queue on its lock); a failure raises what fn returned, with the library's
+ * message. 0, or -1 with the error set. */
+static int client_call(ClientObject *self, int (*fn)(shmref_conn *c, void *arg), void *arg)
 {
-    size_t n = (size_t)PyDataType_ELSIZE(descr);
-    Py_ssize_t shape[SHMREF_META_MAX_DIMS];
-    if (ndim > SHMREF_META_MAX_DIMS)
-        return PyErr_Format(PyExc_ValueError, "%d dimensions: at most %d", ndim, SHMREF_META_MAX_DIMS);
-    for (int i = 0; i < ndim; i++) {
-        if (dims[i] < 0)
-            return PyErr_Format(PyExc_ValueError, "negative dimension %zd", (Py_ssize_t)dims[i]);
-        shape[i] = dims[i];
-        if (dims[i] && n > SIZE_MAX / (size_t)dims[i])
-            return PyErr_Format(PyExc_ValueError, "array too large");
-        n *= (size_t)dims[i];
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        return -1;
+    char msg[MSG_MAX] = "";
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    conn_lock_nogil(conn);
+    r = fn(conn->c, arg);
+    if (r < 0)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(conn);
+    if (r < 0) {
+        shmrefpy_raise(r, msg);
+        return -1;
     }
-    /* The layout, for a by-reference pickle that publishes the lease (_publish_buffer). */
+    return 0;
+}
+
+/* layout_new: the metadata of an array (descr, shape, order) kept with its lease, for a
+ * by-reference pickle that publishes it (_publish_buffer). NULL with the error set. */
+static shmref_meta_array *layout_new(PyArray_Descr *descr, int ndim, const Py_ssize_t *shape, char order)
+{
     shmref_meta_array *layout = PyMem_Malloc(sizeof(*layout));
-    if (!layout)
-        return PyErr_NoMemory();
+    if (!layout) {
+        PyErr_NoMemory();
+        return NULL;
+    }
     if (buffer_typestr((PyObject *)descr, layout->dtype) < 0) {
         PyMem_Free(layout);
         return NULL;
@@ -301,20 +313,18 @@ static PyObject *lease_array(ClientObject *self, ConnObject *conn, PyArray_Descr
     layout->user_kind = SHMREF_META_USER_NONE;
     layout->user = NULL;
     layout->user_len = 0;
-    shmref_buf *buf = NULL;
-    char msg[MSG_MAX];
-    msg[0] = 0;
-    int r;
-    Py_BEGIN_ALLOW_THREADS
-    conn_lock_nogil(conn);
-    r = shmref_lease_ex(conn->c, n ? n : 1, 0, wait_ms, &buf);
-    if (r < 0)
-        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
-    conn_unlock_nogil(conn);
-    Py_END_ALLOW_THREADS
-    if (r < 0) {
-        PyMem_Free(layout);
-        return shmrefpy_raise_wait(r, what, wait_ms, msg);
+    return layout;
+}
+
+/* lease_wrap: the writable array (descr, shape, order) over the fresh lease buf, which it
+ * owns from here (released on failure), with its layout. New reference, or NULL. */
+static PyObject *lease_wrap(ConnObject *conn, shmref_buf *buf, PyArray_Descr *descr, int ndim, const Py_ssize_t *shape,
+                            char order)
+{
+    shmref_meta_array *layout = layout_new(descr, ndim, shape, order);
+    if (!layout) {
+        conn_release_buf(conn, buf);
+        return NULL;
     }
     BufferObject *owner = buffer_new(conn, buf, true);
     if (!owner) {
@@ -326,6 +336,111 @@ static PyObject *lease_array(ClientObject *self, ConnObject *conn, PyArray_Descr
     PyObject *arr = buffer_array_descr(owner, (PyObject *)descr, ndim, shape, NULL, order, 0);
     Py_DECREF(owner);
     return arr;
+}
+
+/* lease_array: a writable array of the given layout over a fresh lease, which may wait
+ * wait_ms for quota or pool space (the GIL released meanwhile); what: the caller's name,
+ * for the TimeoutError of such a wait. */
+static PyObject *lease_array(ClientObject *self, ConnObject *conn, PyArray_Descr *descr, int ndim,
+                             const npy_intp *dims, char order, uint32_t wait_ms, const char *what)
+{
+    (void)self;
+    size_t n = (size_t)PyDataType_ELSIZE(descr);
+    Py_ssize_t shape[SHMREF_META_MAX_DIMS];
+    if (ndim > SHMREF_META_MAX_DIMS)
+        return PyErr_Format(PyExc_ValueError, "%d dimensions: at most %d", ndim, SHMREF_META_MAX_DIMS);
+    for (int i = 0; i < ndim; i++) {
+        if (dims[i] < 0)
+            return PyErr_Format(PyExc_ValueError, "negative dimension %zd", (Py_ssize_t)dims[i]);
+        shape[i] = dims[i];
+        if (dims[i] && n > SIZE_MAX / (size_t)dims[i])
+            return PyErr_Format(PyExc_ValueError, "array too large");
+        n *= (size_t)dims[i];
+    }
+    shmref_buf *buf = NULL;
+    char msg[MSG_MAX];
+    msg[0] = 0;
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    conn_lock_nogil(conn);
+    r = shmref_lease_ex(conn->c, n ? n : 1, 0, wait_ms, &buf);
+    if (r < 0)
+        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
+    conn_unlock_nogil(conn);
+    Py_END_ALLOW_THREADS
+    if (r < 0)
+        return shmrefpy_raise_wait(r, what, wait_ms, msg);
+    return lease_wrap(conn, buf, descr, ndim, shape, order);
+}
+
+struct lease_many_args {
+    const size_t *sizes;
+    size_t n;
+    shmref_buf **bufs;
+};
+
+static int do_lease_many(shmref_conn *c, void *arg)
+{
+    struct lease_many_args *a = arg;
+    return shmref_lease_many(c, a->sizes, a->n, a->bufs);
+}
+
+/* empty_many(sizes): a 1-D uint8 array of each length, over leases made in one batch
+ * (shmref_lease_many: up to 32 leases a message, every message sent before the first
+ * answer is awaited): one round trip where empty() makes one each. All or nothing. */
+static PyObject *Client_empty_many(ClientObject *self, PyObject *arg)
+{
+    PyObject *seq = PySequence_Fast(arg, "empty_many() takes a sequence of sizes");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    size_t *sizes = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(*sizes));
+    shmref_buf **bufs = PyMem_Calloc((size_t)(n ? n : 1), sizeof(*bufs));
+    PyObject *out = NULL;
+    PyArray_Descr *u8 = PyArray_DescrFromType(NPY_UINT8);
+    if (!sizes || !bufs || !u8) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t v = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred())
+            goto done;
+        if (v < 0) {
+            PyErr_Format(PyExc_ValueError, "empty_many(): size %zd is negative", v);
+            goto done;
+        }
+        sizes[i] = v ? (size_t)v : 1;
+    }
+    struct lease_many_args a = { sizes, (size_t)n, bufs };
+    if (n && client_call(self, do_lease_many, &a) < 0)
+        goto done;
+    ConnObject *conn = client_conn(self);
+    if (!conn)
+        goto done;
+    out = PyList_New(n);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        shmref_buf *b = bufs[i];
+        bufs[i] = NULL;
+        Py_ssize_t len = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        PyObject *arr = out ? lease_wrap(conn, b, u8, 1, &len, 'C') : NULL;
+        if (!out || !arr) {
+            if (!out && b)
+                conn_release_buf(conn, b);
+            for (Py_ssize_t j = i + 1; j < n; j++) /* the rest go back too: all or nothing */
+                conn_release_buf(conn, bufs[j]), bufs[j] = NULL;
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, arr);
+    }
+    Py_DECREF(conn);
+done:
+    Py_XDECREF(u8);
+    PyMem_Free(sizes);
+    PyMem_Free(bufs);
+    Py_DECREF(seq);
+    return out;
 }
 
 static PyObject *Client_empty(ClientObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -780,31 +895,6 @@ static PyObject *Client_acquire_batch(ClientObject *self, PyObject *args, PyObje
     return b;
 }
 
-/* client_call: fn(c, arg) on the client's connection, taken, with the GIL released (other
- * threads' calls queue on its lock); a failure raises what fn returned, with the library's
- * message. 0, or -1 with the error set. */
-static int client_call(ClientObject *self, int (*fn)(shmref_conn *c, void *arg), void *arg)
-{
-    ConnObject *conn = client_conn(self);
-    if (!conn)
-        return -1;
-    char msg[MSG_MAX] = "";
-    int r;
-    Py_BEGIN_ALLOW_THREADS
-    conn_lock_nogil(conn);
-    r = fn(conn->c, arg);
-    if (r < 0)
-        snprintf(msg, sizeof(msg), "%s", shmref_errmsg(conn->c));
-    conn_unlock_nogil(conn);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(conn);
-    if (r < 0) {
-        shmrefpy_raise(r, msg);
-        return -1;
-    }
-    return 0;
-}
-
 struct retain_args {
     shmref_desc d;
     uint32_t ms;
@@ -1020,6 +1110,11 @@ static PyObject *Client_get_shares(ClientObject *self, void *c)
 }
 
 static PyMethodDef Client_methods[] = {
+    { "empty_many", (PyCFunction)Client_empty_many, METH_O,
+      "empty_many($self, sizes, /)\n--\n\n"
+      "A writable 1-D uint8 array of each length in sizes, over leases made in one batch (libshmref's "
+      "shmref_lease_many: up to 32 leases a message, all sent before the first answer is awaited): one round "
+      "trip where empty() makes one per lease. All or nothing: on failure no lease is kept." },
     { "empty", (PyCFunction)(void (*)(void))Client_empty, METH_FASTCALL | METH_KEYWORDS,
       "empty($self, /, shape, dtype=None, order='C', *, wait=None)\n--\n\n"
       "A writable numpy array (a shmref.SharedArray) backed by a new lease (contents unspecified). "

@@ -247,6 +247,7 @@ async def test_frames_of_one_message_do_not_share_a_buffer():
         got.append(await comm.read())
         await comm.close()
 
+    before = sd.stats()
     async with listen("shmref://127.0.0.1:0", keep) as lst:
         comm = await connect(lst.contact_address)
         assert comm.by_ref
@@ -258,6 +259,8 @@ async def test_frames_of_one_message_do_not_share_a_buffer():
         await comm.close()
     ys = list(got[0]["xs"])
     assert all(np.array_equal(x, y) for x, y in zip(xs, ys))
+    # ... and their leases were made in one batch (one round trip, not six)
+    assert sd.stats()["lease_batches"] - before["lease_batches"] == 1
     assert all(shmref._shmref._buffer_info(_host(y)) is not None for y in ys), "not by reference"
     hosts = {id(_host(y)) for y in ys}
     assert len(hosts) == len(ys), f"{len(ys)} frames in {len(hosts)} buffer(s)"

@@ -138,6 +138,8 @@ class _Stats:
         # frames Dask's serializers wrote straight into a lease (shmref.dask.serialize: Arrow
         # tables and record batches), sent with no copy
         self.sent_serialized = 0
+        # messages whose frames to copy were leased in one batch (Client.empty_many)
+        self.lease_batches = 0
 
     def add(self, **kw):
         with self.lock:
@@ -479,9 +481,20 @@ class ShmrefComm(TCP):
                 forwards_copied += 1
             own.append((i, mv, n))
         copied = 0
-        for i, mv, n in own:
+        # Their leases in one batch (one round trip for up to 32 a message), each frame still
+        # its own lease; if the batch is refused (all or nothing), one by one, so that only
+        # the frames that cannot get one go over TCP.
+        try:
+            arrs = client.empty_many([n for _, _, n in own]) if len(own) > 1 else [None] * len(own)
+            if len(own) > 1:
+                _stats.add(lease_batches=1)
+        except OSError:
+            arrs = [None] * len(own)
+        for k, (i, mv, n) in enumerate(own):
+            arr, arrs[k] = arrs[k], None  # this name alone holds it: release() then lets it go
             try:
-                arr = client.empty(n, np.uint8)
+                if arr is None:
+                    arr = client.empty(n, np.uint8)
                 np.copyto(arr, np.frombuffer(mv, dtype=np.uint8))
                 ref = _shmref._publish_buffer(_shmref._buffer_info(arr)["buffer"], st.keep)
                 client.release(arr)  # the retention holds it until the receiver's acquire
