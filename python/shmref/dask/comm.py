@@ -309,10 +309,11 @@ def _mark_read_only(frames: list, by_ref: set) -> None:
             frames[off] = msgpack.dumps(sub, use_bin_type=True)
 
 
-def _writable_frames(frames: list, by_ref: set) -> set:
+def _writable_frames(frame, by_ref: set) -> set:
     """Which of the frames in by_ref their sender had writable (the "writeable" flags of
     the sub-header that precedes them): Dask copies such a frame when it arrives
-    read-only, and keeps it when it arrives writable."""
+    read-only, and keeps it when it arrives writable. frame(i) is frame i's bytes (the
+    message's msgpack and the sub-headers may themselves have come by reference)."""
     subs = []
 
     def hook(obj):
@@ -321,10 +322,10 @@ def _writable_frames(frames: list, by_ref: set) -> set:
             subs.append(off)
         return obj
 
-    msgpack.loads(frames[0], object_hook=hook, use_list=False, strict_map_key=False, raw=False)
+    msgpack.loads(frame(0), object_hook=hook, use_list=False, strict_map_key=False, raw=False)
     out = set()
     for off in subs:
-        sub = msgpack.loads(frames[off], use_list=False, strict_map_key=False, raw=False)
+        sub = msgpack.loads(frame(off), use_list=False, strict_map_key=False, raw=False)
         w = _find_writeable(sub)
         if not w or not isinstance(sub, dict):
             continue
@@ -483,9 +484,30 @@ class ShmrefComm(TCP):
             raise CommClosedError(f"in {self}: the peer sent frames by reference and this process has no shmrefd")
         mapped = {}
         mine = {}  # text -> a private mapping, for the frames their sender had writable
+        by_index = {e[0]: e for e in entries}
+
+        def shared(i, text, off, n):
+            """Frame i as a view of the read-only mapping of text."""
+            arr = mapped.get(text)
+            if arr is None:
+                arr = mapped[text] = st.client.acquire(text)
+                st.add_mapping(arr, text)
+            if off + n > arr.nbytes:
+                raise CommClosedError(f"in {self}: frame {i} ({off}+{n} bytes) lies outside {text}")
+            return memoryview(arr).cast("B")[off:off + n]
+
+        def header(i):
+            """Frame i, to parse before the others are placed: the message's msgpack (or a
+            sub-header) of at least the threshold came by reference too (a large bytes
+            value in a message, as Scheduler.feed's pickled function; before, the parse
+            met the emptied frame: "Unpack failed: incomplete input")."""
+            if i in by_index and not nbytes(frames[i]):
+                frames[i] = shared(*by_index[i])
+            return frames[i]
+
         # A frame its sender had writable arrives in a private copy-on-write mapping: Dask
         # keeps it as it is (no copy), and the task's writes stay in this process's pages.
-        writable = _writable_frames(frames, {e[0] for e in entries}) if st.writable and st.private else ()
+        writable = _writable_frames(header, set(by_index)) if st.writable and st.private else ()
         copied = 0
         for i, text, off, n in entries:
             arr = None
@@ -497,10 +519,9 @@ class ShmrefComm(TCP):
                         mine[text] = arr  # never forwarded: its bytes may be this process's own
             if arr is None:
                 copied += i in writable
-                arr = mapped.get(text)
-                if arr is None:
-                    arr = mapped[text] = st.client.acquire(text)
-                    st.add_mapping(arr, text)
+                if not nbytes(frames[i]):  # not placed already, as a header
+                    frames[i] = shared(i, text, off, n)
+                continue
             if off + n > arr.nbytes:
                 raise CommClosedError(f"in {self}: frame {i} ({off}+{n} bytes) lies outside {text}")
             frames[i] = memoryview(arr).cast("B")[off:off + n]
