@@ -283,7 +283,9 @@ async def test_a_message_whose_header_frame_goes_by_reference():
     as a client's graph of a few thousand tasks is, with a writable array in it: read as
     over tcp://. Before: the reader parsed the header before mapping it (ValueError:
     Unpack failed: incomplete input) and closed the comm; a Client that submitted
-    c.map(inc, range(2000)) lost its scheduler ("scheduler-connection-lost")."""
+    c.map(inc, range(2000)) lost its scheduler ("scheduler-connection-lost"), and
+    distributed's test_feed_large_bytestring and test_dump_cluster_state_exclude_default
+    failed (a large bytes value in a message makes its msgpack frame large too)."""
     keys = [f"task-{i:08d}" for i in range(20000)]  # about 300 KiB of msgpack header
     x = np.arange(MiB // 8, dtype=np.float64)  # writable: arrives as a private mapping
     got = []
@@ -467,6 +469,43 @@ async def test_a_writable_input_arrives_mapped_copy_on_write(c, s, a, b, w):
     assert float(w.data[x.key].sum()) == want
     assert await c.submit(_total, x, workers=[w.address], pure=False) == want
 
+# ---- a worker listens where the scheduler reaches it ----
+
+def _external_ip():
+    from distributed.utils import get_ip
+    return get_ip()
+
+
+needs_external_ip = pytest.mark.skipif(
+    _external_ip() == "127.0.0.1",
+    reason="this machine's default route address is 127.0.0.1: a worker on all interfaces gets it either way")
+
+
+async def _worker_hosts(s, security=None):
+    """(w.ip of a Worker given no host, host of one given host "") for scheduler s."""
+    from distributed import Worker
+    from distributed.comm import get_address_host
+    kw = {"security": security} if security is not None else {}
+    async with Worker(s.address, **kw) as w:
+        first = w.ip
+    async with Worker(s.address, host="", **kw) as w:
+        second = get_address_host(w.address)
+    return first, second
+
+
+@needs_external_ip
+@gen_cluster(nthreads=[], scheduler="shmref://127.0.0.1")
+async def test_a_worker_given_no_host_is_reached_where_it_reaches_the_scheduler(s):
+    """A Worker started with no host (or host "", `dask worker --listen-address
+    shmref://:PORT`) gives the scheduler the address of the interface that reaches the
+    scheduler, as over tcp:// (distributed's test_worker_listens_on_same_interface_by_default
+    and test_service_hosts_match_worker). distributed's Worker passes its listener that
+    default host only for tcp and tls. Before: the machine's external address
+    (assert '192.0.2.2' == '127.0.0.1')."""
+    assert s.address.startswith("shmref://127.0.0.1:")
+    assert await _worker_hosts(s) == ("127.0.0.1", "127.0.0.1")
+
+
 # ---- item 4: TLS, as distributed's tls:// ----
 
 def _make_certs(d):
@@ -525,6 +564,16 @@ async def test_shmref_over_tls(c, s, a, b):
         assert comm.by_ref and "peercert" in comm.extra_info
     finally:
         await comm.close()
+
+
+@needs_tls
+@needs_external_ip
+@gen_cluster(nthreads=[], security=TLS_SECURITY, scheduler_kwargs={"protocol": "shmref+tls"})
+async def test_a_tls_worker_given_no_host_is_reached_where_it_reaches_the_scheduler(s):
+    """The same over shmref+tls:// (distributed applies its rule to tls://). Before: the
+    machine's external address."""
+    assert s.address.startswith("shmref+tls://127.0.0.1:")
+    assert await _worker_hosts(s, TLS_SECURITY) == ("127.0.0.1", "127.0.0.1")
 
 
 @needs_tls

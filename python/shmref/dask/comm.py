@@ -8,6 +8,7 @@ import errno
 import logging
 import os
 import struct
+import sys
 import threading
 import weakref
 
@@ -17,6 +18,7 @@ from tornado.iostream import StreamClosedError
 
 import dask
 from dask.utils import parse_bytes, parse_timedelta
+from distributed.comm.addressing import get_address_host
 from distributed.comm.core import Comm, CommClosedError
 from distributed.comm.tcp import (
     TCP,
@@ -34,7 +36,7 @@ from distributed.comm.tcp import (
 )
 from distributed.comm.utils import from_frames, to_frames
 from distributed.protocol.utils import unpack_frames
-from distributed.utils import ensure_memoryview, nbytes, offload
+from distributed.utils import ensure_memoryview, get_ip, nbytes, offload
 from tlz import sliding_window
 
 import shmref
@@ -661,7 +663,39 @@ class ShmrefConnector(TCPConnector):
     comm_class = ShmrefComm
 
 
-class ShmrefListener(TCPListener):
+class _WorkersHostDefault:
+    """A worker's listener on all interfaces (no host given) gives the scheduler the
+    address of the interface that reaches the scheduler, as over tcp://: distributed's
+    Worker.start_unsafe (distributed/worker.py, 2026.8.0 line 1298) passes
+    default_host=get_ip(get_address_host(self.scheduler.address)) to its listener only when
+    its protocol is "tcp" or "tls", so a shmref:// worker was reachable at the machine's
+    external address instead (issue 27, distributed's
+    test_worker_listens_on_same_interface_by_default). The same rule here, for the
+    listener a Worker opens (its comm handler is the Worker's bound handle_comm), when
+    distributed passed no default_host."""
+
+    def __init__(self, address, comm_handler, deserialize=True, allow_offload=True, default_host=None,
+                 **connection_args):
+        if default_host is None:
+            default_host = _worker_default_host(comm_handler)
+        super().__init__(address, comm_handler, deserialize=deserialize, allow_offload=allow_offload,
+                         default_host=default_host, **connection_args)
+
+
+def _worker_default_host(comm_handler):
+    """get_ip(get_address_host(scheduler address)) when comm_handler is a Worker's, else None."""
+    worker_module = sys.modules.get("distributed.worker")  # never imported for a scheduler or a client
+    owner = getattr(comm_handler, "__self__", None)
+    if worker_module is None or not isinstance(owner, worker_module.Worker):
+        return None
+    scheduler = getattr(owner, "scheduler", None)
+    address = getattr(scheduler, "address", None)
+    if not address:
+        return None
+    return get_ip(get_address_host(address))
+
+
+class ShmrefListener(_WorkersHostDefault, TCPListener):
     prefix = SHMREF
     comm_class = ShmrefComm
 
@@ -697,7 +731,7 @@ class ShmrefTLSConnector(TLSConnector):
     comm_class = ShmrefTLSComm
 
 
-class ShmrefTLSListener(TLSListener):
+class ShmrefTLSListener(_WorkersHostDefault, TLSListener):
     prefix = SHMREF_TLS
     comm_class = ShmrefTLSComm
 
@@ -708,11 +742,3 @@ class ShmrefTLSBackend(_ConnectsFirst, TLSBackend):
 
     _connector_class = ShmrefTLSConnector
     _listener_class = ShmrefTLSListener
-
-    def get_connector(self):
-        _state()
-        return super().get_connector()
-
-    def get_listener(self, loc, handle_comm, deserialize, **connection_args):
-        _state()
-        return super().get_listener(loc, handle_comm, deserialize, **connection_args)
