@@ -63,6 +63,9 @@ def test_dask_fallback_to_tcp_is_said_once_with_its_reason(monkeypatch, caplog):
         def empty(self, n, dtype):
             raise shmref.QuotaExceeded(122, f"lease of {n} bytes refused: over quota")
 
+        def empty_many(self, sizes):  # the batch is refused as a whole, then each lease
+            raise shmref.QuotaExceeded(122, f"lease of {sum(sizes)} bytes refused: over quota")
+
     class State:
         client = Full()
         threshold = 1
