@@ -6,6 +6,7 @@
 #ifndef SHMREF_TEST_HARNESS_H
 #define SHMREF_TEST_HARNESS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -45,6 +46,9 @@ void raw_hello(int fd);
 ssize_t raw_roundtrip(int fd, const void *msg, size_t len, void *reply, size_t cap, int ms);
 /* raw_closed: whether the daemon has closed fd within ms (EOF seen; replies drained). */
 int raw_closed(int fd, int ms);
+
+/* read_full: reads exactly n bytes from fd (EINTR retried); false at EOF or an error. */
+bool read_full(int fd, void *p, size_t n);
 
 /* now_ms: CLOCK_MONOTONIC in milliseconds. */
 long now_ms(void);

@@ -870,20 +870,6 @@ Test(handoff_attacks, consumers_racing_recycles_for_10s_never_read_another_gener
 
 /* ---- (3) SIGKILL between any two steps of a handoff ---------------------------------- */
 
-static bool read_full(int fd, void *p, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, (char *)p + got, n - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return false;
-        got += (size_t)r;
-    }
-    return true;
-}
-
 /* A step child (the producer or the consumer of one handoff) does one step per command
  * and answers when it is done, then waits for the next command on its pipe: killed
  * there, it dies exactly after that step. */

@@ -115,20 +115,6 @@ static void counters_of(shmref_conn *c, struct msg *m)
     shmref_conn_counter(c, "stock_misses", &m->stock_misses);
 }
 
-static bool read_full(int fd, void *p, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, (char *)p + got, n - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return false;
-        got += (size_t)r;
-    }
-    return true;
-}
-
 /* server: acquires each descriptor, checks its whole payload, and (if asked) answers with
  * an output of its own of the same size, published; the previous output is released then
  * (the client has acquired and released it by the time it asks again). */
