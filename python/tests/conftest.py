@@ -56,13 +56,23 @@ class Daemon:
     def leases(self, client):
         """The daemon's lease count once client's lease stock is handed back: the stock (on
         by default, as users run it) keeps ready leases that no array holds, and a test that
-        counts leases counts its arrays'. The stock fills again at the client's next lease."""
+        counts leases counts its arrays'. The refills in flight are released as their
+        replies are read (a reply with an fd may be held back behind the daemon's fd caps
+        while a ping's reply is not), so the count is read until it is the same three times
+        in a row, a ping before each (a state, not a time). The stock fills again at the
+        client's next lease."""
         client.set_stock(0)
-        client.ping()  # the refills in flight are read, and released (one-way) ...
-        client.ping()  # ... and the daemon has read those releases
-        n = self.status()["buffers"]["leases"]
+        last, same, deadline = None, 0, time.monotonic() + 10
+        while True:
+            client.ping()
+            n = self.status()["buffers"]["leases"]
+            same = same + 1 if n == last else 0
+            last = n
+            if same >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
         client.set_stock(-1)
-        return n
+        return last
 
     def wait_status(self, path, want, seconds=5.0):
         """Polls a dotted status key until it equals want; returns the last value."""

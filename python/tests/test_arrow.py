@@ -61,6 +61,7 @@ def test_arrays_outlive_batch_and_client(daemon):
     got = b.to_pyarrow()
     b.release()
     c.release(ref)          # the producer's lease goes
+    c.ping()                # the stock's refills answered: close gives the whole stock back
     c.close()
     assert b.released
     with pytest.raises(ValueError, match="released"):
