@@ -299,33 +299,10 @@ def _clear_writeable(obj) -> bool:
     return changed
 
 
-def _mark_read_only(frames: list, by_ref: set) -> None:
-    """Objects that arrive in mapped (read-only) frames are deserialized read-only: Dask
-    would otherwise copy a frame its sender had writable (numpy, the pickle serializer).
-    Only with distributed.comm.shmref.writable false: by default Dask's rule stands (an
-    object its sender had writable arrives writable, copied out of the mapping)."""
-    subs = []
-
-    def hook(obj):
-        off = obj.get("__Serialized__", 0)
-        if off:
-            subs.append(off)
-        return obj
-
-    msgpack.loads(frames[0], object_hook=hook, use_list=False, strict_map_key=False, raw=False)
-    for off in subs:
-        sub = msgpack.loads(frames[off], use_list=False, strict_map_key=False, raw=False)
-        n = sub.get("num-sub-frames", 0) if isinstance(sub, dict) else 0
-        if any(off < i <= off + n for i in by_ref) and _clear_writeable(sub):
-            frames[off] = msgpack.dumps(sub, use_bin_type=True)
-
-
-def _writable_frames(frames: list, by_ref: set, frame) -> set:
-    """Which of the frames in by_ref their sender had writable (the "writeable" flags of
-    the sub-header that precedes them): Dask copies such a frame when it arrives
-    read-only, and keeps it when it arrives writable. frame(i) gives frame i's bytes: a
-    header that itself came by reference (a message's first frame of 64 KiB or more: a
-    graph of thousands of tasks) is mapped first."""
+def _sub_headers(frame):
+    """(offset, decoded sub-header) of each serialized object of a message: Dask's msgpack
+    header (frame 0) names them with "__Serialized__". frame(i) gives frame i's bytes (a
+    header that came by reference is mapped first)."""
     subs = []
 
     def hook(obj):
@@ -335,9 +312,28 @@ def _writable_frames(frames: list, by_ref: set, frame) -> set:
         return obj
 
     msgpack.loads(frame(0), object_hook=hook, use_list=False, strict_map_key=False, raw=False)
+    return [(off, msgpack.loads(frame(off), use_list=False, strict_map_key=False, raw=False)) for off in subs]
+
+
+def _mark_read_only(frames: list, by_ref: set) -> None:
+    """Objects that arrive in mapped (read-only) frames are deserialized read-only: Dask
+    would otherwise copy a frame its sender had writable (numpy, the pickle serializer).
+    Only with distributed.comm.shmref.writable false: by default Dask's rule stands (an
+    object its sender had writable arrives writable, in a private mapping)."""
+    for off, sub in _sub_headers(frames.__getitem__):
+        n = sub.get("num-sub-frames", 0) if isinstance(sub, dict) else 0
+        if any(off < i <= off + n for i in by_ref) and _clear_writeable(sub):
+            frames[off] = msgpack.dumps(sub, use_bin_type=True)
+
+
+def _writable_frames(by_ref: set, frame) -> set:
+    """Which of the frames in by_ref their sender had writable (the "writeable" flags of
+    the sub-header that precedes them): Dask copies such a frame when it arrives
+    read-only, and keeps it when it arrives writable. frame(i) gives frame i's bytes: a
+    header that itself came by reference (a message's first frame of 64 KiB or more: a
+    graph of thousands of tasks) is mapped first."""
     out = set()
-    for off in subs:
-        sub = msgpack.loads(frame(off), use_list=False, strict_map_key=False, raw=False)
+    for off, sub in _sub_headers(frame):
         w = _find_writeable(sub)
         if not w or not isinstance(sub, dict):
             continue
@@ -542,7 +538,7 @@ class ShmrefComm(TCP):
 
         # A frame its sender had writable arrives in a private copy-on-write mapping: Dask
         # keeps it as it is (no copy), and the task's writes stay in this process's pages.
-        writable = _writable_frames(frames, set(by_ref), plain) if st.writable and st.private else ()
+        writable = _writable_frames(set(by_ref), plain) if st.writable and st.private else ()
         copied = 0
         for i, text, off, n in entries:
             if i in done:
