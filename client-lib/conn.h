@@ -39,8 +39,9 @@ struct shmref_buf {
     bool shareable;         /* listed in conn->by_token */
     bool private_map;       /* SHMREF_ACQUIRE_PRIVATE: data is its own MAP_PRIVATE mapping, not the cache's */
     bool inherited;         /* a forked child's copy of its parent's handle: never released */
-    bool ledger;            /* a ledger hold (localhold.c): no daemon handle; given back in the ledger */
-    uint32_t slot;          /* a ledger hold's pool slot */
+    bool table;             /* a table hold (localhold.c): a lease or an acquire with no daemon
+                             * handle, given back in the table */
+    uint32_t slot, seq;     /* a table hold's slot, and the generation it holds */
     void *meta;
     size_t meta_len;
     shmref_buf *prev, *next;
@@ -103,6 +104,7 @@ struct pending {
     bool stale_retried;     /* asked again once after a reply that raced our forget (-ESTALE) */
     bool wait_held;         /* a lease that may wait, sent without its wait (stock.c's wait_now) */
     bool holds;             /* buf is held busy by this request (handle_hold) */
+    bool for_table;         /* lease: PROTO_LEASE_TABLE (the table's free list was empty) */
     int result;             /* 0 or -errno, once done */
     char *errmsg;           /* the message of a failure (malloc'd), once done */
     /* what the request's module keeps in it (the table never reads these) */
@@ -155,17 +157,25 @@ struct stock {
 
 struct client_counters {
     uint64_t waits, round_trips, sent, received, stock_hits, stock_misses, local_acquires;
-    uint64_t ledger_acquires;   /* acquires taken in the ledger (localhold.c): no daemon */
-    uint64_t ledger_fallbacks;  /* acquires the ledger could not take: asked of the daemon */
-    uint64_t ledger_refused;    /* ledgers offered at hello and refused (bad size, seals, header) */
+    uint64_t table_leases;      /* leases popped from the table (localhold.c): no daemon */
+    uint64_t table_publishes;   /* publishes made in the table: no daemon */
+    uint64_t table_acquires;    /* acquires taken in the table: no daemon */
+    uint64_t table_fallbacks;   /* acquires the table could not take: asked of the daemon */
+    uint64_t table_maps;        /* table leases of a buffer this process did not map (PROTO_OP_MAP) */
+    uint64_t table_adopts;      /* table leases made the daemon's for its publish (PROTO_OP_ADOPT) */
+    uint64_t table_givebacks;   /* last holds given back to the daemon (PROTO_OP_GIVEBACK) */
+    uint64_t table_refused;     /* tables offered at hello and refused (bad size, seals, header) */
     uint64_t reconnects;        /* new connections after the daemon closed this one for idleness */
 };
 
-/* The same-tenant ledger (proto/ledger.h) of a connection, mapped at hello (localhold.c):
- * both NULL when the daemon did not agree PROTO_FEAT_LEDGER or what it sent was refused. */
+/* The uid's table and this connection's journal (proto/handoff.h), mapped at hello
+ * (localhold.c): both NULL when the daemon did not agree PROTO_FEAT_TABLE or what it sent
+ * was refused. */
 struct localhold {
-    void *dir;                  /* the tenant's directory, LEDGER_DIR_SIZE bytes */
-    _Atomic uint32_t *counts;   /* this connection's ledger, LEDGER_COUNTS_SIZE bytes */
+    void *tab;                  /* the uid's table, handoff_size(HANDOFF_MAX_SLOTS) bytes */
+    _Atomic uint32_t *journal;  /* this connection's journal, a count per slot */
+    uint8_t key[16];            /* this connection's token key (random, never shared) */
+    uint64_t next;              /* tokens drawn under it */
 };
 
 struct shmref_conn {

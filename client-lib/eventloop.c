@@ -248,9 +248,14 @@ int shmref_conn_counter(const shmref_conn *conn, const char *name, uint64_t *ret
         { "stock_hits", offsetof(struct client_counters, stock_hits) },
         { "stock_misses", offsetof(struct client_counters, stock_misses) },
         { "local_acquires", offsetof(struct client_counters, local_acquires) },
-        { "ledger_acquires", offsetof(struct client_counters, ledger_acquires) },
-        { "ledger_fallbacks", offsetof(struct client_counters, ledger_fallbacks) },
-        { "ledger_refused", offsetof(struct client_counters, ledger_refused) },
+        { "table_leases", offsetof(struct client_counters, table_leases) },
+        { "table_publishes", offsetof(struct client_counters, table_publishes) },
+        { "table_acquires", offsetof(struct client_counters, table_acquires) },
+        { "table_fallbacks", offsetof(struct client_counters, table_fallbacks) },
+        { "table_maps", offsetof(struct client_counters, table_maps) },
+        { "table_adopts", offsetof(struct client_counters, table_adopts) },
+        { "table_givebacks", offsetof(struct client_counters, table_givebacks) },
+        { "table_refused", offsetof(struct client_counters, table_refused) },
         { "reconnects", offsetof(struct client_counters, reconnects) },
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)

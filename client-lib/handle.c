@@ -227,7 +227,7 @@ uint64_t handle_forget(shmref_buf *buf)
         return 0;
     }
     uint64_t handle = buf->handle;
-    if (buf->ledger)
+    if (buf->table)
         localhold_give(buf); /* before its mapping's use goes (and maybe a forget is sent) */
     unlink_buf(buf);
     /* A private mapping is this handle's alone (no forget: the daemon never counted it);
@@ -343,14 +343,15 @@ shmref_buf *handle_share(shmref_conn *conn, const shmref_desc *desc, unsigned fl
             free(b);
             return NULL;
         }
-        if (src->ledger) { /* a ledger hold: one more count in the ledger, no daemon handle */
+        if (src->table) { /* a table hold: one more hold in the table, no daemon handle */
             if (localhold_again(src) < 0) {
                 free(b->meta);
                 free(b);
                 return NULL;
             }
-            b->ledger = true;
+            b->table = true;
             b->slot = src->slot;
+            b->seq = src->seq;
         } else if (!src->share) {
             if (!(src->share = malloc(sizeof(*src->share)))) {
                 free(b->meta);
@@ -375,7 +376,7 @@ shmref_buf *handle_share(shmref_conn *conn, const shmref_desc *desc, unsigned fl
         b->meta_len = src->meta_len;
         b->data = mapcache_ref(&conn->cache, src->data); /* one more user */
         handle_link(conn, b);
-        if (!b->ledger)
+        if (!b->table)
             conn->counters.local_acquires++;
         return b;
     }

@@ -46,17 +46,106 @@ static int lease_wait(shmref_conn *conn, struct pending *p, uint32_t wait_ms, sh
     return r;
 }
 
-int shmref_lease_ex(shmref_conn *conn, size_t size, unsigned flags, uint32_t wait_ms, shmref_buf **ret_buf)
+/* ---- the table's round trips: the fd of a popped buffer, a lease made the daemon's ---- */
+
+struct table_req {
+    uint64_t buf_id;
+    uint32_t seq;
+    void *data;             /* map: the mapping made */
+    size_t len;
+    uint64_t handle;        /* adopt: the daemon's handle and token */
+    uint8_t token[PROTO_TOKEN_LEN];
+};
+
+static int map_send(shmref_conn *conn, struct pending *p)
 {
-    if (!conn)
-        return -EINVAL;
-    if (!ret_buf || size == 0 || flags || wait_ms > PROTO_MAX_LEASE_WAIT_MS)
-        return client_fail(conn, -EINVAL, "lease: size must be at least 1, ret_buf not NULL, flags 0 and "
-                           "wait_ms at most %d", PROTO_MAX_LEASE_WAIT_MS);
+    const struct table_req *t = p->user;
+    struct proto_msg req = { .op = PROTO_OP_MAP };
+    req.u.map.buf_id = t->buf_id;
+    return pending_submit_msg(conn, p, &req);
+}
+
+static int map_take(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds,
+                    bool lost)
+{
+    struct table_req *t = p->user;
+    const typeof(rep->u.lease_reply) *l = &rep->u.lease_reply;
+    for (unsigned i = 1; i < nfds; i++)
+        close(fds[i]);
+    int fd = nfds > 0 ? fds[0] : -1, r;
+    if (lost || fd < 0 || l->buf_id != t->buf_id) {
+        if (fd >= 0)
+            close(fd);
+        if (lost || fd >= 0) /* the daemon counts the fd it sent: say it was not kept */
+            client_forget(conn, l->buf_id, true);
+        return client_fail(conn, lost ? -EMFILE : -EPROTO, "map: no fd for buffer %llu",
+                           (unsigned long long)t->buf_id);
+    }
+    r = mapcache_get(&conn->cache, l->buf_id, fd, (size_t)l->capacity, true, &t->data);
+    close(fd);
+    if (r < 0) {
+        client_forget(conn, l->buf_id, true);
+        return client_fail(conn, r, "mmap of %llu bytes failed: %s", (unsigned long long)l->capacity, strerror(-r));
+    }
+    if (l->flags & PROTO_BUF_RETIRE)
+        mapcache_nocache(&conn->cache, t->data);
+    t->len = (size_t)l->capacity;
+    return 0;
+}
+
+static const struct pending_ops map_ops = { .send = map_send, .take = map_take };
+
+/* table_round_trip: a map or adopt request for t, waited for. 0 or -errno. */
+static int table_round_trip(shmref_conn *conn, uint32_t op, const struct pending_ops *ops, struct table_req *t)
+{
+    struct pending *p = pending_new(conn, op, PENDING_WAIT, ops);
+    if (!p)
+        return pending_new_error(conn);
+    p->user = t;
+    int r = pending_submit(conn, p);
+    if (r == 0)
+        r = pending_wait(conn, p, pending_budget(conn, 0));
+    pending_free(conn, p);
+    return r;
+}
+
+/* lease_local: a lease popped from the table (0), or -EAGAIN: ask the daemon. */
+static int lease_local(shmref_conn *conn, size_t size, shmref_buf **ret_buf)
+{
+    struct localhold_popped pp;
+    shmref_buf *b = NULL;
+    int r = localhold_lease(conn, size, &b, &pp);
+    if (r == 1) { /* this process does not map it yet: its fd, once */
+        struct table_req t = { .buf_id = pp.buf_id };
+        char keep[sizeof(conn->errmsg)];
+        memcpy(keep, conn->errmsg, sizeof(keep));
+        if (table_round_trip(conn, PROTO_OP_MAP, &map_ops, &t) < 0) {
+            memcpy(conn->errmsg, keep, sizeof(keep));
+            localhold_lease_drop(conn, &pp);
+            return client_usable(conn) < 0 ? conn->failed : -EAGAIN;
+        }
+        r = localhold_lease_mapped(conn, &pp, t.data, t.len, &b);
+    }
+    if (r == -ENOMEM)
+        return client_fail(conn, -ENOMEM, "out of memory");
+    if (r < 0)
+        return -EAGAIN;
+    handle_link(conn, b);
+    *ret_buf = b;
+    return 0;
+}
+
+static int lease_ex(shmref_conn *conn, size_t size, uint32_t wait_ms, bool table, shmref_buf **ret_buf)
+{
     int r = client_enter(conn);
     if (r < 0)
         return r;
-    if (stock_eligible(conn, size)) {
+    /* The table first: the tenant's own free buffers, no message. Empty: a lease of the
+     * daemon's that joins the table at its end (the free lists are the stock). */
+    bool for_table = table && localhold_on(conn);
+    if (for_table && (r = lease_local(conn, size, ret_buf)) != -EAGAIN)
+        return r;
+    if (!localhold_on(conn) && stock_eligible(conn, size)) {
         struct pending *refill = NULL;
         shmref_buf *b;
         if ((r = stock_take(conn, size, &b, &refill)) == 1) {
@@ -74,11 +163,94 @@ int shmref_lease_ex(shmref_conn *conn, size_t size, unsigned flags, uint32_t wai
     struct pending *p = stock_lease_new(conn, PENDING_WAIT, size, size, wait_ms);
     if (!p)
         return pending_new_error(conn);
+    p->for_table = for_table;
     if ((r = pending_submit(conn, p)) < 0) {
         pending_free(conn, p);
         return r;
     }
     return lease_wait(conn, p, wait_ms, ret_buf);
+}
+
+int shmref_lease_ex(shmref_conn *conn, size_t size, unsigned flags, uint32_t wait_ms, shmref_buf **ret_buf)
+{
+    if (!conn)
+        return -EINVAL;
+    if (!ret_buf || size == 0 || flags || wait_ms > PROTO_MAX_LEASE_WAIT_MS)
+        return client_fail(conn, -EINVAL, "lease: size must be at least 1, ret_buf not NULL, flags 0 and "
+                           "wait_ms at most %d", PROTO_MAX_LEASE_WAIT_MS);
+    return lease_ex(conn, size, wait_ms, true, ret_buf);
+}
+
+int lease_plain(shmref_conn *conn, size_t size, uint32_t wait_ms, shmref_buf **ret_buf)
+{
+    return lease_ex(conn, size, wait_ms, false, ret_buf);
+}
+
+/* ---- a table lease that needs the daemon for its publish ---- */
+
+static int adopt_send(shmref_conn *conn, struct pending *p)
+{
+    const struct table_req *t = p->user;
+    struct proto_msg req = { .op = PROTO_OP_ADOPT };
+    req.u.adopt.buf_id = t->buf_id;
+    req.u.adopt.seq = t->seq;
+    return pending_submit_msg(conn, p, &req);
+}
+
+static int adopt_take(shmref_conn *conn, struct pending *p, const struct proto_msg *rep, int *fds, unsigned nfds,
+                      bool lost)
+{
+    (void)lost;
+    struct table_req *t = p->user;
+    for (unsigned i = 0; i < nfds; i++)
+        close(fds[i]);
+    if (rep->u.lease_reply.buf_id != t->buf_id || !rep->u.lease_reply.handle) {
+        if (rep->u.lease_reply.handle)
+            client_release_handle(conn, rep->u.lease_reply.handle);
+        return client_fail(conn, -EPROTO, "adopt: shmrefd answered for another buffer");
+    }
+    t->handle = rep->u.lease_reply.handle;
+    memcpy(t->token, rep->u.lease_reply.token, PROTO_TOKEN_LEN);
+    return 0;
+}
+
+static const struct pending_ops adopt_ops = { .send = adopt_send, .take = adopt_take };
+
+/* to_daemon: buf, a table lease, becomes a lease of the daemon's: adopted (a round trip),
+ * or for a sealed publish copied (len bytes) into a new daemon lease whose fields buf
+ * takes over (F_SEAL_WRITE needs every writable mapping gone, and other processes of the
+ * uid may map a table buffer writable). The caller's buf stays the same object. */
+static int to_daemon(shmref_buf *buf, size_t len, bool sealed)
+{
+    shmref_conn *conn = buf->conn;
+    if (!sealed) {
+        struct table_req t = { .buf_id = buf->buf_id, .seq = buf->seq };
+        int r = table_round_trip(conn, PROTO_OP_ADOPT, &adopt_ops, &t);
+        if (r == 0) {
+            localhold_adopted(buf, t.handle, t.token);
+            conn->counters.table_adopts++;
+        }
+        return r;
+    }
+    shmref_buf *d;
+    int r = lease_plain(conn, buf->size, 0, &d);
+    if (r < 0)
+        return r;
+    memcpy(d->data, buf->data, len);
+    shmref_buf tmp = *buf;
+#define SWAP(f) (buf->f = d->f, d->f = tmp.f)
+    SWAP(handle);
+    SWAP(buf_id);
+    SWAP(data);
+    SWAP(capacity);
+    SWAP(table);
+    SWAP(slot);
+    SWAP(seq);
+#undef SWAP
+    memcpy(buf->token, d->token, PROTO_TOKEN_LEN);
+    memcpy(d->token, tmp.token, PROTO_TOKEN_LEN);
+    handle_drop(d); /* now the table lease: given back in the table */
+    return 0;
 }
 
 int shmref_publish(shmref_buf *buf, size_t len, uint32_t keep_ms, const void *meta, size_t meta_len,
@@ -107,6 +279,16 @@ int lease_publish_send(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t m
 {
     shmref_conn *conn = buf->conn;
     bool sealed = flags & SHMREF_PUBLISH_SEALED;
+    if (buf->table) {
+        int r = -EAGAIN;
+        if (!sealed && !keep_ms && !max_acquires && (r = localhold_publish(buf, len, meta, meta_len, ret_desc)) == 0)
+            return 0;
+        if (r == -ESTALE)
+            return client_fail(conn, -ESTALE, "publish: the table no longer has this lease (its table was taken "
+                               "back, or another process of this uid wrote into it)");
+        if ((r = to_daemon(buf, len, sealed)) < 0)
+            return r;
+    }
     if (sealed && buf->data) {
         /* F_SEAL_WRITE needs every writable mapping gone: ours goes (and the daemon is
          * told, before the publish, that this connection no longer maps it). */
@@ -127,9 +309,6 @@ int lease_publish_send(shmref_buf *buf, size_t len, uint32_t keep_ms, uint32_t m
          * handles this connection's requests in order, so whatever it asks next sees the
          * buffer published, and an acquire from elsewhere that overtakes it waits for it. */
         req.u.publish.flags |= PROTO_PUBLISH_NOREPLY;
-        /* Same-tenant consumers that map this buffer may take it from the directory as
-         * soon as it is written there: before the publish and the descriptor go. */
-        localhold_publish(buf, len, meta, meta_len);
         int r = client_send(conn, &req);
         if (r < 0)
             return r;

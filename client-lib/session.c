@@ -42,7 +42,7 @@ static bool adopt(shmref_conn *conn)
     if (me == conn->pid)
         return false;
     handle_inherit(conn);
-    localhold_unmap(conn); /* the parent's ledger: this process's copy of its mapping only */
+    localhold_unmap(conn); /* the parent's table: this process's copy of its mapping only */
     mapcache_abandon(&conn->cache); /* first: nothing below may unmap */
     stock_abandon(conn);
     pending_discard(conn);
@@ -262,7 +262,7 @@ static int hello_take(shmref_conn *conn, struct pending *p, const struct proto_m
     (void)lost;
     /* conn->version: what hello_as said; a daemon answers in it, or refuses. */
     bool agreed = rep->u.hello_reply.version == conn->version;
-    if (agreed && conn->version == PROTO_VERSION && (rep->u.hello_reply.features & PROTO_FEAT_LEDGER))
+    if (agreed && conn->version == PROTO_VERSION && (rep->u.hello_reply.features & PROTO_FEAT_TABLE))
         localhold_setup(conn, fds, nfds); /* maps what it accepts: the fds are closed below */
     for (unsigned i = 0; i < nfds; i++)
         close(fds[i]);
@@ -296,8 +296,8 @@ static int hello_as(shmref_conn *conn, uint32_t version, int64_t deadline)
     req.u.hello.features =
         PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_FOREIGN | PROTO_FEAT_BYE |
         PROTO_FEAT_PRIVATE | PROTO_FEAT_RETAIN;
-    if (localhold_wanted()) /* $SHMREF_LEDGER=0: every acquire asks the daemon */
-        req.u.hello.features |= PROTO_FEAT_LEDGER;
+    if (localhold_wanted()) /* $SHMREF_TABLE=0: every lease and acquire asks the daemon */
+        req.u.hello.features |= PROTO_FEAT_TABLE;
     if (version != PROTO_VERSION)
         req.u.hello.features &= PROTO_FEAT_PREV;
     req.u.hello.name = name;

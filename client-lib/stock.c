@@ -267,7 +267,7 @@ static int lease_send(shmref_conn *conn, struct pending *p)
     if (p->op == PROTO_OP_LEASE) {
         req.u.lease.size = p->size;
         req.u.lease.wait_ms = wait_now(conn, p);
-        req.u.lease.flags = p->stock_sent ? PROTO_LEASE_STOCK : 0;
+        req.u.lease.flags = (p->stock_sent ? PROTO_LEASE_STOCK : 0) | (p->for_table ? PROTO_LEASE_TABLE : 0);
     } else {
         req.u.lease_many.n = p->n;
         req.u.lease_many.wait_ms = wait_now(conn, p);

@@ -225,7 +225,7 @@ static int encode(shmref_conn *conn, struct proto_msg *req)
     /* One-way releases always pass (they end what the daemon holds for us, and there are
      * no more of them than handles); everything else is refused past the bound. */
     bool gives_back = req->op == PROTO_OP_RELEASE || req->op == PROTO_OP_RELEASE_MANY || req->op == PROTO_OP_FORGET ||
-                      req->op == PROTO_OP_TOOK || req->op == PROTO_OP_NUDGE; /* ledger holds: no more than handles */
+                      req->op == PROTO_OP_GIVEBACK; /* table holds: no more than handles */
     if (conn->q && !gives_back && conn->q_bytes >= conn->max_queue_bytes)
         return client_fail(conn, -ENOBUFS, "%s refused: the send queue holds %zu bytes, the limit is %zu "
                            "(shmref_set_limits, $SHMREF_MAX_QUEUE): shmrefd is not reading",

@@ -47,7 +47,7 @@ int shmref_unit_begin(shmref_conn *conn, size_t size, shmref_unit **ret_unit)
         free(u);
         return client_fail(conn, -ENOMEM, "out of memory");
     }
-    int r = shmref_lease(conn, size, &u->buf);
+    int r = lease_plain(conn, size, conn->lease_wait_ms, &u->buf);
     if (r < 0) {
         manifest_free(u->m);
         free(u);
@@ -363,8 +363,8 @@ int shmref_unit_acquire_ex(shmref_conn *conn, const shmref_desc *desc, unsigned 
         return client_fail(conn, -EINVAL, "unit_acquire: desc and ret_unit must not be NULL, flags known");
     shmref_buf *buf;
     struct manifest *m = NULL;
-    /* Through the daemon, never a ledger hold: the buffer may be pinned past shmref_close,
-     * and the ledger ends with the connection. */
+    /* Through the daemon, never a table hold: the buffer may be pinned past shmref_close,
+     * and the journal ends with the connection. */
     int r = lease_acquire(conn, desc, flags & SHMREF_ACQUIRE_SEALED, false, &buf);
     if (r < 0)
         return r;

@@ -45,7 +45,8 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
     struct waiters_queue *q = wait ? waiters_tenant(&bk->waiters, p->uid) : NULL;
     if (q && waits_park_lease(bk, p, m->id, size, q->tail->blocked, wait) != -ENOMEM)
         return; /* parked, or refused at --max-parked-per-uid */
-    int r = lease_one(bk, p, m->id, size, wait != 0, stock, msg, sizeof(msg));
+    int r = lease_one(bk, p, m->id, size, wait != 0, m->u.lease.flags & (PROTO_LEASE_STOCK | PROTO_LEASE_TABLE), msg,
+                      sizeof(msg));
     if (r == 0)
         return;
     if (wait && waits_park_lease(bk, p, m->id, size, -r, wait) != -ENOMEM)
@@ -102,8 +103,6 @@ static void do_publish(struct broker *bk, struct broker_peer *p, const struct pr
     if ((m->u.publish.flags & PROTO_PUBLISH_SEALED) && !publish_seal(bk, p, m->id, b))
         return;
     b->max_acquires = m->u.publish.max_acquires;
-    if (m->u.publish.flags & PROTO_PUBLISH_SEALED)
-        b->acquires = 0; /* only plain publishes are taken in ledgers: no early TOOK counts */
     int r = registry_publish(bk->reg, b, m->u.publish.size, m->u.publish.keep_ms, m->u.publish.meta,
                              m->u.publish.meta_len);
     if (r == -EALREADY) {
@@ -130,10 +129,16 @@ static void do_publish(struct broker *bk, struct broker_peer *p, const struct pr
 static void do_acquire(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
 {
     struct registry_buf *b = registry_find(bk->reg, m->u.acquire.token);
-    /* LENT: its last daemon reference went while ledger holds kept it; it is served as
-     * the handles those holders would have had through the daemon would have kept it. */
-    if (b || (b = registry_revive(bk->reg, m->u.acquire.token))) {
+    if (b) {
         acquire_serve(bk, p, m->id, b);
+        return;
+    }
+    /* A publish made in its tenant's table: the daemon holds it there (one hold while it
+     * has references), and a refused acquire gives that hold back at once. */
+    if ((b = registry_find_table(bk->reg, m->u.acquire.token))) {
+        acquire_serve(bk, p, m->id, b);
+        if (b->refs == 0)
+            registry_buf_drop(bk->reg, b);
         return;
     }
     uint32_t wait = bk->loop ? m->u.acquire.wait_ms : 0;
@@ -151,11 +156,11 @@ static void do_acquire(struct broker *bk, struct broker_peer *p, const struct pr
     waits_park_acquire(bk, p, m->id, b, wait);
 }
 
-/* retain_holder: whether p holds b: a handle on it, or a ledger hold the daemon can read.
- * Only a holder may extend a buffer's life: it could have kept it alive itself. */
+/* retain_holder: whether p holds b: a handle on it, or a hold in its journal. Only a
+ * holder may extend a buffer's life: it could have kept it alive itself. */
 static bool retain_holder(struct broker_peer *p, const struct registry_buf *b)
 {
-    return registry_holds(&p->holder, b) || (p->ops->ledger_holds && p->ops->ledger_holds(p, b));
+    return registry_holds(&p->holder, b) || (p->ops->table_holds && p->ops->table_holds(p, b));
 }
 
 /* do_retain: PROTO_OP_RETAIN. The retention is its tenant's charge (the buffer's, as at
@@ -165,9 +170,11 @@ static bool retain_holder(struct broker_peer *p, const struct registry_buf *b)
 static void do_retain(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)
 {
     struct registry_buf *b = registry_find(bk->reg, m->u.retain.token);
-    bool lent = false;
-    if (!b)
-        lent = (b = registry_find_lent(bk->reg, m->u.retain.token)) != NULL;
+    /* a publish made in its tenant's table: held there by the daemon from here (the
+     * retention is that hold), given back below if the retain is refused */
+    bool taken = !b && (b = registry_find_table(bk->reg, m->u.retain.token)) != NULL;
+    const char *refusal = NULL;
+    int code = 0;
     if (!b) {
         peer_fail(p, m->id, ENOENT,
                   "retain: no published buffer for this descriptor (never published, released by every "
@@ -175,34 +182,29 @@ static void do_retain(struct broker *bk, struct broker_peer *p, const struct pro
         return;
     }
     if (p->uid != b->tenant) {
-        peer_refuse(bk, p, m->id, EPERM, "retain",
-                    "retain: the buffer is another uid's (its retention would be charged to that uid): only "
-                    "its producer's uid may retain it");
-        return;
+        code = EPERM;
+        refusal = "retain: the buffer is another uid's (its retention would be charged to that uid): only "
+                  "its producer's uid may retain it";
+    } else if (m->u.retain.keep_ms == 0) {
+        code = EINVAL;
+        refusal = "retain: keep_ms must be at least 1";
+    } else if (!retain_holder(p, b)) {
+        code = EPERM;
+        refusal = "retain: this connection does not hold the buffer (acquire it first)";
+    } else if (registry_retain(bk->reg, b, m->u.retain.keep_ms) < 0) {
+        code = ENOMEM;
+        refusal = "daemon out of memory";
     }
-    if (m->u.retain.keep_ms == 0) {
-        peer_fail(p, m->id, EINVAL, "retain: keep_ms must be at least 1");
-        return;
+    if (taken && b->refs == 0)
+        registry_buf_drop(bk->reg, b); /* the table's again */
+    if (code == EPERM)
+        peer_refuse(bk, p, m->id, code, "retain", refusal);
+    else if (code)
+        peer_fail(p, m->id, code, "%s", refusal);
+    else {
+        struct proto_msg r = { .op = PROTO_OP_RETAIN + PROTO_OP_REPLY, .id = m->id };
+        p->ops->reply(p, &r, -1);
     }
-    if (!retain_holder(p, b)) {
-        peer_refuse(bk, p, m->id, EPERM, "retain",
-                    "retain: this connection does not hold the buffer (acquire it first)");
-        return;
-    }
-    /* LENT: only ledger holds keep it; live again, as for a daemon acquire, and the
-     * retention is its one daemon reference */
-    if (lent && registry_revive(bk->reg, m->u.retain.token) != b) {
-        peer_fail(p, m->id, ENOENT, "retain: no published buffer for this descriptor");
-        return;
-    }
-    if (registry_retain(bk->reg, b, m->u.retain.keep_ms) < 0) {
-        if (lent && b->refs == 0)
-            registry_buf_drop(bk->reg, b); /* LENT again, or its end, as before the revive */
-        peer_fail(p, m->id, ENOMEM, "daemon out of memory");
-        return;
-    }
-    struct proto_msg r = { .op = PROTO_OP_RETAIN + PROTO_OP_REPLY, .id = m->id };
-    p->ops->reply(p, &r, -1);
 }
 
 static void do_release(struct broker *bk, struct broker_peer *p, const struct proto_msg *m)

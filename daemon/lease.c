@@ -60,6 +60,7 @@ static int hold(struct lease_attempt *a, struct pool_buf *pb, char *msg, size_t 
         return -ENOMEM;
     }
     b->producer_pid = (int32_t)a->p->pid;
+    b->for_table = a->for_table;
     a->buf = b;
     return 0;
 }
@@ -155,6 +156,9 @@ int lease_attempt(struct lease_attempt *a, char *msg, size_t cap)
             quota_limit(bk->quota, p->uid) + registry_reclaimable(bk->reg, p->uid))
         while (r == -EDQUOT && registry_reclaim_retained(bk->reg, p->uid))
             r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
+    /* Free buffers of the tenant's own table are its to give back for its lease. */
+    if (r == -EDQUOT && registry_reclaim_table(bk->reg, p->uid, cls.size))
+        r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
     if (r < 0) {
         if (warm)
             pool_untake(bk->pool, warm);
@@ -164,6 +168,11 @@ int lease_attempt(struct lease_attempt *a, char *msg, size_t cap)
         return hold(a, warm, msg, cap);
     struct pool_buf *pb = NULL;
     r = pool_get_class(bk->pool, &cls, p->uid, &pb, created, a);
+    /* The pool is full: free buffers in the tables (its own first, then every tenant's)
+     * are the pool's to take back before a lease is refused for space. */
+    if (r == -ENOSPC && (registry_reclaim_table(bk->reg, p->uid, cls.size) ||
+                         registry_reclaim_table(bk->reg, UINT32_MAX, cls.size)))
+        r = pool_get_class(bk->pool, &cls, p->uid, &pb, created, a);
     if (r == 1) {
         p->ops->ref(p);
         p->pending++;
@@ -215,9 +224,10 @@ static void single_done(struct lease_attempt *a, int err, const char *msg)
     free(s);
 }
 
-int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, bool waits, bool stock,
+int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, bool waits, uint32_t flags,
               char *msg, size_t cap)
 {
+    bool stock = (flags & PROTO_LEASE_STOCK) != 0;
     struct pool_cls cls;
     if (pool_class(bk->pool, size, &cls) < 0) {
         peer_refuse(bk, p, id, EFBIG, "lease", "lease size beyond every size class");
@@ -231,7 +241,7 @@ int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t si
         return 0;
     }
     *s = (struct single){ .a = { .bk = bk, .p = p, .size = size, .waits = waits, .stock = stock,
-                                 .done = single_done },
+                                 .for_table = (flags & PROTO_LEASE_TABLE) != 0, .done = single_done },
                          .id = id };
     int r = lease_attempt(&s->a, msg, cap);
     if (r == 1)

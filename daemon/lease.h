@@ -34,6 +34,8 @@ struct lease_attempt {
     bool stock;                  /* PROTO_LEASE_STOCK: from the pool's stock reserve, never
                                   * waits; refused -EAGAIN when the reserve or the uid's
                                   * stock cap has no room */
+    bool for_table;              /* PROTO_LEASE_TABLE: the buffer joins its tenant's table at
+                                  * its end */
     lease_done_cb done;          /* called once, for an attempt that returned 1 */
 };
 
@@ -47,7 +49,7 @@ int lease_attempt(struct lease_attempt *a, char *msg, size_t cap);
  * for quota) tried once: 0 when it
  * is answered (served, on its way, or refused with a reply), or -EDQUOT / -ENOSPC with
  * nothing sent and the refusal's text in msg (the caller refuses, or parks it). */
-int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, bool waits, bool stock,
+int lease_one(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, bool waits, uint32_t flags,
               char *msg, size_t cap);
 
 /* lease_stock_refuse: EAGAIN for a stock lease: routine (the client leases plainly when a

@@ -34,10 +34,9 @@ struct broker_peer_ops {
      * broker's); the peer sets each item's has_fd (fd-once) and sends the fds that travel,
      * in item order, with the one message. */
     void (*reply_many)(struct broker_peer *p, const struct proto_msg *m, const int *fds);
-    /* ledger_holds: whether p's ledger (a hold taken without the daemon, PROTO_FEAT_LEDGER)
-     * counts a hold on b that the daemon may trust: b of p's uid, whose fd p was sent and
-     * has not forgotten. NULL: p has no ledger. */
-    bool (*ledger_holds)(struct broker_peer *p, const struct registry_buf *b);
+    /* table_holds: whether p's journal counts a hold on b, a member of its uid's table (a
+     * hold taken without the daemon, PROTO_FEAT_TABLE). NULL: p has no journal. */
+    bool (*table_holds)(struct broker_peer *p, const struct registry_buf *b);
 };
 
 /* broker_peer: one client as the broker sees it. The owner fills ops, id, pid and uid,

@@ -40,9 +40,8 @@ struct registry {
     struct registry_events ev;
     uint8_t stock[TOKEN_STOCK * PROTO_TOKEN_LEN]; /* random bytes not yet handed out */
     unsigned stock_left;                          /* tokens left in stock */
-    registry_lend_cb lend;
-    registry_unlend_cb unlend;
-    void *lend_arg;
+    struct registry_lender lender;
+    uint8_t hash_key[16];   /* bucket_of's: tokens of the tenants' tables are the clients' */
     struct registry_tenant *tenants[TENANT_BUCKETS];
 };
 
@@ -120,6 +119,11 @@ int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct
         free(r);
         return -ENOMEM;
     }
+    if (getrandom(r->hash_key, sizeof(r->hash_key), GRND_NONBLOCK) != (ssize_t)sizeof(r->hash_key)) {
+        free(r->buckets);
+        free(r);
+        return -EIO;
+    }
     r->loop = loop;
     r->pool = pool;
     r->quota = quota;
@@ -128,11 +132,11 @@ int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct
     return 0;
 }
 
+/* bucket_of: keyed (SipHash under a random key): a table publish's token is drawn by the
+ * client, which could otherwise choose tokens that all fall in one bucket. */
 static uint32_t bucket_of(const struct registry *r, const uint8_t *token)
 {
-    uint64_t k;
-    memcpy(&k, token + 4, sizeof(k));
-    return (uint32_t)(k & (r->nbuckets - 1));
+    return (uint32_t)(ledger_siphash(r->hash_key, token, PROTO_TOKEN_LEN) & (r->nbuckets - 1));
 }
 
 static void hash_grow(struct registry *r)
@@ -248,11 +252,9 @@ void registry_abandon(struct registry *r, struct quota_ticket *charge, struct po
     give_back(r, charge, pb);
 }
 
-void registry_set_lender(struct registry *r, registry_lend_cb lend, registry_unlend_cb unlend, void *arg)
+void registry_set_lender(struct registry *r, const struct registry_lender *lender)
 {
-    r->lend = lend;
-    r->unlend = unlend;
-    r->lend_arg = arg;
+    r->lender = lender ? *lender : (struct registry_lender){ 0 };
 }
 
 /* buf_end: credit the producer, recycle the buffer. */
@@ -266,21 +268,25 @@ static void buf_end(struct registry *r, struct registry_buf *b)
     free(b);
 }
 
-/* buf_gone: the last reference went: unless a ledger still holds it (the lender keeps
- * it LENT), credit the producer and recycle the buffer. */
+/* buf_gone: the last reference went: its token is forgotten, and unless its tenant's
+ * table keeps it (the lender's, LENT), the producer is credited and the buffer recycled. */
 static void buf_gone(struct registry *r, struct registry_buf *b)
 {
     if (b->waiting && r->ev.gone_waited)
         r->ev.gone_waited(r->ev.arg, b);
     if (b->published)
         r->st.published--;
-    if (r->lend && r->lend(r->lend_arg, b)) {
-        b->lent = true; /* still hashed, still "published": registry_revive finds it */
-        r->st.lent++;
-        return;
-    }
     hash_remove(r, b); /* its token is forgotten: a recycled buffer gets a new one */
     b->published = false;
+    free(b->meta);
+    b->meta = NULL;
+    b->meta_len = 0;
+    if (r->lender.lend && r->lender.lend(r->lender.arg, b)) {
+        b->lent = true;
+        r->st.lent++;
+        r->st.lent_bytes += b->pb->size;
+        return;
+    }
     buf_end(r, b);
 }
 
@@ -290,9 +296,48 @@ void registry_lent_end(struct registry *r, struct registry_buf *b)
         return;
     b->lent = false;
     r->st.lent--;
-    hash_remove(r, b);
-    b->published = false;
+    r->st.lent_bytes -= b->pb->size;
     buf_end(r, b);
+}
+
+int registry_lent_revive(struct registry *r, struct registry_buf *b, const uint8_t *token, uint64_t size,
+                         const uint8_t *meta, uint32_t meta_len)
+{
+    if (!b->lent)
+        return -EINVAL;
+    uint8_t *m = NULL;
+    if (meta_len && !(m = malloc(meta_len)))
+        return -ENOMEM;
+    if (meta_len)
+        memcpy(m, meta, meta_len);
+    if (token)
+        memcpy(b->token, token, PROTO_TOKEN_LEN);
+    else if (token_new(r, b->token) < 0) {
+        free(m);
+        return -EAGAIN;
+    } else
+        ledger_set_slot(b->token, b->pb->slot);
+    b->lent = false;
+    r->st.lent--;
+    r->st.lent_bytes -= b->pb->size;
+    b->meta = m;
+    b->meta_len = meta_len;
+    b->size = size;
+    b->acquires = b->max_acquires = 0;
+    b->published = token != NULL;
+    r->st.published += b->published;
+    hash_add(r, b);
+    return 0;
+}
+
+struct registry_buf *registry_find_table(struct registry *r, const uint8_t *token)
+{
+    return r->lender.take ? r->lender.take(r->lender.arg, token) : NULL;
+}
+
+uint64_t registry_reclaim_table(struct registry *r, uint32_t tenant, uint64_t bytes)
+{
+    return r->lender.reclaim ? r->lender.reclaim(r->lender.arg, tenant, bytes) : 0;
 }
 
 void registry_buf_drop(struct registry *r, struct registry_buf *b)
@@ -498,12 +543,6 @@ static struct registry_buf *lookup(const struct registry *r, const uint8_t *toke
     return b;
 }
 
-struct registry_buf *registry_find_lent(struct registry *r, const uint8_t *token)
-{
-    struct registry_buf *b = lookup(r, token);
-    return b && b->lent && b->published ? b : NULL;
-}
-
 bool registry_holds(const struct registry_holder *h, const struct registry_buf *b)
 {
     for (uint32_t i = 0; i < h->nslots; i++)
@@ -529,19 +568,6 @@ struct registry_buf *registry_find(struct registry *r, const uint8_t *token)
         registry_end_retention(r, b);
         return NULL;
     }
-    return b;
-}
-
-struct registry_buf *registry_revive(struct registry *r, const uint8_t *token)
-{
-    struct registry_buf *b = lookup(r, token);
-    if (!b || !b->lent || !b->published)
-        return NULL;
-    if (r->unlend)
-        r->unlend(r->lend_arg, b);
-    b->lent = false;
-    r->st.lent--;
-    r->st.published++;
     return b;
 }
 

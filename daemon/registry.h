@@ -27,7 +27,7 @@ struct registry_buf {
                              * registry took, kept as (tenant, pb->size), no bytes more */
     uint64_t size;          /* leased size; after publish, the published size */
     bool published, retained;
-    uint32_t acquires;      /* acquires (a ledger take whose TOOK came before the publish too) */
+    uint32_t acquires;      /* acquires through the daemon */
     uint32_t max_acquires;  /* the retention ends at this many acquires (0: only at its time) */
     uint32_t meta_len;
     uint8_t *meta;
@@ -38,11 +38,15 @@ struct registry_buf {
     uint64_t created_ms;    /* uv_now() at registry_buf_new, for status ages */
     int32_t producer_pid;   /* the leasing connection's pid, for status */
     struct waiters_queue *waiting; /* acquires waiting for its publish (the broker's) */
-    /* LENT (registry_set_lender): its last reference went while a ledger still counted a
-     * hold on it; charged, not found by registry_find (its token stays hashed for
-     * registry_revive), not back in the pool until registry_lent_end. */
+    /* LENT (registry_set_lender): its last daemon reference went and its tenant's table
+     * keeps it (tenantdir.c); charged, unhashed, not back in the pool until
+     * registry_lent_end; live again by registry_lent_revive. */
     bool lent;
-    struct registry_buf *lent_prev, *lent_next; /* the lender's list */
+    bool for_table;         /* leased for its tenant's table (PROTO_LEASE_TABLE): joins it
+                             * at its end, instead of going back to the pool */
+    bool table;             /* in its tenant's table: the entry's word counts its holds, and
+                             * while it has daemon references they are one hold there */
+    struct registry_buf *lent_prev, *lent_next; /* its table's list (the lender's) */
     /* while retained: its tenant's list of retained buffers, oldest retention first
      * (registry_reclaim_retained walks only its own tenant's) */
     struct registry_buf *ret_prev, *ret_next;
@@ -75,23 +79,34 @@ struct registry_events {
 int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct registry **ret);
 /* registry_set_events: who hears of freed space and waited-for buffers (NULL: nobody). */
 void registry_set_events(struct registry *reg, const struct registry_events *ev);
-/* registry_lend_cb: b's last reference went (its waiters were told, registry_find no
- * longer finds it). Return true to keep it LENT: still charged to its tenant, not given
- * back to the pool, until the lender calls registry_lent_end (or a daemon acquire revives
- * it: registry_revive); false to end it now. */
-typedef bool (*registry_lend_cb)(void *arg, struct registry_buf *b);
-/* registry_unlend_cb: b, LENT, is live again (registry_revive): the lender forgets it. */
-typedef void (*registry_unlend_cb)(void *arg, struct registry_buf *b);
+/* The lender (tenantdir.c): the tenants' tables.
+ * lend: b's last reference went (its waiters were told, its token forgotten). True keeps
+ *   it LENT: still charged to its tenant, not given back to the pool, until the lender
+ *   calls registry_lent_end (or registry_lent_revive makes it live again); false ends it.
+ * take: a LENT buffer published in its tenant's table under token, with a hold of the
+ *   daemon's taken there and revived (registry_lent_revive) under token; or NULL.
+ * reclaim: free buffers of tenant's table (every tenant's: UINT32_MAX) given back until
+ *   bytes were; returns the bytes given back. */
+struct registry_lender {
+    bool (*lend)(void *arg, struct registry_buf *b);
+    struct registry_buf *(*take)(void *arg, const uint8_t *token);
+    uint64_t (*reclaim)(void *arg, uint32_t tenant, uint64_t bytes);
+    void *arg;
+};
 /* registry_set_lender: who decides at each buffer's end (NULL: nobody, every end is at once). */
-void registry_set_lender(struct registry *reg, registry_lend_cb lend, registry_unlend_cb unlend, void *arg);
+void registry_set_lender(struct registry *reg, const struct registry_lender *lender);
 /* registry_lent_end: a LENT buffer's holds are gone: credit its tenant, recycle it. */
 void registry_lent_end(struct registry *reg, struct registry_buf *b);
-/* registry_revive: the LENT buffer published under this token, live again (no longer LENT,
- * findable, the lender told), for a daemon acquire to hold at once; or NULL. A LENT buffer
- * has not been recycled: its bytes are still the publish's, as they would be if the
- * consumers whose ledger holds keep it had acquired it through the daemon, where their
- * handles would have kept it published. */
-struct registry_buf *registry_revive(struct registry *reg, const uint8_t *token);
+/* registry_lent_revive: LENT b live again, hashed under token (published, size bytes, meta)
+ * or, with token NULL, under a fresh token as a writing buffer (a lease). It has no
+ * reference yet: hold it (or retain it) at once. 0, -ENOMEM, -EAGAIN (no random token). */
+int registry_lent_revive(struct registry *reg, struct registry_buf *b, const uint8_t *token, uint64_t size,
+                         const uint8_t *meta, uint32_t meta_len);
+/* registry_find_table: the lender's take (a publish made in a table, which the daemon
+ * never heard of), or NULL. */
+struct registry_buf *registry_find_table(struct registry *reg, const uint8_t *token);
+/* registry_reclaim_table: the lender's reclaim (0 without one). */
+uint64_t registry_reclaim_table(struct registry *reg, uint32_t tenant, uint64_t bytes);
 
 /* registry_end_retentions: drops every retention (at shutdown; timers close on the loop). */
 void registry_end_retentions(struct registry *reg);
@@ -134,9 +149,6 @@ struct registry_buf *registry_find(struct registry *reg, const uint8_t *token);
 /* registry_find_writing: the live buffer leased under this token and not published yet,
  * or NULL (an acquire may wait for its publish). */
 struct registry_buf *registry_find_writing(struct registry *reg, const uint8_t *token);
-/* registry_find_lent: the LENT buffer published under this token (registry_find does not
- * find it; registry_revive makes it live again), or NULL. */
-struct registry_buf *registry_find_lent(struct registry *reg, const uint8_t *token);
 /* registry_holds: whether h has a handle on b. */
 bool registry_holds(const struct registry_holder *h, const struct registry_buf *b);
 /* registry_retain: published, live b gets one more acquire of retention (PROTO_OP_RETAIN):
@@ -158,9 +170,7 @@ uint64_t registry_reclaim_retained(struct registry *reg, uint32_t tenant);
 /* registry_reclaimable: the bytes registry_reclaim_retained could give back for tenant. */
 uint64_t registry_reclaimable(const struct registry *reg, uint32_t tenant);
 /* registry_acquired: counts an acquire of b. The retention serves every consumer that
- * comes within its time (fan-out); it ends early once max_acquires (if set) is reached.
- * b may not be published yet (a ledger take's TOOK that overtook the producer's publish):
- * it has no retention and no max_acquires then, and registry_publish counts it. */
+ * comes within its time (fan-out); it ends early once max_acquires (if set) is reached. */
 void registry_acquired(struct registry *reg, struct registry_buf *b);
 
 struct registry_stats {
@@ -168,7 +178,9 @@ struct registry_stats {
     uint64_t handles;       /* lease handles held by all connections */
     uint64_t drift;         /* charges the quota ledger did not hold in full (a bug) */
     uint64_t reclaimed;     /* retentions ended early for their tenant's lease (quota) */
-    uint64_t lent;          /* LENT now (counted in buffers and bytes: still charged) */
+    uint64_t lent;          /* LENT now: in a table, no daemon reference (counted in buffers
+                             * and bytes: still charged) */
+    uint64_t lent_bytes;    /* their bytes */
 };
 struct registry_stats registry_stats(const struct registry *reg);
 

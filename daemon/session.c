@@ -256,14 +256,14 @@ static void as_peer_unref(struct broker_peer *p)
     session_unref((struct session *)p);
 }
 
-static bool as_peer_ledger_holds(struct broker_peer *p, const struct registry_buf *b)
+static bool as_peer_table_holds(struct broker_peer *p, const struct registry_buf *b)
 {
     struct session *s = (struct session *)p;
-    return tenantdir_holds_buf(s->env->tenantdirs, &s->ledger, b);
+    return tenantdir_holds_buf(s->env->tenantdirs, &s->journal, b);
 }
 
 static const struct broker_peer_ops as_peer_ops = { as_peer_reply, as_peer_refuse, as_peer_ref, as_peer_unref,
-                                                   as_peer_reply_many, as_peer_ledger_holds };
+                                                   as_peer_reply_many, as_peer_table_holds };
 
 /* ---- tenants: what one uid's sessions share ----------------------------------------- */
 
@@ -377,9 +377,8 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
         log_notice("client %llu pid=%d uid=%u: suppressed %u refusal line%s before it left",
                    (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid,
                    s->peer.log_rate.suppressed, s->peer.log_rate.suppressed == 1 ? "" : "s");
-    /* Its ledger is read no more, before its handles go (their buffers' ends must not
-     * count its holds): a dead connection's ledger holds nothing. */
-    tenantdir_leave(env->tenantdirs, &s->ledger);
+    /* Its journal's holds end first, then its handles: a dead connection holds nothing. */
+    tenantdir_leave(env->tenantdirs, &s->journal);
     /* Its process's mappings went with it, or it closed (libshmref unmaps first), or its
      * process lives on with them: those of buffers whose pages the pool cannot free stay
      * charged to it until its process exits (its pidfd). */
@@ -458,7 +457,7 @@ void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle
         return;
     for (struct session *s = env->head; s; s = s->next) {
         if (s->hello && !s->peer.closing && !s->peer.holder.leases && !s->peer.pending && !s->peer.parked.n &&
-            now_ms - s->last_ms >= idle_ms && !tenantdir_holds(env->tenantdirs, &s->ledger)) {
+            now_ms - s->last_ms >= idle_ms && !tenantdir_holds(env->tenantdirs, &s->journal)) {
             session_fail(s, 0, ETIMEDOUT, "idle for %llu s holding nothing (idle-timeout %llu s): closed",
                          (unsigned long long)((now_ms - s->last_ms) / 1000), (unsigned long long)(idle_ms / 1000));
             session_close(s, "idle, holding nothing");
@@ -574,18 +573,18 @@ static void do_hello(struct session *s, const struct proto_msg *m)
         return;
     }
     /* A client of the previous version is answered in it: only the features it knew (no
-     * ledger, which needs PROTO_BUF_RETIRE), and as_peer_reply keeps newer flags from it. */
-    uint64_t known = v == PROTO_VERSION ? FEATURES | PROTO_FEAT_LEDGER : PROTO_FEAT_PREV;
+     * table), and as_peer_reply keeps newer flags from it. */
+    uint64_t known = v == PROTO_VERSION ? FEATURES | PROTO_FEAT_TABLE : PROTO_FEAT_PREV;
     /* valid UTF-8 without control or bidi characters, for status, JSON and log lines */
     text_clean(s->name, m->u.hello.name ? m->u.hello.name : "", m->u.hello.name_len);
     s->hello = true;
     s->version = v;
     s->fd_once = (m->u.hello.features & PROTO_FEAT_FD_ONCE) != 0;
-    /* The ledger, only with fd-once: its counts are read only for buffers whose fd the
-     * daemon sent this connection. Its two fds travel with the reply. */
+    /* The table, only with fd-once (a client that maps what it is sent once). Its two fds
+     * travel with the reply. */
     int fds[2] = { -1, -1 };
-    bool ledger = s->fd_once && (m->u.hello.features & known & PROTO_FEAT_LEDGER) && s->env->tenantdirs &&
-                  tenantdir_join(s->env->tenantdirs, s->peer.uid, &s->known, &s->ledger, fds) == 0;
+    bool table = s->fd_once && (m->u.hello.features & known & PROTO_FEAT_TABLE) && s->env->tenantdirs &&
+                 tenantdir_join(s->env->tenantdirs, s->peer.uid, &s->journal, fds) == 0;
     log_debug("client %llu pid=%d uid=%u said hello as '%s' (protocol %u)", (unsigned long long)s->peer.id,
               (int)s->peer.pid, (unsigned)s->peer.uid, s->name, (unsigned)v);
     struct proto_msg r = { .op = PROTO_OP_HELLO + PROTO_OP_REPLY, .id = m->id };
@@ -596,17 +595,17 @@ static void do_hello(struct session *s, const struct proto_msg *m)
     r.u.hello_reply.max_leases = opt->max_leases;
     r.u.hello_reply.max_meta = PROTO_MAX_META;
     r.u.hello_reply.pid = (uint64_t)getpid();
-    if (ledger) {
+    if (table) {
         /* Only if it can go now: a hello never waits for room for optional fds (a daemon
-         * at its fds in flight answers without the ledger, and the client asks the daemon). */
-        r.u.hello_reply.features |= PROTO_FEAT_LEDGER;
+         * at its fds in flight answers without the table, and the client asks the daemon). */
+        r.u.hello_reply.features |= PROTO_FEAT_TABLE;
         int e = session_send_fds_now(s, &r, fds, 2);
-        close(fds[1]); /* the connection's ledger: ours is the read-only mapping */
+        close(fds[1]); /* the connection's journal: ours is the read-only mapping */
         if (e != -EAGAIN)
             return;
-        tenantdir_leave(s->env->tenantdirs, &s->ledger);
-        r.u.hello_reply.features &= ~(uint64_t)PROTO_FEAT_LEDGER;
-        log_debug("client %llu pid=%d uid=%u: no room for the ledger's fds now; hello without them",
+        tenantdir_leave(s->env->tenantdirs, &s->journal);
+        r.u.hello_reply.features &= ~(uint64_t)PROTO_FEAT_TABLE;
+        log_debug("client %llu pid=%d uid=%u: no room for the table's fds now; hello without them",
                   (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid);
     }
     session_send(s, &r, -1);
@@ -623,6 +622,66 @@ static void do_status(struct session *s, const struct proto_msg *m)
     r.u.status_reply.body = status_body;
     r.u.status_reply.body_len = (uint32_t)n;
     session_send(s, &r, -1);
+}
+
+/* table_reply: a map or adopt reply (shaped as a lease reply) of member b. */
+static struct proto_msg table_reply(const struct proto_msg *m, const struct registry_buf *b, uint64_t handle)
+{
+    struct proto_msg r = { .op = m->op + PROTO_OP_REPLY, .id = m->id };
+    r.u.lease_reply.handle = handle;
+    r.u.lease_reply.buf_id = b->pb->id;
+    r.u.lease_reply.size = b->pb->size;
+    r.u.lease_reply.capacity = b->pb->size;
+    if (handle)
+        memcpy(r.u.lease_reply.token, b->token, PROTO_TOKEN_LEN);
+    return r;
+}
+
+/* do_map: PROTO_OP_MAP: the fd (read-write) of a member of this connection's uid's table,
+ * which the client popped from a free list and does not map. Always attached; counted in
+ * the fd-once set when there is room (else the reply says PROTO_BUF_RETIRE: do not cache). */
+static void do_map(struct session *s, const struct proto_msg *m)
+{
+    struct registry_buf *b = tenantdir_member(s->env->tenantdirs, &s->journal, m->u.map.buf_id);
+    if (!b || b->pb->foreign) {
+        s->env->tenantdirs->st.ignored += s->journal.dir != NULL;
+        session_fail(s, m->id, ESTALE, "map: buffer %llu is not in this uid's table",
+                     (unsigned long long)m->u.map.buf_id);
+        return;
+    }
+    s->env->tenantdirs->st.maps++;
+    struct proto_msg r = table_reply(m, b, 0);
+    bool counted;
+    int fd = fd_to_send(s, b->pb->id, true, true, b->pb->fd, &counted);
+    if (!counted)
+        r.u.lease_reply.flags |= PROTO_BUF_RETIRE;
+    session_send(s, &r, fd);
+}
+
+/* do_adopt: PROTO_OP_ADOPT: a local lease becomes a lease of this connection (a handle),
+ * for a publish that needs the daemon (a retention, seals, metadata too long for the
+ * table). */
+static void do_adopt(struct session *s, const struct proto_msg *m)
+{
+    struct tenantdirs *t = s->env->tenantdirs;
+    struct registry_buf *b;
+    uint64_t handle;
+    if (!peer_leases_left(s->env->broker, &s->peer, m->id, "adopt"))
+        return;
+    int r = tenantdir_adopt(t, &s->journal, m->u.adopt.buf_id, m->u.adopt.seq, &b);
+    if (r < 0) {
+        session_fail(s, m->id, -r, "adopt: buffer %llu is not this connection's local lease under that generation",
+                     (unsigned long long)m->u.adopt.buf_id);
+        return;
+    }
+    if (registry_hold(t->reg, &s->peer.holder, b, true, &handle) < 0) {
+        registry_buf_drop(t->reg, b); /* its end, as before the adopt */
+        session_fail(s, m->id, ENOMEM, "daemon out of memory");
+        return;
+    }
+    b->producer_pid = (int32_t)s->peer.pid;
+    struct proto_msg rep = table_reply(m, b, handle);
+    session_send(s, &rep, -1);
 }
 
 /* note_private: remember a private acquire's request id until its reply goes (as_peer_reply)
@@ -655,15 +714,17 @@ static void dispatch(struct session *s, const struct proto_msg *m)
         if (m->u.forget.buf_id && m->u.forget.buf_id < (UINT64_C(1) << 63) && idset_has(&s->known, key)) {
             idset_del(&s->known, key);
             broker_unmapped(s->env->broker, &s->peer, m->u.forget.buf_id);
-            tenantdir_forgot(s->env->tenantdirs, &s->ledger, m->u.forget.buf_id);
         }
         return;
     }
-    case PROTO_OP_TOOK: /* never a reply */
-        tenantdir_took(s->env->tenantdirs, &s->ledger, m->u.took.buf_id, m->u.took.token);
+    case PROTO_OP_MAP:
+        do_map(s, m);
         return;
-    case PROTO_OP_NUDGE: /* never a reply */
-        tenantdir_nudge(s->env->tenantdirs, &s->ledger, m->u.nudge.buf_id);
+    case PROTO_OP_GIVEBACK: /* never a reply */
+        tenantdir_giveback(s->env->tenantdirs, &s->journal, m->u.giveback.buf_id);
+        return;
+    case PROTO_OP_ADOPT:
+        do_adopt(s, m);
         return;
     case PROTO_OP_BYE: /* never a reply; the last message (on_message) */
         s->bye = true;

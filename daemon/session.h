@@ -52,7 +52,7 @@ struct session_env {
     uint32_t n;
     uint64_t next_id;
     struct session_tenant *tenants; /* one per uid with a session */
-    struct tenantdirs *tenantdirs; /* ledgers (PROTO_FEAT_LEDGER); NULL: none offered */
+    struct tenantdirs *tenantdirs; /* tables (PROTO_FEAT_TABLE); NULL: none offered */
     unsigned fd_cap_conn;        /* unread fd-carrying replies per connection (0: none) */
     unsigned fd_cap_uid;         /* the same, summed over one uid's connections (0: none) */
 };
@@ -69,7 +69,7 @@ struct session {
     bool bye;                    /* it said bye (PROTO_FEAT_BYE): its end is a clean close */
     struct idset known;          /* buf_id << 1 | writable: fds this client was sent */
     struct idset private_ids;    /* request id + 1 of each PROTO_ACQUIRE_PRIVATE not answered yet */
-    struct tenantdir_conn ledger; /* PROTO_FEAT_LEDGER agreed: its ledger (dir NULL: none) */
+    struct tenantdir_conn journal; /* PROTO_FEAT_TABLE agreed: its journal (dir NULL: none) */
     uint64_t accepted_ms;        /* uv_now at accept, for the hello deadline */
     uint64_t last_ms;            /* uv_now at its last request, for --idle-timeout */
     struct session_tenant *tenant;
@@ -109,8 +109,8 @@ void session_close(struct session *s, const char *why);
 void session_expire_hello(struct session_env *env, uint64_t now_ms);
 
 /* session_expire_idle: closes (ETIMEDOUT) sessions that hold nothing (no lease, none
- * pending, no ledger hold on a buffer of its uid that it maps) and sent nothing for
- * idle_ms; 0 disables. A session holding leases or ledger holds never idles out. */
+ * pending, no hold in its journal) and sent nothing for idle_ms; 0 disables. A session
+ * holding leases or table holds never idles out. */
 void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle_ms);
 
 /* session_uid_conns: how many sessions uid has (closing ones included until they end). */

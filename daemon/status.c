@@ -55,11 +55,14 @@ static void pack_pool(msgpack_packer *pk, const struct status_src *s)
     unsigned n = pool_classes(s->pool, cls, POOL_MAX_CLASSES);
 
     key(pk, "pool");
-    msgpack_pack_map(pk, 13);
+    msgpack_pack_map(pk, 14);
     kv_str(pk, "dir", pool_dir(s->pool));
     kv_str(pk, "kind", pool_kind(s->pool));
     kv_u64(pk, "bytes_total", cap);
-    kv_u64(pk, "bytes_leased", rs.bytes);
+    /* leased: buffers the daemon holds for someone (a handle, a retention); in tables: the
+     * tenants' own (free, or held without the daemon), charged to them all the same */
+    kv_u64(pk, "bytes_leased", rs.bytes - rs.lent_bytes);
+    kv_u64(pk, "bytes_tables", rs.lent_bytes);
     kv_u64(pk, "bytes_free", cap > rs.bytes ? cap - rs.bytes : 0);
     kv_u64(pk, "bytes_allocated", pool_bytes_alloc(s->pool));
     kv_u64(pk, "bytes_warm", pool_bytes_warm(s->pool));
@@ -265,20 +268,25 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     kv_u64(pk, "fd_waits", k->fd_waits);
 }
 
-/* pack_ledger: same-tenant handoffs without the daemon (tenantdir.c). */
-static void pack_ledger(msgpack_packer *pk, const struct status_src *s)
+/* pack_table: same-tenant handoffs without the daemon (tenantdir.c). */
+static void pack_table(msgpack_packer *pk, const struct status_src *s)
 {
     const struct tenantdirs *t = s->sessions ? s->sessions->tenantdirs : NULL;
     struct tenantdir_stats st = t ? t->st : (struct tenantdir_stats){ 0 };
-    key(pk, "ledger");
-    msgpack_pack_map(pk, 8);
-    kv_u64(pk, "directories", st.dirs);     /* uids with a ledger connection */
-    kv_u64(pk, "ledgers", st.ledgers);      /* connections with a ledger */
-    kv_u64(pk, "lent", registry_stats(s->reg).lent); /* buffers waiting for ledger holds now */
+    key(pk, "table");
+    msgpack_pack_map(pk, 13);
+    kv_u64(pk, "tables", st.tables);        /* uids with a table connection */
+    kv_u64(pk, "journals", st.journals);    /* connections with a journal */
+    kv_u64(pk, "members", tenantdir_members(t)); /* buffers in tables now (charged to their uids) */
+    kv_u64(pk, "lent", registry_stats(s->reg).lent); /* of those, with no daemon reference */
     kv_u64(pk, "slots", pool_slots_used(s->pool));
-    kv_u64(pk, "took", st.took);
-    kv_u64(pk, "nudges", st.nudges);
-    kv_u64(pk, "recycle_waits", st.recycle_waits);
+    kv_u64(pk, "grants", st.grants);
+    kv_u64(pk, "takes", st.takes);
+    kv_u64(pk, "maps", st.maps);
+    kv_u64(pk, "adopts", st.adopts);
+    kv_u64(pk, "givebacks", st.givebacks);
+    kv_u64(pk, "reclaimed", st.reclaimed);
+    kv_u64(pk, "crash_holds", st.crash_holds);
     kv_u64(pk, "ignored", st.ignored);
 }
 
@@ -295,7 +303,7 @@ static int build(const struct status_src *s, uint8_t *buf, size_t cap, unsigned 
     pack_clients(&pk, s, max);
     pack_limits(&pk, s);
     pack_counters(&pk, s);
-    pack_ledger(&pk, s);
+    pack_table(&pk, s);
     return pb.overflow ? -EMSGSIZE : (int)pb.len;
 }
 

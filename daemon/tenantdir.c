@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* tenantdir.c: see tenantdir.h. The recycle handshake (proto/ledger.h): at a buffer's end
- * ledger_mark withdraws its entry (seq_cst), then the ledgers of its uid's connections
- * that were sent its fd are read; all 0: ledger_unmark, and the buffer ends as it always
- * did. Otherwise it is LENT, on its directory's list, until a nudge, a forget or a
- * disconnect finds every count at 0. Work is bounded by what triggered it: a nudge or a
- * forget reads one buffer's ledgers, a disconnect the LENT buffers that connection knew. */
+/* tenantdir.c: see tenantdir.h. The steps on a table are proto/handoff.c's; what is here is
+ * when the daemon makes them: a grant at the end of a buffer leased for the table, one hold
+ * of its own while it has references (taken by an acquire or an adopt, given at the last
+ * reference's end), the journal's holds of a connection that ended, and the whole table
+ * back with its uid's last connection. The daemon walks only its own list of a table's
+ * members (each an O(1) step), never a list in shared memory beyond a bound it sets. */
 #include "tenantdir.h"
 
 #include <errno.h>
@@ -15,18 +15,25 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "handoff.h"
 #include "ledger.h"
 #include "log.h"
 
 #define SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+#define TABLE_SIZE handoff_size(HANDOFF_MAX_SLOTS)
+#define JOURNAL_SIZE HANDOFF_JOURNAL_SIZE
 
 struct tenantdir {
     uint32_t uid;
-    int fd;                             /* sent to each ledger connection of uid */
-    void *map;                          /* read-write: ledger_mark and ledger_unmark */
+    int fd;                             /* sent to each table connection of uid */
+    void *map;                          /* read-write */
+    uint8_t key[16];                    /* the token-hash key (the header's copy may be scribbled) */
+    uint64_t cap[HANDOFF_CLASSES];      /* the classes as recorded (the header's may be scribbled) */
+    unsigned ncls;
     struct tenantdir_conn *conns;
     unsigned nconns;
-    struct registry_buf *lent;          /* LENT buffers of uid (registry_buf.lent_next) */
+    struct registry_buf *members;       /* registry_buf.lent_prev/lent_next */
+    uint64_t nmembers;
     struct tenantdir *next;
 };
 
@@ -60,82 +67,107 @@ static struct tenantdir *dir_find(const struct tenantdirs *t, uint32_t uid)
 
 static int dir_new(struct tenantdirs *t, uint32_t uid, struct tenantdir **ret)
 {
-    uint8_t key[16];
-    if (getrandom(key, sizeof(key), GRND_NONBLOCK) != (ssize_t)sizeof(key))
-        return errno == EAGAIN ? -EAGAIN : -EIO;
-    /* The LENT buffers by slot, for every uid (a slot is one buffer's): found in O(1) by a
-     * nudge or forget, whatever their number. Made with the first directory. */
-    if (!t->lent_at && !(t->lent_at = calloc(LEDGER_SLOTS, sizeof(*t->lent_at))))
+    /* The members by slot, for every uid (a slot is one buffer's): found in O(1) by a
+     * token or a buffer id, whatever their number. Made with the first table. */
+    if (!t->at && !(t->at = calloc(HANDOFF_MAX_SLOTS, sizeof(*t->at))))
         return -ENOMEM;
     struct tenantdir *d = calloc(1, sizeof(*d));
     if (!d)
         return -ENOMEM;
-    int fd = sealed_memfd("shmrefd-ledger-dir", LEDGER_DIR_SIZE, PROT_READ | PROT_WRITE, &d->map);
+    if (getrandom(d->key, sizeof(d->key), GRND_NONBLOCK) != (ssize_t)sizeof(d->key)) {
+        int e = errno == EAGAIN ? -EAGAIN : -EIO;
+        free(d);
+        return e;
+    }
+    int fd = sealed_memfd("shmrefd-table", TABLE_SIZE, PROT_READ | PROT_WRITE, &d->map);
     if (fd < 0) {
         free(d);
         return fd;
     }
-    /* the header is written before the seals' file is sent to anyone */
-    ledger_dir_init(d->map, uid, key);
-    memset(key, 0, sizeof(key));
+    handoff_init(d->map, HANDOFF_MAX_SLOTS, uid, d->key); /* before the file is sent to anyone */
     d->fd = fd;
     d->uid = uid;
     d->next = t->head;
     t->head = d;
-    t->st.dirs++;
+    t->st.tables++;
     *ret = d;
     return 0;
 }
 
-static void dir_free(struct tenantdirs *t, struct tenantdir *d)
-{
-    for (struct tenantdir **pp = &t->head; *pp; pp = &(*pp)->next)
-        if (*pp == d) {
-            *pp = d->next;
-            break;
-        }
-    munmap(d->map, LEDGER_DIR_SIZE);
-    close(d->fd);
-    t->st.dirs--;
-    free(d);
-}
+/* ---- members ----------------------------------------------------------------------- */
 
-/* ---- the handshake ----------------------------------------------------------------- */
-
-static bool conn_knows(const struct tenantdir_conn *c, uint64_t buf_id)
+static void member_link(struct tenantdirs *t, struct tenantdir *d, struct registry_buf *b)
 {
-    return buf_id && buf_id < (UINT64_C(1) << 63) &&
-           (idset_has(c->known, buf_id << 1) || idset_has(c->known, buf_id << 1 | 1));
-}
-
-/* held: whether a ledger of d's uid that was sent b's fd counts a hold on b's slot. Only
- * those are read: a count for any other slot, or from a connection that does not map the
- * buffer, keeps nothing. */
-static bool held(const struct tenantdir *d, const struct registry_buf *b)
-{
-    for (const struct tenantdir_conn *c = d->conns; c; c = c->next)
-        if (conn_knows(c, b->pb->id) && ledger_held(c->counts, b->pb->slot) != 0)
-            return true;
-    return false;
-}
-
-static void lent_link(struct tenantdirs *t, struct tenantdir *d, struct registry_buf *b)
-{
-    t->lent_at[b->pb->slot] = b; /* slot < LEDGER_SLOTS: lend checked it */
+    t->at[b->pb->slot] = b; /* slot < HANDOFF_MAX_SLOTS: lend checked it */
+    b->table = true;
     b->lent_prev = NULL;
-    b->lent_next = d->lent;
-    if (d->lent)
-        d->lent->lent_prev = b;
-    d->lent = b;
+    b->lent_next = d->members;
+    if (d->members)
+        d->members->lent_prev = b;
+    d->members = b;
+    d->nmembers++;
 }
 
-static void lent_unlink(struct tenantdirs *t, struct tenantdir *d, struct registry_buf *b)
+static void member_unlink(struct tenantdirs *t, struct tenantdir *d, struct registry_buf *b)
 {
-    if (t->lent_at[b->pb->slot] == b)
-        t->lent_at[b->pb->slot] = NULL;
-    if (b->lent_prev) b->lent_prev->lent_next = b->lent_next; else d->lent = b->lent_next;
+    if (t->at[b->pb->slot] == b)
+        t->at[b->pb->slot] = NULL;
+    if (b->lent_prev) b->lent_prev->lent_next = b->lent_next; else d->members = b->lent_next;
     if (b->lent_next) b->lent_next->lent_prev = b->lent_prev;
     b->lent_prev = b->lent_next = NULL;
+    b->table = false;
+    d->nmembers--;
+}
+
+/* member_end: b (LENT) leaves the table and ends: credited, back to the pool. */
+static void member_end(struct tenantdirs *t, struct tenantdir *d, struct registry_buf *b)
+{
+    member_unlink(t, d, b);
+    registry_lent_end(t->reg, b);
+}
+
+/* class_of: the table class of buffers of size bytes, recorded at its first use (the
+ * leases it serves: every size the pool puts in that class); -1 when all are used. */
+static int class_of(struct tenantdirs *t, struct tenantdir *d, uint64_t size)
+{
+    for (unsigned c = 0; c < d->ncls; c++)
+        if (d->cap[c] == size)
+            return (int)c;
+    if (d->ncls == HANDOFF_CLASSES)
+        return -1;
+    uint64_t lo = 1, hi = size; /* the smallest lease the pool gives a buffer of this size */
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (pool_class_size(t->pool, mid) >= size)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    d->cap[d->ncls] = size;
+    handoff_set_class(d->map, d->ncls, size, lo);
+    return (int)d->ncls++;
+}
+
+/* daemon_give: the daemon's one hold of member b goes. True when b must end now (the
+ * daemon's: OUT, or a word that had no such hold). */
+static bool daemon_give(struct tenantdir *d, struct registry_buf *b)
+{
+    uint32_t slot = b->pb->slot;
+    /* Another uid maps it: no local lease may have it again; its last hold goes to us. */
+    if (b->pb->foreign)
+        handoff_set_out(d->map, slot, HANDOFF_TRIES);
+    switch (handoff_give(d->map, NULL, slot, HANDOFF_TRIES)) {
+    case HANDOFF_HELD:
+    case HANDOFF_FREED:
+    case HANDOFF_BUSY: /* still counted: a hold leaked to its own tenant, repaired at its end */
+        return false;
+    case HANDOFF_BAD: /* scribbled: the word had no hold of ours; the buffer is ours now */
+        handoff_set_out(d->map, slot, HANDOFF_TRIES);
+        return true;
+    case HANDOFF_TO_DAEMON:
+    default:
+        return true;
+    }
 }
 
 /* lend: the registry's lender: b's last daemon reference went. */
@@ -144,48 +176,79 @@ static bool lend(void *arg, struct registry_buf *b)
     struct tenantdirs *t = arg;
     struct tenantdir *d = dir_find(t, b->tenant);
     uint32_t slot = b->pb->slot;
-    if (!d || slot >= LEDGER_SLOTS)
-        return false;
-    ledger_mark(d->map, slot); /* seq_cst: before any count is read */
-    if (!held(d, b)) {
-        ledger_unmark(d->map, slot);
+    if (b->table) {
+        if (!daemon_give(d, b))
+            return true; /* LENT: the table's */
+        member_unlink(t, d, b);
         return false;
     }
-    lent_link(t, d, b);
-    t->st.recycle_waits++;
+    if (!b->for_table || !d || slot >= HANDOFF_MAX_SLOTS || b->pb->foreign || b->pb->sealed || t->at[slot])
+        return false;
+    int cls = class_of(t, d, b->pb->size);
+    if (cls < 0 || handoff_grant(d->map, slot, (uint32_t)cls, b->pb->id, HANDOFF_TRIES) < 0)
+        return false;
+    member_link(t, d, b);
+    t->st.grants++;
     return true;
 }
 
-/* unlend: the registry's: b (LENT) was revived by a daemon acquire (registry_revive): off
- * the list, its directory entry FREE (its publish is the daemon's to answer again: local
- * takes of it fall back). A hold counted meanwhile is still read when b ends again. */
-static void unlend(void *arg, struct registry_buf *b)
+/* take: the registry's: a daemon acquire (or retain) of a token the registry does not
+ * know: a publish made in a table. The slot is in the token; the word is checked against
+ * the token's hash under the daemon's copy of the key. */
+static struct registry_buf *take(void *arg, const uint8_t *token)
 {
     struct tenantdirs *t = arg;
+    uint32_t slot = ledger_slot_of(token);
+    struct registry_buf *b = t->at && slot < HANDOFF_MAX_SLOTS ? t->at[slot] : NULL;
+    if (!b || !b->lent)
+        return NULL; /* live members are hashed under their current token: not this one */
     struct tenantdir *d = dir_find(t, b->tenant);
-    if (!d)
-        return;
-    ledger_unmark(d->map, b->pb->slot);
-    lent_unlink(t, d, b);
+    uint64_t size = atomic_load(&handoff_entry_at(d->map, slot)->size);
+    uint32_t seq;
+    if (size > b->pb->size ||
+        handoff_take(d->map, NULL, slot, ledger_siphash(d->key, token, PROTO_TOKEN_LEN), size, HANDOFF_TRIES,
+                     &seq) < 0)
+        return NULL;
+    /* The metadata is read under the hold: no lease can rewrite it meanwhile. */
+    const struct handoff_meta *m = handoff_meta_at(d->map, slot);
+    uint8_t meta[HANDOFF_META_MAX];
+    uint32_t len = atomic_load(&m->len);
+    if (len > HANDOFF_META_MAX)
+        len = 0;
+    memcpy(meta, m->data, len);
+    if (registry_lent_revive(t->reg, b, token, size, meta, len) < 0) {
+        if (daemon_give(d, b))
+            member_end(t, d, b);
+        return NULL;
+    }
+    t->st.takes++;
+    return b;
 }
 
-/* recheck: b (LENT, on d's list) ends once no ledger holds it. */
-static void recheck(struct tenantdirs *t, struct tenantdir *d, struct registry_buf *b)
+/* reclaim: the registry's: free members of tenant's table (every table's for UINT32_MAX)
+ * back to the pool until bytes were given back. Each class's list is popped at most as
+ * many times as the table has members: a scribbled (cyclic) list cannot hold the loop. */
+static uint64_t reclaim(void *arg, uint32_t tenant, uint64_t bytes)
 {
-    if (held(d, b))
-        return;
-    ledger_unmark(d->map, b->pb->slot);
-    lent_unlink(t, d, b);
-    registry_lent_end(t->reg, b);
-}
-
-/* lent_find: d's LENT buffer buf_id, or NULL; O(1) (a client's nudges and forgets choose
- * buf_id: no walk of a list whose length they could grow). */
-static struct registry_buf *lent_find(const struct tenantdirs *t, const struct tenantdir *d, uint64_t buf_id)
-{
-    uint32_t slot = pool_slot_of(t->pool, buf_id, d->uid);
-    struct registry_buf *b = slot < LEDGER_SLOTS ? t->lent_at[slot] : NULL;
-    return b && b->pb->id == buf_id && b->tenant == d->uid ? b : NULL;
+    struct tenantdirs *t = arg;
+    uint64_t got = 0;
+    for (struct tenantdir *d = t->head; d && got < bytes; d = d->next) {
+        if (tenant != UINT32_MAX && d->uid != tenant)
+            continue;
+        for (unsigned c = 0; c < d->ncls && got < bytes; c++) {
+            uint64_t bound = d->nmembers;
+            uint32_t slot;
+            for (uint64_t i = 0; i < bound && got < bytes && handoff_pop(d->map, c, HANDOFF_TRIES, &slot) == 0; i++) {
+                struct registry_buf *b = t->at[slot];
+                if (!b || !b->lent || b->tenant != d->uid)
+                    continue; /* a scribbled link: popped, OUT, and nobody's member */
+                got += b->pb->size;
+                t->st.reclaimed++;
+                member_end(t, d, b);
+            }
+        }
+    }
+    return got;
 }
 
 /* ---- connections ------------------------------------------------------------------- */
@@ -193,11 +256,11 @@ static struct registry_buf *lent_find(const struct tenantdirs *t, const struct t
 void tenantdir_init(struct tenantdirs *t, struct registry *reg, struct pool *pool, struct counters *counters)
 {
     *t = (struct tenantdirs){ .reg = reg, .pool = pool, .counters = counters };
-    registry_set_lender(reg, lend, unlend, t);
+    struct registry_lender l = { .lend = lend, .take = take, .reclaim = reclaim, .arg = t };
+    registry_set_lender(reg, &l);
 }
 
-int tenantdir_join(struct tenantdirs *t, uint32_t uid, const struct idset *known, struct tenantdir_conn *c,
-                   int ret_fds[2])
+int tenantdir_join(struct tenantdirs *t, uint32_t uid, struct tenantdir_conn *c, int ret_fds[2])
 {
     struct tenantdir *d = dir_find(t, uid);
     bool made = false;
@@ -208,30 +271,58 @@ int tenantdir_join(struct tenantdirs *t, uint32_t uid, const struct idset *known
         made = true;
     }
     void *map;
-    int fd = sealed_memfd("shmrefd-ledger", LEDGER_COUNTS_SIZE, PROT_READ, &map);
+    int fd = sealed_memfd("shmrefd-journal", JOURNAL_SIZE, PROT_READ | PROT_WRITE, &map);
     if (fd < 0) {
         r = fd;
-        if (made)
-            dir_free(t, d);
+        if (made) {
+            t->head = d->next;
+            t->st.tables--;
+            munmap(d->map, TABLE_SIZE);
+            close(d->fd);
+            free(d);
+        }
         goto fail;
     }
-    *c = (struct tenantdir_conn){ .dir = d, .counts = map, .known = known, .next = d->conns };
+    *c = (struct tenantdir_conn){ .dir = d, .journal = map, .next = d->conns };
     if (d->conns)
         d->conns->prev = c;
     d->conns = c;
     d->nconns++;
-    t->st.ledgers++;
+    t->st.journals++;
     ret_fds[0] = d->fd;
     ret_fds[1] = fd;
     return 0;
 fail:
     if (!t->failed_logged) {
         t->failed_logged = true;
-        log_warning("cannot make a ledger for uid %u: %s; its connections (and others that fail the same way, "
-                    "not logged again) get no same-tenant handoffs without the daemon",
+        log_warning("cannot make a handoff table for uid %u: %s; its connections (and others that fail the same "
+                    "way, not logged again) get no same-tenant handoffs without the daemon",
                     (unsigned)uid, strerror(-r));
     }
     return r;
+}
+
+/* table_back: d's uid has no connection left: every member back (live ones end at their
+ * last reference), the table closed for whoever still maps it, and freed. */
+static void table_back(struct tenantdirs *t, struct tenantdir *d)
+{
+    handoff_close(d->map);
+    while (d->members) {
+        struct registry_buf *b = d->members;
+        if (b->lent)
+            member_end(t, d, b);
+        else
+            member_unlink(t, d, b);
+    }
+    for (struct tenantdir **pp = &t->head; *pp; pp = &(*pp)->next)
+        if (*pp == d) {
+            *pp = d->next;
+            break;
+        }
+    munmap(d->map, TABLE_SIZE);
+    close(d->fd);
+    t->st.tables--;
+    free(d);
 }
 
 void tenantdir_leave(struct tenantdirs *t, struct tenantdir_conn *c)
@@ -242,84 +333,97 @@ void tenantdir_leave(struct tenantdirs *t, struct tenantdir_conn *c)
     if (c->prev) c->prev->next = c->next; else d->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     d->nconns--;
-    t->st.ledgers--;
-    /* From here its counts are read no more (a dead connection's holds die with it). */
-    for (struct registry_buf *b = d->lent, *next; b; b = next) {
+    t->st.journals--;
+    /* Its holds end with it: what its journal says of each member, taken over (exchanged
+     * with 0, so a give racing this one finds nothing to give), never more than the word
+     * counts (a liar's journal can only free its own uid's buffers early). CLOSED first:
+     * a hold its process takes from here is given back by that process itself. */
+    atomic_store(handoff_journal_flag(c->journal), 1u);
+    for (struct registry_buf *b = d->members, *next; b && d->nconns; b = next) {
         next = b->lent_next;
-        if (!d->nconns || conn_knows(c, b->pb->id))
-            recheck(t, d, b);
+        uint32_t n = handoff_journal_take(c->journal, b->pb->slot);
+        if (!n)
+            continue;
+        t->st.crash_holds += n;
+        if (handoff_reclaim(d->map, b->pb->slot, n, HANDOFF_TRIES) == HANDOFF_TO_DAEMON && b->lent)
+            member_end(t, d, b);
     }
-    munmap((void *)c->counts, LEDGER_COUNTS_SIZE);
+    munmap((void *)c->journal, JOURNAL_SIZE);
     *c = (struct tenantdir_conn){ 0 };
     if (!d->nconns)
-        dir_free(t, d);
+        table_back(t, d);
 }
 
-void tenantdir_took(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf_id,
-                    const uint8_t token[PROTO_TOKEN_LEN])
+struct registry_buf *tenantdir_member(const struct tenantdirs *t, const struct tenantdir_conn *c, uint64_t buf_id)
 {
-    struct registry_buf *b = NULL;
-    /* A TOOK may come before the producer's publish: the producer writes the directory,
-     * then sends the publish on its own connection, which the loop may read after the
-     * consumer's. Counted then, it ends a max_acquires retention at the publish instead
-     * of at its keep deadline (Dask keeps frames 60 s). */
-    if (t && c->dir && conn_knows(c, buf_id) && !(b = registry_find(t->reg, token)))
-        b = registry_find_writing(t->reg, token);
-    if (!b || b->tenant != c->dir->uid || b->pb->id != buf_id) {
+    if (!t || !c->dir || !t->at)
+        return NULL;
+    uint32_t slot = pool_slot_of(t->pool, buf_id, c->dir->uid);
+    struct registry_buf *b = slot < HANDOFF_MAX_SLOTS ? t->at[slot] : NULL;
+    return b && b->table && b->pb->id == buf_id && b->tenant == c->dir->uid ? b : NULL;
+}
+
+void tenantdir_giveback(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf_id)
+{
+    struct registry_buf *b = tenantdir_member(t, c, buf_id);
+    if (!b || !b->lent) {
         if (t)
             t->st.ignored++;
         return;
     }
-    /* registry_find(_writing) compared the whole token, in constant time (desc_token_equal) */
-    registry_acquired(t->reg, b);
-    t->counters->acquires++;
-    t->st.took++;
-}
-
-void tenantdir_nudge(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf_id)
-{
-    if (!t || !c->dir) {
-        if (t)
-            t->st.ignored++;
+    uint64_t w = atomic_load(&handoff_entry_at(c->dir->map, b->pb->slot)->word);
+    if (handoff_count_of(w) || handoff_state_of(w) != HANDOFF_FREE || !(w & HANDOFF_OUT) || (w & HANDOFF_LISTED)) {
+        t->st.ignored++;
         return;
     }
-    t->st.nudges++;
-    struct registry_buf *b = lent_find(t, c->dir, buf_id);
-    if (b)
-        recheck(t, c->dir, b);
+    t->st.givebacks++;
+    member_end(t, c->dir, b);
 }
 
-void tenantdir_forgot(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf_id)
+int tenantdir_adopt(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf_id, uint32_t seq,
+                    struct registry_buf **ret)
 {
-    if (!t || !c->dir)
-        return;
-    struct registry_buf *b = lent_find(t, c->dir, buf_id);
-    if (b)
-        recheck(t, c->dir, b);
+    struct registry_buf *b = tenantdir_member(t, c, buf_id);
+    if (!b || !b->lent || handoff_hold(c->dir->map, b->pb->slot, seq, HANDOFF_TRIES) < 0)
+        return -ESTALE;
+    int r = registry_lent_revive(t->reg, b, NULL, b->pb->size, NULL, 0);
+    if (r < 0) {
+        if (daemon_give(c->dir, b))
+            member_end(t, c->dir, b);
+        return r;
+    }
+    t->st.adopts++;
+    *ret = b;
+    return 0;
 }
 
 bool tenantdir_holds(const struct tenantdirs *t, const struct tenantdir_conn *c)
 {
     if (!t || !c->dir)
         return false;
-    for (uint32_t i = 0; i < c->known->cap; i++) {
-        uint64_t key = c->known->slots[i];
-        uint32_t slot = key ? pool_slot_of(t->pool, key >> 1, c->dir->uid) : LEDGER_NO_SLOT;
-        if (slot != LEDGER_NO_SLOT && ledger_held(c->counts, slot))
+    /* CLOSED, then the counts (seq_cst both sides): a hold the client takes after this
+     * read sees CLOSED and is given back by the client; one taken before is seen here,
+     * and CLOSED is cleared again (the connection is not idle after all). */
+    atomic_store(handoff_journal_flag(c->journal), 1u);
+    for (const struct registry_buf *b = c->dir->members; b; b = b->lent_next)
+        if (atomic_load(&c->journal[b->pb->slot])) {
+            atomic_store(handoff_journal_flag(c->journal), 0u);
             return true;
-    }
+        }
     return false;
 }
 
 bool tenantdir_holds_buf(const struct tenantdirs *t, const struct tenantdir_conn *c, const struct registry_buf *b)
 {
-    return t && c->dir && b->tenant == c->dir->uid && b->pb->slot < LEDGER_SLOTS && conn_knows(c, b->pb->id) &&
-           ledger_held(c->counts, b->pb->slot) != 0;
+    return t && c->dir && b->table && b->tenant == c->dir->uid && atomic_load(&c->journal[b->pb->slot]) != 0;
 }
 
-uint64_t tenantdir_lent(const struct tenantdirs *t)
+uint64_t tenantdir_members(const struct tenantdirs *t)
 {
-    return t && t->reg ? registry_stats(t->reg).lent : 0;
+    uint64_t n = 0;
+    for (const struct tenantdir *d = t ? t->head : NULL; d; d = d->next)
+        n += d->nmembers;
+    return n;
 }
 
 void tenantdir_free(struct tenantdirs *t)
@@ -328,22 +432,16 @@ void tenantdir_free(struct tenantdirs *t)
         return;
     while (t->head) {
         struct tenantdir *d = t->head;
-        while (d->lent) {
-            struct registry_buf *b = d->lent;
-            ledger_unmark(d->map, b->pb->slot);
-            lent_unlink(t, d, b);
-            registry_lent_end(t->reg, b);
-        }
         while (d->conns) { /* sessions end first; this is only a net */
             struct tenantdir_conn *c = d->conns;
             d->conns = c->next;
-            munmap((void *)c->counts, LEDGER_COUNTS_SIZE);
+            munmap((void *)c->journal, JOURNAL_SIZE);
             *c = (struct tenantdir_conn){ 0 };
         }
-        dir_free(t, d);
+        table_back(t, d);
     }
-    registry_set_lender(t->reg, NULL, NULL, NULL);
-    free(t->lent_at);
-    t->lent_at = NULL;
+    registry_set_lender(t->reg, NULL);
+    free(t->at);
+    t->at = NULL;
     t->reg = NULL;
 }

@@ -1,14 +1,21 @@
 /* SPDX-License-Identifier: MIT */
-/* tenantdir.h: the daemon's side of same-tenant handoffs (proto/ledger.h). Private to the
- * daemon; below session.c, above the registry. One directory memfd per uid that has a
- * ledger connection (made at its first, freed with its last), one ledger memfd per such
- * connection (mapped read-only here), and the buffers LENT: their last daemon reference
- * went while a ledger of their uid still counted a hold on them.
+/* tenantdir.h: the daemon's side of same-tenant handoffs: each uid's table (proto/handoff.h,
+ * the argument in docs/architecture.md, "Same-tenant handoffs: the table"). Private to the
+ * daemon; below session.c, the registry's lender. One table memfd per uid that has a
+ * table connection (made at its first, taken back whole with its last), one journal memfd
+ * per such connection (mapped read-only here).
  *
- * What is trusted: nothing a client writes, except that a count in its own ledger keeps a
- * buffer of its own uid whose fd it was sent (and has not forgotten) from being recycled.
- * The daemon writes each directory entry's state and seq (ledger_mark, ledger_unmark)
- * and never reads a directory. */
+ * A buffer joins its uid's table at the end of its daemon life if it was leased for the
+ * table (PROTO_LEASE_TABLE: a client's local lease found its class's free list empty):
+ * granted (FREE, on its class's list), still charged to its uid, LENT in the registry.
+ * From then on the table's word counts every hold of it; while the daemon has references
+ * (handles of acquires through the daemon, an adopted lease, a retention) they are one
+ * hold there, given back when the last of them goes.
+ *
+ * What is trusted: nothing a client writes, except that a journal's count for a buffer of
+ * its own uid's table is that connection's holds (read when it ends). The daemon reads the
+ * table only by the slots of its own members, below HANDOFF_MAX_SLOTS, and every step it
+ * makes on a word or a list is bounded (HANDOFF_TRIES). */
 #ifndef SHMREFD_TENANTDIR_H
 #define SHMREFD_TENANTDIR_H
 
@@ -17,75 +24,77 @@
 #include <stdint.h>
 
 #include "counters.h"
-#include "idset.h"
 #include "pool.h"
 #include "proto.h"
 #include "registry.h"
 
 struct tenantdir;
 
-/* tenantdir_conn: one connection's ledger, inside its session. dir NULL: none. */
+/* tenantdir_conn: one connection's journal, inside its session. dir NULL: none. */
 struct tenantdir_conn {
     struct tenantdir *dir;
-    const _Atomic uint32_t *counts;    /* the ledger, mapped PROT_READ */
-    const struct idset *known;         /* the session's fd-once set: buf_id << 1 | writable */
+    _Atomic uint32_t *journal;         /* mapped read-write: CLOSED, and counts taken over */
     struct tenantdir_conn *prev, *next;
 };
 
 struct tenantdir_stats {
-    uint64_t dirs, ledgers;            /* now */
-    uint64_t took, nudges, recycle_waits, ignored;
+    uint64_t tables, journals;         /* now */
+    uint64_t grants;                   /* buffers that joined a table */
+    uint64_t takes;                    /* daemon acquires of a publish made in a table */
+    uint64_t maps, adopts, givebacks;  /* requests served */
+    uint64_t reclaimed;                /* free buffers taken back (quota or pool space) */
+    uint64_t crash_holds;              /* holds dropped from the journals of ended connections */
+    uint64_t ignored;                  /* requests that named nothing of theirs */
 };
 
-/* tenantdirs: every directory; owned by the server. */
+/* tenantdirs: every table; owned by the server. */
 struct tenantdirs {
     struct registry *reg;
     struct pool *pool;
-    struct counters *counters;         /* acquires: a took counts as one */
+    struct counters *counters;
     struct tenantdir *head;
-    struct registry_buf **lent_at;     /* [LEDGER_SLOTS]: the LENT buffer in each slot, or NULL */
+    struct registry_buf **at;          /* [HANDOFF_MAX_SLOTS]: the table member in each slot */
     struct tenantdir_stats st;
     bool failed_logged;
 };
 
-/* tenantdir_init: empty, and the registry's lender (registry_set_lender): from now on a
- * buffer whose last reference goes is checked against its uid's ledgers. */
+/* tenantdir_init: empty, and the registry's lender (registry_set_lender). */
 void tenantdir_init(struct tenantdirs *t, struct registry *reg, struct pool *pool, struct counters *counters);
-/* tenantdir_free: ends every LENT buffer, frees every directory (after every session). */
+/* tenantdir_free: ends every member, frees every table (after every session). */
 void tenantdir_free(struct tenantdirs *t);
 
-/* tenantdir_join: a ledger for connection c of uid, whose fd-once set is known. On success
- * (0) ret_fds[0] is uid's directory (the module's own fd: send it, do not close it) and
- * ret_fds[1] this connection's ledger (the caller's: close it once sent); both sealed
- * against resizing. -ENOMEM, -EMFILE...: no ledger (logged once per daemon). */
-int tenantdir_join(struct tenantdirs *t, uint32_t uid, const struct idset *known, struct tenantdir_conn *c,
-                   int ret_fds[2]);
-/* tenantdir_leave: c's ledger is read no more (its connection went): unmapped, and the
- * LENT buffers it may have held are checked again; the directory goes with its uid's last
- * ledger. Accepts a conn without a ledger. */
+/* tenantdir_join: a journal for connection c of uid. On success (0) ret_fds[0] is uid's
+ * table (the module's own fd: send it, do not close it) and ret_fds[1] this connection's
+ * journal (the caller's: close it once sent); both sealed against resizing. -ENOMEM,
+ * -EMFILE...: none (logged once per daemon). */
+int tenantdir_join(struct tenantdirs *t, uint32_t uid, struct tenantdir_conn *c, int ret_fds[2]);
+/* tenantdir_leave: c ended: the holds its journal counts are dropped from the words (at
+ * most what each word counts), then its journal is unmapped; the whole table is taken
+ * back with its uid's last journal. Accepts a conn without one. */
 void tenantdir_leave(struct tenantdirs *t, struct tenantdir_conn *c);
 
-/* tenantdir_took: PROTO_OP_TOOK: counts an acquire of buffer buf_id under token, if c has
- * a ledger and was sent buf_id's fd, and buf_id is the live, published buffer of c's uid
- * with that token; anything else is ignored (counted). */
-void tenantdir_took(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf_id,
-                    const uint8_t token[PROTO_TOKEN_LEN]);
-/* tenantdir_nudge: PROTO_OP_NUDGE: if buf_id is a LENT buffer of c's uid, its ledgers are
- * read again (only that buffer's). */
-void tenantdir_nudge(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf_id);
-/* tenantdir_forgot: c forgot buf_id (its count for it is read no more): as a nudge. */
-void tenantdir_forgot(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf_id);
+/* tenantdir_member: the member of c's uid's table with buffer id buf_id, or NULL (O(1)). */
+struct registry_buf *tenantdir_member(const struct tenantdirs *t, const struct tenantdir_conn *c, uint64_t buf_id);
+/* tenantdir_giveback: PROTO_OP_GIVEBACK: buf_id's last local hold went and it is OUT: if
+ * the word says so (count 0, FREE, OUT, unlinked) and the daemon holds nothing of it, it
+ * leaves the table and ends. Anything else is ignored (counted). */
+void tenantdir_giveback(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf_id);
+/* tenantdir_adopt: PROTO_OP_ADOPT: c's local lease of member buf_id (LEASED under seq) gets
+ * a hold of the daemon's and becomes a writing buffer under a fresh token, to be held at
+ * once by the caller (a handle of c). 0 and *ret, or -ESTALE (not c's uid's member, not
+ * that lease, or the daemon already holds it), -ENOMEM, -EAGAIN. */
+int tenantdir_adopt(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf_id, uint32_t seq,
+                    struct registry_buf **ret);
 
-/* tenantdir_holds: whether c's ledger counts a hold on a buffer of its uid that it maps
- * (such a connection is not idle: closing it would drop holds a process still uses). */
+/* tenantdir_holds: whether c's journal counts a hold on a member of its table (such a
+ * connection is not idle: closing it would drop holds a process still uses). O(members).
+ * Asked only before closing c for idleness: false leaves the journal CLOSED (a hold its
+ * client takes from here is given back by the client, which then asks the daemon). */
 bool tenantdir_holds(const struct tenantdirs *t, const struct tenantdir_conn *c);
-
-/* tenantdir_holds_buf: whether c's ledger counts a hold on b that keeps it (b of c's uid,
- * whose fd c was sent and has not forgotten): what the daemon trusts of a ledger, as at
- * b's end (a LENT b is kept by such counts). */
+/* tenantdir_holds_buf: whether c's journal counts a hold on member b of its uid. */
 bool tenantdir_holds_buf(const struct tenantdirs *t, const struct tenantdir_conn *c, const struct registry_buf *b);
 
-/* tenantdir_lent: buffers LENT now. */
-uint64_t tenantdir_lent(const struct tenantdirs *t);
+/* tenantdir_members: buffers in tables now (live or LENT). */
+uint64_t tenantdir_members(const struct tenantdirs *t);
 
 #endif

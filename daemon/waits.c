@@ -60,7 +60,7 @@ static void retry_leases(void *arg)
                 break;
             }
             if (!p->closing) {
-                int r = lease_one(bk, p, w->id, w->size, true, false, msg, sizeof(msg));
+                int r = lease_one(bk, p, w->id, w->size, true, 0, msg, sizeof(msg));
                 if (r < 0) { /* still blocked: the rest of this tenant stays behind it */
                     w->blocked = -r;
                     waiters_tenant_last(ws, q);

@@ -18,7 +18,7 @@
 
 size_t handoff_size(uint32_t nslots)
 {
-    return (size_t)HANDOFF_HEADER + (size_t)nslots * sizeof(struct handoff_entry);
+    return (size_t)HANDOFF_HEADER + (size_t)nslots * (sizeof(struct handoff_entry) + sizeof(struct handoff_meta));
 }
 
 void handoff_init(void *tab, uint32_t nslots, uint32_t uid, const uint8_t key[16])
@@ -30,15 +30,24 @@ void handoff_init(void *tab, uint32_t nslots, uint32_t uid, const uint8_t key[16
     h->uid = uid;
     h->entry_size = sizeof(struct handoff_entry);
     memcpy(h->key, key, sizeof(h->key));
-    for (unsigned c = 0; c < HANDOFF_CLASSES; c++)
+    for (unsigned c = 0; c < HANDOFF_CLASSES; c++) {
         atomic_store(&h->head[c], 0);
+        atomic_store(&h->cap[c], 0);
+        atomic_store(&h->lo[c], 0);
+    }
+}
+
+void handoff_close(void *tab)
+{
+    atomic_store(&((struct handoff_header *)tab)->closed, 1u);
 }
 
 int handoff_check(const void *tab, size_t len)
 {
     const struct handoff_header *h = tab;
     if (len < HANDOFF_HEADER || h->magic != HANDOFF_MAGIC || h->version != HANDOFF_VERSION ||
-        h->entry_size != sizeof(struct handoff_entry) || handoff_size(h->nslots) != len)
+        h->entry_size != sizeof(struct handoff_entry) || h->nslots > HANDOFF_MAX_SLOTS ||
+        handoff_size(h->nslots) != len)
         return -EPROTO;
     return 0;
 }
@@ -48,12 +57,49 @@ struct handoff_entry *handoff_entry_at(void *tab, uint32_t slot)
     return (struct handoff_entry *)((char *)tab + HANDOFF_HEADER) + slot;
 }
 
-/* nslots: the table's size as this process mapped it. The header is the tenant's to
- * scribble on, so the daemon keeps its own copy; here (pure code) the callers agreed on
- * it at handoff_check, and a scribbled value only misleads the uid that wrote it. */
+/* nslots: the table's size, capped: the header is the tenant's to scribble on, and every
+ * table the daemon makes has HANDOFF_MAX_SLOTS entries (handoff_size), so no scribbled
+ * value sends a step past the mapping; a smaller one only refuses the uid's own steps. */
+static uint32_t cap_slots(const void *tab)
+{
+    uint32_t n = atomic_load((const _Atomic uint32_t *)&((const struct handoff_header *)tab)->nslots);
+    return n < HANDOFF_MAX_SLOTS ? n : HANDOFF_MAX_SLOTS;
+}
+
+/* nslots: 0 once the daemon took the table back (every step refuses). */
 static uint32_t nslots(const void *tab)
 {
-    return ((const struct handoff_header *)tab)->nslots;
+    return atomic_load(&((const struct handoff_header *)tab)->closed) ? 0 : cap_slots(tab);
+}
+
+struct handoff_meta *handoff_meta_at(void *tab, uint32_t slot)
+{
+    /* after the entries of the table as made (the header's nslots at init is the size the
+     * maker used; callers pass slots below nslots(), so this stays inside the mapping) */
+    char *entries = (char *)tab + HANDOFF_HEADER;
+    return (struct handoff_meta *)(entries + (size_t)cap_slots(tab) * sizeof(struct handoff_entry)) + slot;
+}
+
+int handoff_class(const void *tab, uint64_t size)
+{
+    const struct handoff_header *h = tab;
+    for (unsigned c = 0; c < HANDOFF_CLASSES; c++) {
+        uint64_t cap = atomic_load(&h->cap[c]);
+        if (cap == 0)
+            return -1; /* classes are recorded in order: the first unused ends them */
+        if (atomic_load(&h->lo[c]) <= size && size <= cap)
+            return (int)c;
+    }
+    return -1;
+}
+
+void handoff_set_class(void *tab, uint32_t cls, uint64_t cap, uint64_t lo)
+{
+    struct handoff_header *h = tab;
+    if (cls >= HANDOFF_CLASSES)
+        return;
+    atomic_store(&h->lo[cls], lo);
+    atomic_store(&h->cap[cls], cap);
 }
 
 /* push: slot (FREE, not LISTED, so off every list) onto its class's list: LISTED first,
@@ -234,10 +280,12 @@ enum handoff_end handoff_give(void *tab, _Atomic uint32_t *journal, uint32_t slo
     if (slot >= nslots(tab))
         return HANDOFF_BAD;
     if (journal) {
+        /* never below 0: a count the daemon took over (exchanged with 0) is its to drop */
         uint32_t j = atomic_load(&journal[slot]);
-        if (j == 0)
-            return HANDOFF_BAD;
-        atomic_fetch_sub(&journal[slot], 1u);
+        do {
+            if (j == 0)
+                return HANDOFF_BAD;
+        } while (!atomic_compare_exchange_weak(&journal[slot], &j, j - 1));
     }
     HANDOFF_STEP(4); /* out of the journal, still counted: killed here, a leaked hold */
     enum handoff_end r = drop(tab, slot, 1, tries);
@@ -251,6 +299,52 @@ enum handoff_end handoff_reclaim(void *tab, uint32_t slot, uint32_t n, unsigned 
     if (slot >= nslots(tab) || n == 0)
         return HANDOFF_BAD;
     return drop(tab, slot, n, tries);
+}
+
+int handoff_hold(void *tab, uint32_t slot, uint32_t seq, unsigned tries)
+{
+    if (slot >= nslots(tab))
+        return -ESTALE;
+    struct handoff_entry *e = handoff_entry_at(tab, slot);
+    for (unsigned i = 0; i < tries; i++) {
+        uint64_t w = atomic_load(&e->word);
+        uint32_t st = handoff_state_of(w), c = handoff_count_of(w);
+        if (handoff_seq_of(w) != seq || (st != HANDOFF_LEASED && st != HANDOFF_PUBLISHED) || c == 0)
+            return -ESTALE;
+        if (c == HANDOFF_COUNT_MAX)
+            return -EAGAIN;
+        if (atomic_compare_exchange_strong(&e->word, &w, w + (1ull << 8)))
+            return 0;
+    }
+    return -EAGAIN;
+}
+
+int handoff_pop(void *tab, uint32_t cls, unsigned tries, uint32_t *ret_slot)
+{
+    struct handoff_header *h = tab;
+    if (cls >= HANDOFF_CLASSES)
+        return -EAGAIN;
+    uint32_t n = nslots(tab);
+    for (unsigned i = 0; i < tries; i++) {
+        uint64_t old = atomic_load(&h->head[cls]);
+        uint32_t first = (uint32_t)old;
+        if (first == 0 || first > n)
+            return -EAGAIN;
+        uint32_t slot = first - 1;
+        struct handoff_entry *e = handoff_entry_at(tab, slot);
+        uint64_t neu = (old >> 32 << 32) + (1ull << 32) + atomic_load(&e->next);
+        if (!atomic_compare_exchange_strong(&h->head[cls], &old, neu))
+            continue;
+        uint64_t w = atomic_load(&e->word);
+        if (handoff_state_of(w) != HANDOFF_FREE || handoff_count_of(w) || !(w & HANDOFF_LISTED))
+            continue; /* scribbled: left off the list as it is */
+        uint64_t out = (w & ~(uint64_t)HANDOFF_LISTED) | HANDOFF_OUT;
+        if (!atomic_compare_exchange_strong(&e->word, &w, out))
+            continue; /* a scribbler's write came between: left as it is */
+        *ret_slot = slot;
+        return 0;
+    }
+    return -EAGAIN;
 }
 
 uint64_t handoff_set_out(void *tab, uint32_t slot, unsigned tries)

@@ -3,12 +3,11 @@
  * the argument is docs/architecture.md, "Next: tenant-local recycling"). Private header,
  * pure code on memory the caller mapped: no I/O, no allocation, no logging.
  *
- * NOT YET USED by shmrefd or libshmref: this is the table's core and its tests, written
- * to the argument before the daemon and the library are moved onto it. Today's path is
- * ledger.h's.
+ * shmrefd makes one per uid (daemon/tenantdir.c) and libshmref leases, publishes, takes
+ * and gives through it (client-lib/localhold.c).
  *
- * The table is one per uid: a header (with a free-list head per size class) and an entry
- * per buffer slot. Every process of the uid maps it read-write; so does the daemon, which
+ * The table is one per uid: a header (the size classes, a free-list head per class), an
+ * entry per buffer slot, and a metadata record per slot. Every process of the uid maps it read-write; so does the daemon, which
  * made it. Each connection also has a JOURNAL: a 32-bit count per slot of the holds that
  * connection has, written by its client only, read by the daemon when the connection ends.
  *
@@ -40,6 +39,8 @@
 #define HANDOFF_HEADER  4096u           /* bytes before the first entry */
 #define HANDOFF_NO_SLOT 0xffffffffu
 #define HANDOFF_TRIES   64u             /* the bound callers pass for one step */
+#define HANDOFF_MAX_SLOTS 65536u        /* entries of a table (the pool's slots, LEDGER_SLOTS) */
+#define HANDOFF_META_MAX 248u           /* metadata kept beside an entry; longer: the daemon's path */
 
 /* The word: state (bits 0-3), flags (4-7), count (8-31), seq (32-63). */
 enum handoff_state { HANDOFF_FREE = 0, HANDOFF_LEASED = 1, HANDOFF_PUBLISHED = 2 };
@@ -66,10 +67,25 @@ struct handoff_header {
     uint32_t uid;                   /* the tenant */
     uint32_t entry_size;            /* sizeof(struct handoff_entry) */
     uint8_t key[16];                /* SipHash key of the token hashes (ledger_siphash) */
-    uint8_t pad[24];
+    _Atomic uint32_t closed;        /* the daemon took the table back: no step succeeds */
+    uint8_t pad[20];
     /* per class: slot + 1 of the first free entry (0: empty) in bits 0-31, an ABA tag in
      * bits 32-63 that every successful pop and push increments */
     _Atomic uint64_t head[HANDOFF_CLASSES];
+    /* per class (the daemon's, written before its first grant of the class): its buffers
+     * have cap[c] bytes and serve leases of lo[c]..cap[c] bytes (what the daemon's own
+     * lease of such a size would give); cap 0: unused. A client checks the capacity of
+     * what it maps, never trusts these for it. */
+    _Atomic uint64_t cap[HANDOFF_CLASSES];
+    _Atomic uint64_t lo[HANDOFF_CLASSES];
+};
+
+/* A slot's metadata (the publish's, written by the producer between lease and publish,
+ * read by a consumer after its take: its hold keeps it from changing). */
+struct handoff_meta {
+    _Atomic uint32_t len;           /* <= HANDOFF_META_MAX */
+    uint32_t pad;
+    uint8_t data[HANDOFF_META_MAX];
 };
 
 /* One slot: 64 bytes, one cache line. */
@@ -85,15 +101,52 @@ struct handoff_entry {
 
 _Static_assert(sizeof(struct handoff_entry) == 64, "a handoff entry is one cache line");
 _Static_assert(sizeof(struct handoff_header) <= HANDOFF_HEADER, "the handoff header fits its page");
+_Static_assert(sizeof(struct handoff_meta) == 256, "a metadata record is 256 bytes");
 
-/* handoff_size: bytes of a table of nslots entries. */
+/* A journal: HANDOFF_MAX_SLOTS 32-bit counts, then a page whose first word is CLOSED:
+ * the daemon sets it when it stops reading the journal (its connection ends, or it is
+ * about to close it for idleness). Both sides change a count only atomically: the client
+ * by increment and by a decrement that never goes below 0, the daemon by exchanging it
+ * with 0 when it takes the connection's holds over (handoff_journal_take), so each hold
+ * is dropped by exactly one of them. A client checks CLOSED after each hold it takes
+ * (handoff_journal_closed) and gives the hold back if it is set: its connection no longer
+ * counts (the daemon read the journal, or is about to). */
+#define HANDOFF_JOURNAL_SIZE ((size_t)HANDOFF_MAX_SLOTS * sizeof(uint32_t) + 4096u)
+static inline _Atomic uint32_t *handoff_journal_flag(_Atomic uint32_t *journal)
+{
+    return &journal[HANDOFF_MAX_SLOTS];
+}
+static inline bool handoff_journal_closed(_Atomic uint32_t *journal)
+{
+    return atomic_load(handoff_journal_flag(journal)) != 0;
+}
+/* handoff_journal_take: the daemon takes slot's count over (0 left): the holds it drops. */
+static inline uint32_t handoff_journal_take(_Atomic uint32_t *journal, uint32_t slot)
+{
+    return atomic_exchange(&journal[slot], 0u);
+}
+
+/* handoff_size: bytes of a table of nslots entries (and their metadata records). Every
+ * step reads nslots from the header capped at HANDOFF_MAX_SLOTS: a table has exactly
+ * handoff_size(HANDOFF_MAX_SLOTS) bytes wherever it is shared, so a scribbled header
+ * cannot send a step past the mapping. (Smaller tables are for tests and the bench.) */
 size_t handoff_size(uint32_t nslots);
 /* handoff_init: the daemon fills a fresh (zeroed) table: header, every list empty. */
 void handoff_init(void *tab, uint32_t nslots, uint32_t uid, const uint8_t key[16]);
+/* handoff_close: the daemon takes the table back (its uid's last connection ended): every
+ * later step of a process that still maps it refuses (-EAGAIN, HANDOFF_BAD). */
+void handoff_close(void *tab);
 /* handoff_check: whether a mapped table of len bytes has a header this code speaks (a
  * client, before it trusts it). 0 or -EPROTO. */
 int handoff_check(const void *tab, size_t len);
 struct handoff_entry *handoff_entry_at(void *tab, uint32_t slot);
+struct handoff_meta *handoff_meta_at(void *tab, uint32_t slot);
+
+/* handoff_class: the class whose leases size bytes fall in (the header's, which the uid
+ * may have scribbled: the caller checks what it maps), or -1. */
+int handoff_class(const void *tab, uint64_t size);
+/* handoff_set_class: the daemon records class cls (cap, lo) before it grants into it. */
+void handoff_set_class(void *tab, uint32_t cls, uint64_t cap, uint64_t lo);
 
 /* Daemon: handoff_grant gives the tenant a buffer: slot's entry becomes FREE with class
  * cls and buf_id, and is pushed on its free list. 0, -EINVAL (slot or class out of
@@ -136,8 +189,21 @@ enum handoff_end {
 };
 
 /* Holder: handoff_give drops one hold: the journal first (NULL: a daemon hold), then the
- * word; the one that takes count to 0 makes it FREE and pushes it. */
+ * word; the one that takes count to 0 makes it FREE and pushes it. A journal count of 0
+ * (the daemon took the connection's holds over) gives nothing: HANDOFF_BAD. */
 enum handoff_end handoff_give(void *tab, _Atomic uint32_t *journal, uint32_t slot, unsigned tries);
+
+/* Daemon: handoff_hold takes a hold of its own on slot's buffer while it is LEASED or
+ * PUBLISHED under seq (a lease the client hands over to the daemon's path: its producer's
+ * hold keeps the count above 0 meanwhile). 0, -ESTALE (not that lease), -EAGAIN (busy
+ * `tries` times, or the count is at its maximum). */
+int handoff_hold(void *tab, uint32_t slot, uint32_t seq, unsigned tries);
+
+/* Daemon: handoff_pop takes a free buffer of class cls back from the tenant (its quota or
+ * the pool wants the space): popped from the list, OUT, not LISTED: the daemon's. 0 and
+ * *ret_slot, or -EAGAIN (the list is empty, or changed `tries` times). Entries that are
+ * not FREE are left unlinked (a scribbled list). */
+int handoff_pop(void *tab, uint32_t cls, unsigned tries, uint32_t *ret_slot);
 
 /* Daemon: handoff_reclaim drops n holds of a connection that ended (what its journal said
  * of slot), never more than the word counts. */

@@ -214,6 +214,8 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
                get_u32(f, 4, UINT32_MAX, &m->u.lease.wait_ms);
     case PROTO_OP_LEASE + PROTO_OP_REPLY:
     case PROTO_OP_ACQUIRE + PROTO_OP_REPLY:
+    case PROTO_OP_MAP + PROTO_OP_REPLY:
+    case PROTO_OP_ADOPT + PROTO_OP_REPLY:
         if (!get_u64(f, 2, UINT64_MAX, &m->u.lease_reply.handle) ||
             !get_u64(f, 3, UINT64_MAX, &m->u.lease_reply.buf_id) ||
             !get_u64(f, 4, UINT64_MAX, &m->u.lease_reply.size) ||
@@ -284,6 +286,12 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
         return get_u64(f, 2, UINT64_MAX, &m->u.nudge.buf_id);
     case PROTO_OP_RETAIN:
         return get_token(f, 2, m->u.retain.token) && get_u32(f, 3, UINT32_MAX, &m->u.retain.keep_ms);
+    case PROTO_OP_MAP:
+        return get_u64(f, 2, UINT64_MAX, &m->u.map.buf_id);
+    case PROTO_OP_GIVEBACK:
+        return get_u64(f, 2, UINT64_MAX, &m->u.giveback.buf_id);
+    case PROTO_OP_ADOPT:
+        return get_u64(f, 2, UINT64_MAX, &m->u.adopt.buf_id) && get_u32(f, 3, UINT32_MAX, &m->u.adopt.seq);
     case PROTO_OP_STATUS + PROTO_OP_REPLY:
         if (!get_raw(f, 2, MSGPACK_OBJECT_BIN, PROTO_MAX_REPLY, &p, &m->u.status_reply.body_len))
             return false;
@@ -309,15 +317,16 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
     }
 }
 
-/* has_reply: forget, took, nudge and bye never have one. */
+/* has_reply: forget, took, nudge, bye and giveback never have one. */
 static bool has_reply(uint32_t op)
 {
-    return (op >= PROTO_OP_HELLO && op <= PROTO_OP_RELEASE_MANY && op != PROTO_OP_FORGET) || op == PROTO_OP_RETAIN;
+    return (op >= PROTO_OP_HELLO && op <= PROTO_OP_RELEASE_MANY && op != PROTO_OP_FORGET) || op == PROTO_OP_RETAIN ||
+           op == PROTO_OP_MAP || op == PROTO_OP_ADOPT;
 }
 
 static bool op_known(uint32_t op)
 {
-    if (op == PROTO_OP_ERROR || (op >= PROTO_OP_HELLO && op <= PROTO_OP_RETAIN))
+    if (op == PROTO_OP_ERROR || (op >= PROTO_OP_HELLO && op <= PROTO_OP_ADOPT))
         return true;
     return op > PROTO_OP_REPLY && has_reply(op - PROTO_OP_REPLY);
 }
@@ -416,6 +425,11 @@ static unsigned field_count(uint32_t op)
     case PROTO_OP_TOOK: return 2;
     case PROTO_OP_NUDGE: return 1;
     case PROTO_OP_RETAIN: return 2;
+    case PROTO_OP_MAP: return 1;
+    case PROTO_OP_GIVEBACK: return 1;
+    case PROTO_OP_ADOPT: return 2;
+    case PROTO_OP_MAP + PROTO_OP_REPLY:
+    case PROTO_OP_ADOPT + PROTO_OP_REPLY: return 7;
     case PROTO_OP_STATUS + PROTO_OP_REPLY: return 1;
     case PROTO_OP_ERROR: return 2;
     default: return 0;
@@ -453,6 +467,8 @@ int proto_encode(const struct proto_msg *m, uint8_t *buf, size_t cap)
         break;
     case PROTO_OP_LEASE + PROTO_OP_REPLY:
     case PROTO_OP_ACQUIRE + PROTO_OP_REPLY:
+    case PROTO_OP_MAP + PROTO_OP_REPLY:
+    case PROTO_OP_ADOPT + PROTO_OP_REPLY:
         msgpack_pack_uint64(&pk, m->u.lease_reply.handle);
         msgpack_pack_uint64(&pk, m->u.lease_reply.buf_id);
         msgpack_pack_uint64(&pk, m->u.lease_reply.size);
@@ -529,6 +545,16 @@ int proto_encode(const struct proto_msg *m, uint8_t *buf, size_t cap)
         pack_raw(&pk, false, m->u.retain.token, PROTO_TOKEN_LEN);
         msgpack_pack_uint32(&pk, m->u.retain.keep_ms);
         break;
+    case PROTO_OP_MAP:
+        msgpack_pack_uint64(&pk, m->u.map.buf_id);
+        break;
+    case PROTO_OP_GIVEBACK:
+        msgpack_pack_uint64(&pk, m->u.giveback.buf_id);
+        break;
+    case PROTO_OP_ADOPT:
+        msgpack_pack_uint64(&pk, m->u.adopt.buf_id);
+        msgpack_pack_uint32(&pk, m->u.adopt.seq);
+        break;
     case PROTO_OP_STATUS + PROTO_OP_REPLY:
         pack_raw(&pk, false, m->u.status_reply.body, m->u.status_reply.body_len);
         break;
@@ -571,13 +597,14 @@ const char *proto_op_name(uint32_t op)
         [PROTO_OP_STATUS] = "status", [PROTO_OP_PING] = "ping", [PROTO_OP_FORGET] = "forget",
         [PROTO_OP_LEASE_MANY] = "lease_many", [PROTO_OP_RELEASE_MANY] = "release_many",
         [PROTO_OP_TOOK] = "took", [PROTO_OP_NUDGE] = "nudge", [PROTO_OP_BYE] = "bye",
-        [PROTO_OP_RETAIN] = "retain",
+        [PROTO_OP_RETAIN] = "retain", [PROTO_OP_MAP] = "map", [PROTO_OP_GIVEBACK] = "giveback",
+        [PROTO_OP_ADOPT] = "adopt",
     };
     if (op == PROTO_OP_ERROR)
         return "error";
     if (op > PROTO_OP_REPLY && has_reply(op - PROTO_OP_REPLY))
         op -= PROTO_OP_REPLY; /* forget, took, nudge and bye have no reply */
-    else if (op > PROTO_OP_RETAIN)
+    else if (op > PROTO_OP_ADOPT)
         return "unknown";
     if (names[op])
         return names[op];

@@ -87,6 +87,15 @@
  * bit, so an older daemon is never asked (libshmref says -EOPNOTSUPP at once). Version 3. */
 #define PROTO_FEAT_RETAIN (1u << 7)
 
+/* Same-tenant handoffs without the daemon: the tenant's table (proto/handoff.h). Only
+ * with PROTO_FEAT_FD_ONCE. When the daemon agrees it, its hello reply carries two fds
+ * (SCM_RIGHTS), in order: the uid's table memfd (O_RDWR, handoff_size(HANDOFF_MAX_SLOTS)
+ * bytes) and this connection's journal memfd (O_RDWR, HANDOFF_MAX_SLOTS 32-bit counts),
+ * both sealed F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL. The hello reply's layout does not
+ * change. A daemon that cannot make them does not agree the bit. The client then may send
+ * PROTO_OP_MAP, PROTO_OP_GIVEBACK and PROTO_OP_ADOPT. Version 3. */
+#define PROTO_FEAT_TABLE (1u << 8)
+
 /* Flags of a publish request. */
 #define PROTO_PUBLISH_SEALED (1u << 0)  /* add F_SEAL_WRITE: publish-once, never recycled */
 #define PROTO_PUBLISH_NOREPLY (1u << 1) /* no reply on success (the client knows the token
@@ -106,6 +115,10 @@
  * reserve's largest class; refused EAGAIN otherwise (the client then leases plainly when
  * a caller asks). Counted as stock until the client publishes it. Version 3. */
 #define PROTO_LEASE_STOCK (1u << 0)
+/* A lease for the tenant's table (PROTO_FEAT_TABLE): a client's local lease found its
+ * class's free list empty. The lease is a lease like any other; at its buffer's end the
+ * buffer joins the uid's table (if it has one) instead of going back to the pool. */
+#define PROTO_LEASE_TABLE (1u << 1)
 
 /* Flags of an acquire request. */
 /* A private acquire: the daemon attaches the buffer's fd to the reply even when this
@@ -145,6 +158,10 @@ enum proto_op {
     PROTO_OP_NUDGE = 12,          /* no reply, ever (PROTO_FEAT_LEDGER) */
     PROTO_OP_BYE = 13,            /* no reply, ever; the connection's last message (PROTO_FEAT_BYE) */
     PROTO_OP_RETAIN = 14,         /* one more pending acquire of retention (PROTO_FEAT_RETAIN) */
+    PROTO_OP_MAP = 15,            /* the fd of a buffer in the uid's table (PROTO_FEAT_TABLE) */
+    PROTO_OP_GIVEBACK = 16,       /* no reply, ever: a buffer's last local hold went, and it is
+                                   * the daemon's (OUT) (PROTO_FEAT_TABLE) */
+    PROTO_OP_ADOPT = 17,          /* a local lease becomes a daemon lease (PROTO_FEAT_TABLE) */
     PROTO_OP_REPLY = 64,          /* added to a request op in its reply */
     PROTO_OP_ERROR = 127,
 };
@@ -221,6 +238,16 @@ struct proto_msg {
          * had, if it had one) or at now + keep_ms (keep_ms >= 1; the later deadline of the
          * two if it had one). Only its tenant's uid may ask (EPERM). Its reply is empty. */
         struct { uint8_t token[PROTO_TOKEN_LEN]; uint32_t keep_ms; } retain;
+        /* map: the fd of buffer buf_id, in the table of the connection's uid; its reply is
+         * shaped as a lease reply (handle 0, size = capacity, no token) with the fd (O_RDWR)
+         * attached, always (a client asks only for what it does not map). giveback: the
+         * client's last give of buf_id said HANDOFF_TO_DAEMON. adopt: the client's local
+         * lease of buf_id under seq (its word's generation) becomes a daemon lease: the
+         * reply is a lease reply (a handle of this connection, a fresh token, no fd), after
+         * which the client gives its local hold; the publish that follows is the daemon's
+         * (retention, seals). */
+        struct { uint64_t buf_id; } map, giveback;
+        struct { uint64_t buf_id; uint32_t seq; } adopt;
         /* The status body is itself a msgpack map, carried as bin so the envelope stays
          * flat; decode it with proto_check() before unpacking. */
         struct { const uint8_t *body; uint32_t body_len; } status_reply;

@@ -24,6 +24,7 @@ static const uint32_t known_ops[] = {
     REPLY(PROTO_OP_PING), PROTO_OP_ERROR,
     PROTO_OP_LEASE_MANY, REPLY(PROTO_OP_LEASE_MANY), PROTO_OP_RELEASE_MANY, REPLY(PROTO_OP_RELEASE_MANY),
     PROTO_OP_TOOK, PROTO_OP_NUDGE, PROTO_OP_BYE, PROTO_OP_RETAIN, REPLY(PROTO_OP_RETAIN),
+    PROTO_OP_MAP, REPLY(PROTO_OP_MAP), PROTO_OP_GIVEBACK, PROTO_OP_ADOPT, REPLY(PROTO_OP_ADOPT),
 };
 #define N_KNOWN_OPS (sizeof(known_ops) / sizeof(known_ops[0]))
 
@@ -67,6 +68,8 @@ static void make_msg(uint32_t op, uint32_t id, struct proto_msg *m)
         break;
     case REPLY(PROTO_OP_LEASE):
     case REPLY(PROTO_OP_ACQUIRE):
+    case REPLY(PROTO_OP_MAP):
+    case REPLY(PROTO_OP_ADOPT):
         m->u.lease_reply.handle = 3;
         m->u.lease_reply.buf_id = (UINT64_C(1) << 40) | 7;
         fill_token(m->u.lease_reply.token, 3);
@@ -138,6 +141,16 @@ static void make_msg(uint32_t op, uint32_t id, struct proto_msg *m)
     case PROTO_OP_RETAIN:
         fill_token(m->u.retain.token, 13);
         m->u.retain.keep_ms = 60000;
+        break;
+    case PROTO_OP_MAP:
+        m->u.map.buf_id = (UINT64_C(1) << 42) | 7;
+        break;
+    case PROTO_OP_GIVEBACK:
+        m->u.giveback.buf_id = UINT64_MAX - 5;
+        break;
+    case PROTO_OP_ADOPT:
+        m->u.adopt.buf_id = (UINT64_C(1) << 43) | 8;
+        m->u.adopt.seq = UINT32_MAX - 1;
         break;
     case REPLY(PROTO_OP_STATUS):
         m->u.status_reply.body = sample_body;
@@ -213,6 +226,8 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
         break;
     case REPLY(PROTO_OP_LEASE):
     case REPLY(PROTO_OP_ACQUIRE):
+    case REPLY(PROTO_OP_MAP):
+    case REPLY(PROTO_OP_ADOPT):
         cr_assert_eq(b->u.lease_reply.handle, a->u.lease_reply.handle);
         cr_assert_eq(b->u.lease_reply.buf_id, a->u.lease_reply.buf_id);
         raw_eq(a->u.lease_reply.token, PROTO_TOKEN_LEN, b->u.lease_reply.token, PROTO_TOKEN_LEN, "token");
@@ -282,6 +297,16 @@ static void assert_msg_eq(const struct proto_msg *a, const struct proto_msg *b)
     case PROTO_OP_RETAIN:
         raw_eq(a->u.retain.token, PROTO_TOKEN_LEN, b->u.retain.token, PROTO_TOKEN_LEN, "token");
         cr_assert_eq(b->u.retain.keep_ms, a->u.retain.keep_ms);
+        break;
+    case PROTO_OP_MAP:
+        cr_assert_eq(b->u.map.buf_id, a->u.map.buf_id);
+        break;
+    case PROTO_OP_GIVEBACK:
+        cr_assert_eq(b->u.giveback.buf_id, a->u.giveback.buf_id);
+        break;
+    case PROTO_OP_ADOPT:
+        cr_assert_eq(b->u.adopt.buf_id, a->u.adopt.buf_id);
+        cr_assert_eq(b->u.adopt.seq, a->u.adopt.seq);
         break;
     case REPLY(PROTO_OP_STATUS):
         raw_eq(a->u.status_reply.body, a->u.status_reply.body_len,
@@ -1316,8 +1341,8 @@ Test(proto, unknown_op_is_eopnotsupp)
     expect_unsupported(op50, sizeof(op50), 50, 1234);
     static const uint8_t op99[] = { 0x94, 99, 0x07, 0xa1, 'x', 0x92, 0x01, 0x02 };
     expect_unsupported(op99, sizeof(op99), 99, 7);
-    static const uint32_t ops[] = { 0, 15, 63, 64, 72, 75, 79, 126, REPLY(PROTO_OP_TOOK), REPLY(PROTO_OP_NUDGE),
-                                    REPLY(PROTO_OP_BYE) };
+    static const uint32_t ops[] = { 0, 18, 63, 64, 72, 75, 82, 126, REPLY(PROTO_OP_TOOK), REPLY(PROTO_OP_NUDGE),
+                                    REPLY(PROTO_OP_BYE), REPLY(PROTO_OP_GIVEBACK) };
     for (unsigned i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
         uint8_t b[] = { 0x92, (uint8_t)ops[i], 0xce, 0xff, 0xff, 0xff, 0xff };
         expect_unsupported(b, sizeof(b), ops[i], UINT32_MAX);
@@ -1756,6 +1781,8 @@ static void check_any_input(const uint8_t *bytes, size_t len, uint64_t iter, str
         break;
     case REPLY(PROTO_OP_LEASE):
     case REPLY(PROTO_OP_ACQUIRE):
+    case REPLY(PROTO_OP_MAP):
+    case REPLY(PROTO_OP_ADOPT):
         assert_inside(m.u.lease_reply.meta, m.u.lease_reply.meta_len, copy, len, "meta");
         cr_assert_leq(m.u.lease_reply.size, m.u.lease_reply.capacity);
         break;
@@ -1853,7 +1880,9 @@ Test(proto, op_names)
         { PROTO_OP_NUDGE, "nudge" }, { REPLY(PROTO_OP_TOOK), "unknown" }, { REPLY(PROTO_OP_NUDGE), "unknown" },
         { PROTO_OP_BYE, "bye" }, { REPLY(PROTO_OP_BYE), "unknown" },
         { REPLY(PROTO_OP_FORGET), "unknown" }, { PROTO_OP_RETAIN, "retain" },
-        { REPLY(PROTO_OP_RETAIN), "retain" }, { 15, "unknown" }, { 75, "unknown" },
+        { REPLY(PROTO_OP_RETAIN), "retain" }, { PROTO_OP_MAP, "map" }, { REPLY(PROTO_OP_MAP), "map" },
+        { PROTO_OP_GIVEBACK, "giveback" }, { REPLY(PROTO_OP_GIVEBACK), "unknown" }, { PROTO_OP_ADOPT, "adopt" },
+        { REPLY(PROTO_OP_ADOPT), "adopt" }, { 18, "unknown" }, { 75, "unknown" },
         { 0, "unknown" }, { 50, "unknown" }, { 63, "unknown" },
         { PROTO_OP_REPLY, "unknown" }, { 72, "unknown" }, { 99, "unknown" }, { 126, "unknown" },
         { 128, "unknown" }, { 128 + PROTO_OP_HELLO, "unknown" }, { 191, "unknown" },

@@ -661,9 +661,9 @@ Test(registry, buf_drop_undoes_buf_new)
     fx_close(&f);
 }
 
-/* The ledger (daemon/tenantdir.c is the lender): a token names its buffer's pool slot; a
+/* The tables (daemon/tenantdir.c is the lender): a token names its buffer's pool slot; a
  * buffer the lender keeps at its last reference stays charged and out of the pool, and no
- * token finds it, until registry_lent_end. */
+ * token finds it (its token is forgotten), until registry_lent_end. */
 static unsigned lend_calls;
 static bool lend_answer;
 static bool lend_cb(void *arg, struct registry_buf *b)
@@ -680,7 +680,8 @@ Test(registry, lender_keeps_a_buffer_lent)
     struct registry_holder h = { 0 };
     uint64_t handle;
     fx_open(&f);
-    registry_set_lender(f.reg, lend_cb, NULL, NULL);
+    struct registry_lender l = { .lend = lend_cb };
+    registry_set_lender(f.reg, &l);
     struct registry_buf *b = lease(&f, &h, 64 * KiB, 1000, &handle);
     cr_assert_eq(ledger_slot_of(b->token), b->pb->slot, "the token names the slot");
     uint8_t token[PROTO_TOKEN_LEN];
@@ -710,7 +711,7 @@ Test(registry, lender_keeps_a_buffer_lent)
     cr_assert_eq(registry_release(f.reg, &h, handle), 0);
     cr_assert_eq(lend_calls, 2);
     cr_assert_eq(registry_stats(f.reg).buffers, 0);
-    registry_set_lender(f.reg, NULL, NULL, NULL);
+    registry_set_lender(f.reg, NULL);
     registry_release_all(f.reg, &h);
     fx_close(&f);
 }
