@@ -271,7 +271,7 @@ int tenantdir_join(struct tenantdirs *t, uint32_t uid, struct tenantdir_conn *c,
         made = true;
     }
     void *map;
-    int fd = sealed_memfd("shmrefd-journal", JOURNAL_SIZE, PROT_READ | PROT_WRITE, &map);
+    int fd = sealed_memfd("shmrefd-table-journal", JOURNAL_SIZE, PROT_READ | PROT_WRITE, &map);
     if (fd < 0) {
         r = fd;
         if (made) {

@@ -44,7 +44,7 @@ check "get - (the descriptor from stdin) gives identical bytes" cmp -s "$dir/in.
 check "and warns of nothing" test ! -s "$dir/get.err"
 check "leased bytes back at zero" test "$(json 's["pool"]["bytes_leased"]')" = 0
 check "status json has the documented keys" test "$(json '",".join(sorted(s["pool"]))')" = \
-    "bytes_allocated,bytes_free,bytes_leased,bytes_pinned,bytes_stock,bytes_total,bytes_warm,classes,dir,fs_available,kind,mappers,stock_reserve"
+    "bytes_allocated,bytes_free,bytes_leased,bytes_pinned,bytes_stock,bytes_tables,bytes_total,bytes_warm,classes,dir,fs_available,kind,mappers,stock_reserve"
 
 desc2=$(printf 'hello through stdin' | "$SHMREFCTL" --socket "$sock" put --keep-ms 5000 -)
 printf '%s' "$desc2" >"$dir/desc2"

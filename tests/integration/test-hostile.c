@@ -333,9 +333,9 @@ static uint64_t daemon_pinned_bytes(const struct daemon *d)
         if (n <= 0)
             continue;
         target[n] = '\0';
-        /* the ledgers' memfds (daemon/tenantdir.c) are not buffers */
+        /* the tables' and journals' memfds (daemon/tenantdir.c) are not buffers */
         if ((strncmp(target, "/dev/shm/", 9) != 0 && strncmp(target, "/memfd:", 7) != 0) ||
-            strncmp(target, "/memfd:shmrefd-ledger", 21) == 0 || fstatat(dirfd(dir), e->d_name, &st, 0) < 0)
+            strncmp(target, "/memfd:shmrefd-table", 20) == 0 || fstatat(dirfd(dir), e->d_name, &st, 0) < 0)
             continue;
         unsigned i = 0;
         while (i < nseen && seen[i] != st.st_ino)
