@@ -344,7 +344,8 @@ void tenantdir_leave(struct tenantdirs *t, struct tenantdir_conn *c)
         uint32_t n = handoff_journal_take(c->journal, b->pb->slot);
         if (!n)
             continue;
-        t->st.crash_holds += n;
+        uint32_t counted = handoff_count_of(atomic_load(&handoff_entry_at(d->map, b->pb->slot)->word));
+        t->st.crash_holds += n < counted ? n : counted; /* what a liar's journal says is not counted */
         if (handoff_reclaim(d->map, b->pb->slot, n, HANDOFF_TRIES) == HANDOFF_TO_DAEMON && b->lent)
             member_end(t, d, b);
     }
