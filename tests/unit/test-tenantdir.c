@@ -287,6 +287,7 @@ Test(tenantdir, end_of_for_table_buffer_grants_it)
     cr_assert_eq(atomic_load(&hdr(&k)->cap[0]), size);
     cr_assert_leq(atomic_load(&hdr(&k)->lo[0]), 100 * KiB);
     cr_assert_eq(pool_class_size(f.core.pool, atomic_load(&hdr(&k)->lo[0])), size);
+    cr_assert_lt(pool_class_size(f.core.pool, atomic_load(&hdr(&k)->lo[0]) - 1), size, "lo is not the smallest");
     cr_assert_eq(handoff_class(k.tab, 100 * KiB), 0);
     cr_assert_eq((uint32_t)atomic_load(&hdr(&k)->head[0]), slot + 1, "not on its class's list");
     cr_assert_eq(f.td.st.grants, 1);
@@ -307,6 +308,50 @@ Test(tenantdir, end_of_for_table_buffer_grants_it)
     conn_end(&f, &k);
     cr_assert_eq(registry_stats(f.core.reg).lent, 0, "the last leave left a LENT buffer");
     cr_assert_eq(quota_total(f.core.quota), 0);
+    fx_close(&f);
+}
+
+/* Buffers of two sizes: two classes, each recorded once, each its own list; a foreign
+ * buffer whose last hold is the daemon's ends at once (OUT, not pushed). */
+Test(tenantdir, classes_per_size_and_foreign_last_daemon_hold)
+{
+    struct fx f;
+    fx_open(&f);
+    struct conn k;
+    conn_join(&f, &k, 1000);
+    struct registry_buf *s = granted(&f, 1000, 100 * KiB);
+    struct registry_buf *l = granted(&f, 1000, 1 * MiB);
+    struct registry_buf *s2 = granted(&f, 1000, 100 * KiB);
+    cr_assert_neq(s->pb->size, l->pb->size);
+    cr_assert_eq(atomic_load(&handoff_entry_at(k.tab, s->pb->slot)->cls), 0);
+    cr_assert_eq(atomic_load(&handoff_entry_at(k.tab, l->pb->slot)->cls), 1);
+    cr_assert_eq(atomic_load(&handoff_entry_at(k.tab, s2->pb->slot)->cls), 0);
+    cr_assert_eq(atomic_load(&hdr(&k)->cap[0]), s->pb->size);
+    cr_assert_eq(atomic_load(&hdr(&k)->cap[1]), l->pb->size);
+    cr_assert_eq(atomic_load(&hdr(&k)->cap[2]), 0, "a class recorded twice");
+    cr_assert_eq(handoff_class(k.tab, 1 * MiB), 1);
+    cr_assert_eq((uint32_t)atomic_load(&hdr(&k)->head[0]), s2->pb->slot + 1);
+    cr_assert_eq((uint32_t)atomic_load(&hdr(&k)->head[1]), l->pb->slot + 1);
+    cr_assert_eq(atomic_load(&handoff_entry_at(k.tab, s2->pb->slot)->next), s->pb->slot + 1);
+    cr_assert_eq(atomic_load(&handoff_entry_at(k.tab, l->pb->slot)->next), 0);
+    cr_assert_eq(f.td.st.grants, 3);
+
+    /* l: published, taken by the daemon, acquired by another uid, all local holds gone */
+    uint8_t token[PROTO_TOKEN_LEN];
+    uint32_t slot = client_publish(&k, 1, 1 * MiB, token, NULL);
+    cr_assert_eq(slot, l->pb->slot);
+    cr_assert_eq(registry_find_table(f.core.reg, token), l);
+    cr_assert_eq(handoff_give(k.tab, k.journal, slot, T), HANDOFF_HELD);
+    assert_word(&k, slot, HANDOFF_PUBLISHED, 1, 0);
+    l->pb->foreign = true;
+    uint64_t retired = pool_counters(f.core.pool).retired;
+    registry_buf_drop(f.core.reg, l); /* the daemon's hold, the last */
+    assert_word(&k, slot, HANDOFF_FREE, 0, HANDOFF_OUT);
+    cr_assert_eq((uint32_t)atomic_load(&hdr(&k)->head[1]), 0, "an OUT buffer was pushed");
+    cr_assert_eq(pool_counters(f.core.pool).retired, retired + 1);
+    cr_assert_eq(registry_stats(f.core.reg).lent, 2);
+    cr_assert_eq(tenantdir_members(&f.td), 2);
+    conn_end(&f, &k);
     fx_close(&f);
 }
 
@@ -548,6 +593,19 @@ Test(tenantdir, giveback_of_listed_buffer_ignored)
     tenantdir_giveback(&f.td, &k.c, b->pb->id);
     cr_assert_eq(f.td.st.ignored, 2);
     cr_assert(b->lent);
+    /* FREE, count 0, unlisted but not OUT (a client's word): not the daemon's, ignored */
+    uint32_t slot = b->pb->slot;
+    atomic_store(&handoff_entry_at(k.tab, slot)->word, handoff_word(handoff_seq_of(word(&k, slot)), 0, 0, HANDOFF_FREE));
+    tenantdir_giveback(&f.td, &k.c, b->pb->id);
+    cr_assert_eq(f.td.st.ignored, 3);
+    cr_assert_eq(f.td.st.givebacks, 0);
+    cr_assert(b->lent);
+    /* and with OUT it is: the buffer ends */
+    handoff_set_out(k.tab, slot, T);
+    tenantdir_giveback(&f.td, &k.c, b->pb->id);
+    cr_assert_eq(f.td.st.givebacks, 1);
+    cr_assert_eq(registry_stats(f.core.reg).lent, 0);
+    cr_assert_eq(quota_total(f.core.quota), 0);
     conn_end(&f, &k);
     fx_close(&f);
 }
@@ -795,6 +853,9 @@ Test(tenantdir, reclaim_on_cyclic_list_terminates)
     atomic_store(&hdr(&k)->head[0], (uint64_t)7 << 32 | (x + 1));
     cr_assert_eq(registry_reclaim_table(f.core.reg, UINT32_MAX, UINT64_MAX), 0);
     cr_assert_eq(f.td.st.reclaimed, 2);
+    /* popped at most as many times as the table has members (1) */
+    assert_word(&k, x, HANDOFF_FREE, 0, HANDOFF_OUT);
+    assert_word(&k, y, HANDOFF_FREE, 0, HANDOFF_LISTED);
     cr_assert(m[0]->lent);
     cr_assert_eq(registry_stats(f.core.reg).lent, 1);
     cr_assert_eq(quota_total(f.core.quota), size);
@@ -835,6 +896,7 @@ Test(tenantdir, hostile_table_never_hurts_the_daemon_or_another_uid)
     do {                                                                                                          \
         cr_assert_eq(registry_find(f.core.reg, ta), a, "a buffer another uid holds was ended or hidden");       \
         cr_assert(registry_holds(&h, a) && !a->lent);                                                           \
+        cr_assert(a->table, "a live member another uid holds left its table");                                  \
     } while (0)
 
     /* the scribble, from uid 1000's client mapping */
