@@ -736,6 +736,49 @@ Test(tenantdir, leave_ends_out_buffer_whose_last_hold_it_had)
     fx_close(&f);
 }
 
+/* The uid's last leave takes the table back: LENT members end (even held in a journal),
+ * a live one (the daemon holds it) leaves the table and ends at its last reference. */
+Test(tenantdir, last_leave_takes_the_table_back)
+{
+    struct fx f;
+    fx_open(&f);
+    struct conn k;
+    conn_join(&f, &k, 1000);
+    struct registry_buf *lent = granted(&f, 1000, 100 * KiB);
+    struct registry_buf *live = granted(&f, 1000, 100 * KiB);
+    uint64_t size = live->pb->size;
+    uint8_t token[PROTO_TOKEN_LEN];
+    uint32_t slot = client_publish(&k, 0, 10 * KiB, token, NULL);
+    cr_assert_eq(slot, live->pb->slot);
+    cr_assert_eq(registry_find_table(f.core.reg, token), live);
+    struct registry_holder h = { 0 };
+    uint64_t hd;
+    cr_assert_eq(registry_hold(f.core.reg, &h, live, false, &hd), 0);
+    uint32_t s2, seq;
+    cr_assert_eq(handoff_lease(k.tab, k.journal, 0, T, &s2, &seq), 0); /* lent, held locally */
+    cr_assert_eq(s2, lent->pb->slot);
+    cr_assert_eq(quota_total(f.core.quota), 2 * size);
+    uint64_t warm = pool_bytes_warm(f.core.pool);
+    conn_leave(&f, &k);
+    cr_assert_eq(f.td.st.tables, 0);
+    cr_assert_eq(atomic_load(&hdr(&k)->closed), 1);
+    cr_assert_eq(tenantdir_members(&f.td), 0);
+    cr_assert_eq(registry_stats(f.core.reg).lent, 0, "a LENT member outlived its table");
+    cr_assert_eq(quota_total(f.core.quota), size, "only the live member is still charged");
+    cr_assert_eq(pool_bytes_warm(f.core.pool), warm + size);
+    cr_assert(!live->table && !live->lent);
+    cr_assert_eq(registry_find(f.core.reg, token), live, "the live member was ended with its table");
+    /* steps on the closed table refuse */
+    cr_assert_eq(handoff_give(k.tab, k.journal, s2, T), HANDOFF_BAD);
+    conn_unmap(&k);
+    cr_assert_eq(registry_release(f.core.reg, &h, hd), 0);
+    cr_assert_eq(registry_stats(f.core.reg).lent, 0, "granted with no table");
+    cr_assert_eq(quota_total(f.core.quota), 0);
+    cr_assert_eq(registry_stats(f.core.reg).buffers, 0);
+    registry_release_all(f.core.reg, &h);
+    fx_close(&f);
+}
+
 /* ---- 7: holds ----------------------------------------------------------------------- */
 
 Test(tenantdir, holds_is_the_idle_check)
