@@ -434,7 +434,7 @@ SHMREF_EXPORT int shmref_unit_release(shmref_unit *unit);
  * (copy-on-write: a page is copied at its first write), never to the buffer, which the
  * producer and every other consumer keep seeing unchanged. shmref_buf_data returns that
  * mapping (writable); it lives until the handle's release, is never shared with another
- * acquire of the same buffer, and always asks the daemon (no ledger hold). -EOPNOTSUPP:
+ * acquire of the same buffer, and always asks the daemon (no table hold). -EOPNOTSUPP:
  * the daemon does not know private acquires. (4u: 2u is SHMREF_ACQUIRE_TRUST_PRODUCER's,
  * a flag of shmref_unit_acquire_ex.) */
 #define SHMREF_ACQUIRE_PRIVATE 4u
@@ -520,36 +520,45 @@ SHMREF_EXPORT int shmref_unit_sealed(const shmref_unit *unit);
 
 /* ---- One round trip per handoff and the event-loop API ---- */
 
-/* What waits for the daemon. A plain shmref_publish is one-way (the descriptor is known
- * from the lease); shmref_release is one-way; a lease is served from the connection's
- * stock (below) when it can; an acquire of a buffer of this process's own uid that the
- * connection already maps is taken in the tenant's ledger (below). So a steady-state
- * zero-copy handoff between processes of one uid waits for the daemon not at all, and any
- * other (another uid's buffer, the first handoff of each buffer) once: the consumer's
+/* What waits for the daemon. Between processes of one uid, a steady-state zero-copy
+ * handoff sends the daemon nothing: the lease, the plain publish, the acquire and both
+ * releases are taken in the uid's table (below). Otherwise a plain shmref_publish is
+ * one-way (the descriptor is known from the lease); shmref_release is one-way; a lease is
+ * served from the connection's stock (below) when it has no table; so any other handoff
+ * (another uid's buffer, the first handoff of each buffer) waits once: the consumer's
  * acquire. Every call first takes in, without blocking, whatever replies have already
  * arrived; a request the socket cannot take at once is queued in memory, in order, and
  * sent by the next call (or shmref_flush). */
 
-/* Same-tenant handoffs without the daemon (the ledger). When the daemon offers it at
- * connect, a connection maps its uid's directory and a ledger of its own (two sealed
- * files the daemon owns). A plain publish (not sealed, metadata up to 192 bytes) is
- * recorded in the directory before its descriptor is returned. shmref_acquire,
- * shmref_acquire_ex without SHMREF_ACQUIRE_SEALED and shmref_acquire_submit of such a
- * descriptor, whose buffer this connection maps read-only from an earlier acquire, take a
- * hold in the ledger: no round trip, the handle is like any acquired one (counter
- * "ledger_acquires"), and its release gives the hold back (a one-way message only when
- * the daemon is waiting to recycle that buffer). The daemon does not recycle a buffer
- * while a ledger counts a hold on it; a process's holds end with its connection (closed
- * or killed). A re-acquire of a descriptor this connection holds in the ledger shares
- * that hold (no round trip). A ledger acquire counts toward max_acquires when the daemon
- * reads its one-way note, so acquires racing that note may exceed the cap (each by a
- * process of the producer's uid that already maps the buffer). Everything else asks the daemon as before ("ledger_fallbacks"): another
- * uid's buffer, a buffer not mapped yet, sealed publishes, a publish being withdrawn, a
- * size that does not match (-EINVAL as before). Units (shmref_unit_acquire) always ask the
- * daemon. $SHMREF_LEDGER=0 turns the ledger off for the process's connections (every
- * acquire asks the daemon: today's behaviour before it, for comparison). */
+/* Same-tenant handoffs without the daemon (the table). When the daemon offers it at
+ * connect, each connection maps its uid's table and a journal of its own (two sealed
+ * files the daemon owns; what it refuses leaves the connection working without them,
+ * counter "table_refused" 1). Then, with no message to the daemon:
+ * - shmref_lease and shmref_lease_ex take a free buffer of the size's class from the table
+ *   ("table_leases"); the table holds the buffers this uid leased before and released, and
+ *   when it has none of the class the lease asks the daemon, and that buffer joins the
+ *   table when it is released. A buffer this process has never mapped costs one round trip
+ *   for its fd ("table_maps"), once;
+ * - shmref_publish of such a lease with keep_ms 0 and metadata up to 248 bytes is made in
+ *   the table ("table_publishes"); with a retention, max_acquires or longer metadata the
+ *   lease is first handed to the daemon (a round trip, "table_adopts") and published there
+ *   as before; a sealed publish copies the bytes into a lease of the daemon's first;
+ * - shmref_acquire (and shmref_acquire_ex without flags) of a descriptor published in the
+ *   table whose buffer this process maps takes a hold in it ("table_acquires"); anything
+ *   else asks the daemon ("table_fallbacks"): another uid's buffer, a buffer not mapped
+ *   here yet, a sealed or private acquire;
+ * - shmref_release of those gives the hold back in the table.
+ * Buffers in the table stay charged to the uid (status pool.bytes_tables) until the uid's
+ * last connection closes, or its own lease needs the quota, or the pool is full. A
+ * connection's holds end with it (closed or killed); the daemon never recycles a buffer
+ * a live connection holds. Another uid's acquire of a buffer in the table takes it out for
+ * good (it is retired after its last release). shmref_lease_many, units and the submit
+ * calls always ask the daemon. A forked child unmaps its parent's table: inherited holds
+ * stay readable and are never given back by the child, whose own connection gets its own
+ * journal. $SHMREF_TABLE=0 turns the table off for a process's connections (every lease
+ * and acquire asks the daemon, leases from the stock). */
 
-/* The lease stock. After the first lease of a size (a round trip), the library asks for
+/* The lease stock (a connection without a table). After the first lease of a size (a round trip), the library asks for
  * `depth` more leases of that size class in the background and keeps them ready; a later
  * lease of the class (shmref_lease, shmref_lease_ex, shmref_lease_submit) takes one at
  * once and asks for one more. The asks go with the connection's next message (one system
@@ -661,16 +670,18 @@ SHMREF_EXPORT int shmref_complete(shmref_conn *conn, shmref_completion *ret, siz
 /* shmref_conn_counter: a counter of conn since it connected: "waits" (times the library
  * blocked waiting for a daemon reply), "round_trips" (blocking calls that needed a daemon
  * reply, whether it had arrived before they looked or not: one-way messages, stock
- * leases, local re-acquires and ledger acquires are not round trips), "sent" and "received" (messages), "stock_hits"
- * and "stock_misses" (leases served from the stock, or not), "local_acquires"
- * (re-acquires without a round trip), "ledger_acquires" (acquires taken in the tenant's
- * ledger, no round trip), "ledger_fallbacks" (acquires the ledger could not take, asked
- * of the daemon), "ledger_refused" (1 when the ledger files the daemon sent at connect
- * were refused: wrong size or seals), "reconnects" (new connections made after the
- * daemon closed this one for idleness, below). 0, -ENOENT for an unknown name, -EINVAL.
+ * leases, local re-acquires and table steps are not round trips), "sent" and "received"
+ * (messages), "stock_hits" and "stock_misses" (leases served from the stock, or not),
+ * "local_acquires" (re-acquires without a round trip), "table_leases", "table_publishes",
+ * "table_acquires" (taken in the uid's table, no message), "table_fallbacks" (acquires
+ * the table could not take, asked of the daemon), "table_maps", "table_adopts",
+ * "table_givebacks" (the table's round trips and one-way messages, above),
+ * "table_refused" (1 when the table files the daemon sent at connect were refused: wrong
+ * size or seals), "reconnects" (new connections made after the daemon closed this one
+ * for idleness, below). 0, -ENOENT for an unknown name, -EINVAL.
  *
  * Idle connections: the daemon closes a connection that holds nothing (no lease, handle,
- * request or ledger hold) and has said nothing for its --idle-timeout (600 s by
+ * request or table hold) and has said nothing for its --idle-timeout (600 s by
  * default). The next call on it makes a new connection, to the same socket by the first
  * connect's rule (the default socket: the system's, else the private daemon), under the
  * same fd number, and sends the requests outstanding again (the daemon never read them):
