@@ -8,6 +8,7 @@
 
 struct counters {
     uint64_t connections, leases, publishes, acquires, releases;
+    uint64_t messages;         /* every message read from a client (a table's steps send none) */
     uint64_t reclaimed_leases, reclaimed_clients;
     uint64_t refused_quota, refused_space, refused_limit, refused_other, refused_access;
     uint64_t protocol_errors, slow_clients;

@@ -285,6 +285,8 @@ static void buf_gone(struct registry *r, struct registry_buf *b)
         b->lent = true;
         r->st.lent++;
         r->st.lent_bytes += b->pb->size;
+        if (r->ev.freed) /* free in its table: a waiting lease may reclaim it */
+            r->ev.freed(r->ev.arg, NULL);
         return;
     }
     buf_end(r, b);

@@ -749,6 +749,7 @@ static void on_message(void *ctx, const uint8_t *data, size_t len)
     if (s->peer.closing)
         return;
     s->last_ms = uv_now(s->env->loop);
+    s->env->counters->messages++;
     int r = proto_decode(data, len, PROTO_MAX_REQUEST, &m, &why);
     if (!s->hello && (r == -EOPNOTSUPP || (r == 0 && m.op != PROTO_OP_HELLO))) {
         protocol_error(s, m.id, "the first message must be hello");

@@ -151,7 +151,7 @@ static void pack_buffers(msgpack_packer *pk, const struct status_src *s, unsigne
     struct registry_stats rs = registry_stats(s->reg);
     key(pk, "buffers");
     msgpack_pack_map(pk, 9);
-    kv_u64(pk, "live", rs.buffers);
+    kv_u64(pk, "live", rs.buffers - rs.lent); /* the daemon holds them for someone (not: in tables) */
     kv_u64(pk, "leases", rs.handles);
     kv_u64(pk, "published", rs.published);
     kv_u64(pk, "retained", rs.retained);
@@ -233,8 +233,9 @@ static void pack_counters(msgpack_packer *pk, const struct status_src *s)
     const struct counters *k = s->counters;
     struct pool_counters pc = pool_counters(s->pool);
     key(pk, "counters");
-    msgpack_pack_map(pk, 32);
+    msgpack_pack_map(pk, 33);
     kv_u64(pk, "connections", k->connections);
+    kv_u64(pk, "messages", k->messages);
     kv_u64(pk, "leases", k->leases);
     kv_u64(pk, "publishes", k->publishes);
     kv_u64(pk, "acquires", k->acquires);

@@ -114,6 +114,12 @@ static void on_kick(uv_timer_t *t)
     ws->retrying = false;
 }
 
+void waiters_poll(struct waiters *ws, uint64_t ms)
+{
+    if (ws->leases && ws->open && !uv_is_active((uv_handle_t *)&ws->kick))
+        uv_timer_start(&ws->kick, on_kick, ms ? ms : 1, 0);
+}
+
 /* A kick from inside the retry is dropped: libuv runs a zero-delay timer restarted in
  * its own callback again in the same turn, so it would never return to polling. */
 void waiters_kick(struct waiters *ws)

@@ -100,6 +100,9 @@ struct waiters_queue *waiters_tenant(const struct waiters *ws, uint32_t uid);
 /* waiters_tenant_last: tenant q was served; it goes to the back of the service order. */
 void waiters_tenant_last(struct waiters *ws, struct waiters_queue *q);
 
+/* waiters_poll: when leases wait, the retry callback runs in ms (at least 1) unless a kick
+ * comes first: for space that frees without an event (a buffer given back in a table). */
+void waiters_poll(struct waiters *ws, uint64_t ms);
 /* waiters_kick: when leases wait, the retry callback runs on the next loop turn. */
 void waiters_kick(struct waiters *ws);
 

@@ -14,6 +14,17 @@
 #include "ledgers.h"
 #include "units.h"
 
+/* A buffer given back in a table frees reclaimable space without a word to the daemon:
+ * while leases wait and tables have members, they are tried again every WAITS_TABLE_POLL_MS
+ * (each try reclaims free members of the tables first). */
+#define WAITS_TABLE_POLL_MS 5
+
+static void table_poll(struct broker *bk)
+{
+    if (registry_stats(bk->reg).lent)
+        waiters_poll(&bk->waiters, WAITS_TABLE_POLL_MS);
+}
+
 int waits_park_lease(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, int blocked,
                      uint32_t wait_ms)
 {
@@ -22,6 +33,7 @@ int waits_park_lease(struct broker *bk, struct broker_peer *p, uint32_t id, uint
     if (!waiters_park_lease(&bk->waiters, p, &p->parked, id, p->uid, size, blocked, wait_ms))
         return -ENOMEM;
     bk->counters->lease_waits++;
+    table_poll(bk);
     return 0;
 }
 
@@ -73,6 +85,7 @@ static void retry_leases(void *arg)
         }
     }
     bk->retrying = false;
+    table_poll(bk);
     ledgers_check(bk);
 }
 

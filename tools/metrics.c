@@ -101,6 +101,7 @@ static void counters(const shmref_status *st, FILE *f)
 {
     static const struct { const char *key, *name, *help; } c[] = {
         { "connections", "shmref_connections_total", "Connections accepted." },
+        { "messages", "shmref_messages_total", "Messages read from clients (handoffs in a uid's table send none)." },
         { "leases", "shmref_leases_total", "Leases granted." },
         { "publishes", "shmref_publishes_total", "Buffers published." },
         { "acquires", "shmref_acquires_total", "Acquires granted." },

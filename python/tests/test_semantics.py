@@ -720,7 +720,7 @@ def test_retain_keeps_a_held_buffer_for_one_more_acquire(client, daemon):
     theirs = other.acquire(ref)
     assert int(theirs[999]) == 999
     other.release(theirs)
-    other.ping()                                 # (a ledger take's one-way TOOK is read)
+    other.ping()
     with pytest.raises(FileNotFoundError):       # the retention ended at that acquire
         other.acquire(ref)
     with pytest.raises(FileNotFoundError):
