@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "handoff.h"
-#include "ledger.h"
+#include "handoff.h"
 
 /* ---- files both processes map (made by the client, the path sent at open) ---- */
 
@@ -187,9 +187,9 @@ static struct tf_token tf_draw(struct tf *t, uint32_t slot, uint32_t seq)
 {
     struct tf_token k;
     uint64_t in[2] = { (uint64_t)slot << 32 | seq, ++t->drawn };
-    uint64_t a = ledger_siphash(t->secret, in, sizeof(in));
+    uint64_t a = handoff_siphash(t->secret, in, sizeof(in));
     in[1] ^= 0x5555555555555555ull;
-    uint64_t b = ledger_siphash(t->secret, in, sizeof(in));
+    uint64_t b = handoff_siphash(t->secret, in, sizeof(in));
     memcpy(k.b, &slot, 4);
     memcpy(k.b + 4, &a, 8);
     memcpy(k.b + 12, &b, 4);
@@ -198,7 +198,7 @@ static struct tf_token tf_draw(struct tf *t, uint32_t slot, uint32_t seq)
 
 static uint64_t tf_hash(struct tf *t, const struct tf_token *k)
 {
-    return ledger_siphash(((const struct handoff_header *)t->tab)->key, k->b, sizeof(k->b));
+    return handoff_siphash(((const struct handoff_header *)t->tab)->key, k->b, sizeof(k->b));
 }
 
 static uint32_t tf_slot(const struct tf_token *k)

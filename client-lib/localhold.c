@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "handoff.h"
-#include "ledger.h"
+#include "handoff.h"
 #include "mapcache.h"
 #include "transport.h"
 
@@ -86,12 +86,12 @@ void localhold_unmap(shmref_conn *conn)
 static void token_for(shmref_conn *conn, uint32_t slot, uint8_t token[PROTO_TOKEN_LEN])
 {
     uint64_t n = conn->lh.next++;
-    uint64_t a = ledger_siphash(conn->lh.key, &n, sizeof(n));
+    uint64_t a = handoff_siphash(conn->lh.key, &n, sizeof(n));
     n |= UINT64_C(1) << 63;
-    uint64_t b = ledger_siphash(conn->lh.key, &n, sizeof(n));
+    uint64_t b = handoff_siphash(conn->lh.key, &n, sizeof(n));
     memcpy(token + 4, &a, 8);
     memcpy(token + 12, &b, 4);
-    ledger_set_slot(token, slot);
+    handoff_set_slot(token, slot);
 }
 
 /* capacity_of: what the header says buffers of slot's class have (0: nothing usable). */
@@ -196,7 +196,7 @@ int localhold_publish(shmref_buf *buf, size_t len, const void *meta, size_t meta
     if (meta_len)
         memcpy(m->data, meta, meta_len);
     atomic_store(&m->len, (uint32_t)meta_len);
-    uint64_t tokhash = ledger_siphash(((struct handoff_header *)conn->lh.tab)->key, buf->token, PROTO_TOKEN_LEN);
+    uint64_t tokhash = handoff_siphash(((struct handoff_header *)conn->lh.tab)->key, buf->token, PROTO_TOKEN_LEN);
     if (handoff_publish(conn->lh.tab, buf->slot, buf->seq, tokhash, len) < 0)
         return -ESTALE;
     buf->published = true;
@@ -219,7 +219,7 @@ void localhold_adopted(shmref_buf *buf, uint64_t handle, const uint8_t token[PRO
 static int take(shmref_conn *conn, uint32_t slot, const uint8_t *token, uint64_t size, uint32_t *ret_seq)
 {
     void *tab = conn->lh.tab;
-    uint64_t tokhash = ledger_siphash(((struct handoff_header *)tab)->key, token, PROTO_TOKEN_LEN);
+    uint64_t tokhash = handoff_siphash(((struct handoff_header *)tab)->key, token, PROTO_TOKEN_LEN);
     return handoff_take(tab, conn->lh.journal, slot, tokhash, size, HANDOFF_TRIES, ret_seq);
 }
 
@@ -228,7 +228,7 @@ int localhold_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags
     void *tab = conn->lh.tab;
     if (!tab || (flags & (SHMREF_ACQUIRE_SEALED | SHMREF_ACQUIRE_PRIVATE)))
         return -EAGAIN;
-    uint32_t slot = ledger_slot_of(desc->token), seq;
+    uint32_t slot = handoff_slot_of(desc->token), seq;
     if (slot >= HANDOFF_MAX_SLOTS || take(conn, slot, desc->token, desc->size, &seq) < 0) {
         conn->counters.table_fallbacks++;
         return -EAGAIN;

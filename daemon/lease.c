@@ -156,9 +156,14 @@ int lease_attempt(struct lease_attempt *a, char *msg, size_t cap)
             quota_limit(bk->quota, p->uid) + registry_reclaimable(bk->reg, p->uid))
         while (r == -EDQUOT && registry_reclaim_retained(bk->reg, p->uid))
             r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
-    /* Free buffers of the tenant's own table are its to give back for its lease. */
-    if (r == -EDQUOT && registry_reclaim_table(bk->reg, p->uid, cls.size))
+    /* Free buffers of the tenant's own table are its to give back for its lease: they go
+     * back warm (pinned, and so still charged, while its clients map them), and one of
+     * them is taken before the charge, as above. */
+    if (r == -EDQUOT && registry_reclaim_table(bk->reg, p->uid, cls.size)) {
+        if (!warm)
+            warm = pool_take_warm(bk->pool, &cls, p->uid);
         r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
+    }
     if (r < 0) {
         if (warm)
             pool_untake(bk->pool, warm);

@@ -13,7 +13,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "ledger.h"
+#include "handoff.h"
 #include "store.h"
 #include "units.h"
 
@@ -187,15 +187,15 @@ static void id_remove(struct pool *p, struct pool_buf *b)
     }
 }
 
-/* slot_get: a dense slot for a new buffer (the ledger's index), or LEDGER_NO_SLOT. */
+/* slot_get: a dense slot for a new buffer (the ledger's index), or HANDOFF_NO_SLOT. */
 static uint32_t slot_get(struct pool *p)
 {
-    uint32_t slot = LEDGER_NO_SLOT;
+    uint32_t slot = HANDOFF_NO_SLOT;
     if (p->nfree_slots)
         slot = p->free_slots[--p->nfree_slots];
-    else if (p->next_slot < LEDGER_SLOTS)
+    else if (p->next_slot < HANDOFF_MAX_SLOTS)
         slot = p->next_slot++;
-    p->slots_used += slot != LEDGER_NO_SLOT;
+    p->slots_used += slot != HANDOFF_NO_SLOT;
     return slot;
 }
 
@@ -203,7 +203,7 @@ static uint32_t slot_get(struct pool *p)
  * stack cannot grow the slot is lost: the buffer that would have had it asks the daemon. */
 static void slot_put(struct pool *p, uint32_t slot)
 {
-    if (slot == LEDGER_NO_SLOT)
+    if (slot == HANDOFF_NO_SLOT)
         return;
     p->slots_used--;
     if (p->nfree_slots == p->free_slots_cap) {
@@ -225,7 +225,7 @@ uint32_t pool_slots_used(const struct pool *p)
 uint32_t pool_slot_of(const struct pool *p, uint64_t id, uint32_t tenant)
 {
     const struct pool_buf *b = id_find(p, id);
-    return b && b->tenant == tenant ? b->slot : LEDGER_NO_SLOT;
+    return b && b->tenant == tenant ? b->slot : HANDOFF_NO_SLOT;
 }
 
 static void buf_free(struct pool *p, struct pool_buf *b)

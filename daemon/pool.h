@@ -27,8 +27,8 @@ struct pool_buf {
     uint64_t size;          /* the class size: bytes reserved */
     uint32_t tenant;        /* uid that may reuse it: the one it was created for, or last leased to */
     uint32_t gen;           /* how many times it has been handed out (sent in lease replies) */
-    uint32_t slot;          /* dense index < LEDGER_SLOTS (its directory entry and ledger count),
-                             * reused once this struct is freed; LEDGER_NO_SLOT when all were taken */
+    uint32_t slot;          /* dense index < HANDOFF_MAX_SLOTS (its directory entry and ledger count),
+                             * reused once this struct is freed; HANDOFF_NO_SLOT when all were taken */
     uint16_t cls;
     bool foreign;           /* mapped by another uid than tenant: retire on return */
     bool sealed;            /* F_SEAL_WRITE added (a sealed publish): retire on return */
@@ -170,7 +170,7 @@ bool pool_unstock(struct pool *pool, struct pool_buf *buf);
 /* pool_slots_used: slots (pool_buf.slot) held by buffers now. */
 uint32_t pool_slots_used(const struct pool *pool);
 /* pool_slot_of: the slot of buffer id if it exists and tenant is its tenant, else
- * LEDGER_NO_SLOT. */
+ * HANDOFF_NO_SLOT. */
 uint32_t pool_slot_of(const struct pool *pool, uint64_t id, uint32_t tenant);
 
 /* pool_ro_fd: the read-only fd of buf (made on first use). Returns it or -errno. */

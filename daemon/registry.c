@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* registry.c: see registry.h. Every live buffer (writing or published) is in a chained
  * hash keyed by its token's bytes 4..11 (random; bytes 0..3 are its pool slot, for the
- * ledger: ledger_set_slot), so that is a good hash: a
+ * ledger: handoff_set_slot), so that is a good hash: a
  * buffer gets its token when it is leased, so the producer knows its descriptor before
  * publishing. Tokens come from a stock refilled by one getrandom per TOKEN_STOCK leases.
  * A handle is (slot generation << 32 | slot index), with generations starting at 1, so 0
@@ -14,7 +14,7 @@
 #include <sys/random.h>
 
 #include "desc.h"
-#include "ledger.h"
+#include "handoff.h"
 
 #define NO_SLOT UINT32_MAX
 #define TOKEN_STOCK 64 /* tokens drawn by one getrandom */
@@ -136,7 +136,7 @@ int registry_new(uv_loop_t *loop, struct pool *pool, struct quota *quota, struct
  * client, which could otherwise choose tokens that all fall in one bucket. */
 static uint32_t bucket_of(const struct registry *r, const uint8_t *token)
 {
-    return (uint32_t)(ledger_siphash(r->hash_key, token, PROTO_TOKEN_LEN) & (r->nbuckets - 1));
+    return (uint32_t)(handoff_siphash(r->hash_key, token, PROTO_TOKEN_LEN) & (r->nbuckets - 1));
 }
 
 static void hash_grow(struct registry *r)
@@ -215,7 +215,7 @@ struct registry_buf *registry_buf_charged(struct registry *r, struct pool_buf *p
         errno = -e;
         return NULL;
     }
-    ledger_set_slot(b->token, pb->slot); /* a client finds its directory entry by its token */
+    handoff_set_slot(b->token, pb->slot); /* a client finds its directory entry by its token */
     hash_add(r, b);
     b->pb = pb;
     b->tenant = charge->uid;
@@ -318,7 +318,7 @@ int registry_lent_revive(struct registry *r, struct registry_buf *b, const uint8
         free(m);
         return -EAGAIN;
     } else
-        ledger_set_slot(b->token, b->pb->slot);
+        handoff_set_slot(b->token, b->pb->slot);
     b->lent = false;
     r->st.lent--;
     r->st.lent_bytes -= b->pb->size;

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "handoff.h"
-#include "ledger.h"
+#include "handoff.h"
 #include "log.h"
 
 #define SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
@@ -198,7 +198,7 @@ static bool lend(void *arg, struct registry_buf *b)
 static struct registry_buf *take(void *arg, const uint8_t *token)
 {
     struct tenantdirs *t = arg;
-    uint32_t slot = ledger_slot_of(token);
+    uint32_t slot = handoff_slot_of(token);
     struct registry_buf *b = t->at && slot < HANDOFF_MAX_SLOTS ? t->at[slot] : NULL;
     if (!b || !b->lent)
         return NULL; /* live members are hashed under their current token: not this one */
@@ -206,7 +206,7 @@ static struct registry_buf *take(void *arg, const uint8_t *token)
     uint64_t size = atomic_load(&handoff_entry_at(d->map, slot)->size);
     uint32_t seq;
     if (size > b->pb->size ||
-        handoff_take(d->map, NULL, slot, ledger_siphash(d->key, token, PROTO_TOKEN_LEN), size, HANDOFF_TRIES,
+        handoff_take(d->map, NULL, slot, handoff_siphash(d->key, token, PROTO_TOKEN_LEN), size, HANDOFF_TRIES,
                      &seq) < 0)
         return NULL;
     /* The metadata is read under the hold: no lease can rewrite it meanwhile. */

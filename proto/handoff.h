@@ -33,13 +33,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto.h"
+
 #define HANDOFF_MAGIC   0x3146464f444e4148ull /* "HANDOFF1" little endian */
 #define HANDOFF_VERSION 1u
 #define HANDOFF_CLASSES 64u             /* free lists: the tenant's size classes in use */
 #define HANDOFF_HEADER  4096u           /* bytes before the first entry */
 #define HANDOFF_NO_SLOT 0xffffffffu
 #define HANDOFF_TRIES   64u             /* the bound callers pass for one step */
-#define HANDOFF_MAX_SLOTS 65536u        /* entries of a table (the pool's slots, LEDGER_SLOTS) */
+#define HANDOFF_MAX_SLOTS 65536u        /* entries of a table (the pool's slots, HANDOFF_MAX_SLOTS) */
 #define HANDOFF_META_MAX 248u           /* metadata kept beside an entry; longer: the daemon's path */
 
 /* The word: state (bits 0-3), flags (4-7), count (8-31), seq (32-63). */
@@ -66,7 +68,7 @@ struct handoff_header {
     uint32_t nslots;                /* entries after the header */
     uint32_t uid;                   /* the tenant */
     uint32_t entry_size;            /* sizeof(struct handoff_entry) */
-    uint8_t key[16];                /* SipHash key of the token hashes (ledger_siphash) */
+    uint8_t key[16];                /* SipHash key of the token hashes (handoff_siphash) */
     _Atomic uint32_t closed;        /* the daemon took the table back: no step succeeds */
     uint8_t pad[20];
     /* per class: slot + 1 of the first free entry (0: empty) in bits 0-31, an ABA tag in
@@ -125,6 +127,14 @@ static inline uint32_t handoff_journal_take(_Atomic uint32_t *journal, uint32_t 
 {
     return atomic_exchange(&journal[slot], 0u);
 }
+
+/* Tokens: bytes 0..3 are the buffer's pool slot (little endian; HANDOFF_NO_SLOT for a
+ * buffer beyond the table's slots), bytes 4..15 random. The table keeps a keyed hash of
+ * a publish's token (handoff_siphash under the header's key), never the token. */
+uint32_t handoff_slot_of(const uint8_t token[PROTO_TOKEN_LEN]);
+void handoff_set_slot(uint8_t token[PROTO_TOKEN_LEN], uint32_t slot);
+/* handoff_siphash: SipHash-2-4 of in[0..len) under key (64-bit output). */
+uint64_t handoff_siphash(const uint8_t key[16], const void *in, size_t len);
 
 /* handoff_size: bytes of a table of nslots entries (and their metadata records). Every
  * step reads nslots from the header capped at HANDOFF_MAX_SLOTS: a table has exactly

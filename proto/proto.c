@@ -280,10 +280,6 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
     case PROTO_OP_FORGET:
         return get_u64(f, 2, UINT64_MAX, &m->u.forget.buf_id) &&
                get_u32(f, 3, 1, &m->u.forget.writable);
-    case PROTO_OP_TOOK:
-        return get_u64(f, 2, UINT64_MAX, &m->u.took.buf_id) && get_token(f, 3, m->u.took.token);
-    case PROTO_OP_NUDGE:
-        return get_u64(f, 2, UINT64_MAX, &m->u.nudge.buf_id);
     case PROTO_OP_RETAIN:
         return get_token(f, 2, m->u.retain.token) && get_u32(f, 3, UINT32_MAX, &m->u.retain.keep_ms);
     case PROTO_OP_MAP:
@@ -317,7 +313,7 @@ static bool decode_fields(struct fields *f, struct proto_msg *m)
     }
 }
 
-/* has_reply: forget, took, nudge, bye and giveback never have one. */
+/* has_reply: forget, bye and giveback never have one (nor took and nudge, retired). */
 static bool has_reply(uint32_t op)
 {
     return (op >= PROTO_OP_HELLO && op <= PROTO_OP_RELEASE_MANY && op != PROTO_OP_FORGET) || op == PROTO_OP_RETAIN ||
@@ -326,6 +322,8 @@ static bool has_reply(uint32_t op)
 
 static bool op_known(uint32_t op)
 {
+    if (op == PROTO_OP_TOOK || op == PROTO_OP_NUDGE) /* retired with the ledger */
+        return false;
     if (op == PROTO_OP_ERROR || (op >= PROTO_OP_HELLO && op <= PROTO_OP_ADOPT))
         return true;
     return op > PROTO_OP_REPLY && has_reply(op - PROTO_OP_REPLY);
@@ -422,8 +420,6 @@ static unsigned field_count(uint32_t op)
     case PROTO_OP_RELEASE_MANY: return 2;
     case PROTO_OP_RELEASE: return 2;
     case PROTO_OP_FORGET: return 2;
-    case PROTO_OP_TOOK: return 2;
-    case PROTO_OP_NUDGE: return 1;
     case PROTO_OP_RETAIN: return 2;
     case PROTO_OP_MAP: return 1;
     case PROTO_OP_GIVEBACK: return 1;
@@ -534,13 +530,6 @@ int proto_encode(const struct proto_msg *m, uint8_t *buf, size_t cap)
         msgpack_pack_uint64(&pk, m->u.forget.buf_id);
         msgpack_pack_uint32(&pk, m->u.forget.writable);
         break;
-    case PROTO_OP_TOOK:
-        msgpack_pack_uint64(&pk, m->u.took.buf_id);
-        pack_raw(&pk, false, m->u.took.token, PROTO_TOKEN_LEN);
-        break;
-    case PROTO_OP_NUDGE:
-        msgpack_pack_uint64(&pk, m->u.nudge.buf_id);
-        break;
     case PROTO_OP_RETAIN:
         pack_raw(&pk, false, m->u.retain.token, PROTO_TOKEN_LEN);
         msgpack_pack_uint32(&pk, m->u.retain.keep_ms);
@@ -596,7 +585,7 @@ const char *proto_op_name(uint32_t op)
         [PROTO_OP_ACQUIRE] = "acquire", [PROTO_OP_RELEASE] = "release",
         [PROTO_OP_STATUS] = "status", [PROTO_OP_PING] = "ping", [PROTO_OP_FORGET] = "forget",
         [PROTO_OP_LEASE_MANY] = "lease_many", [PROTO_OP_RELEASE_MANY] = "release_many",
-        [PROTO_OP_TOOK] = "took", [PROTO_OP_NUDGE] = "nudge", [PROTO_OP_BYE] = "bye",
+        [PROTO_OP_BYE] = "bye",
         [PROTO_OP_RETAIN] = "retain", [PROTO_OP_MAP] = "map", [PROTO_OP_GIVEBACK] = "giveback",
         [PROTO_OP_ADOPT] = "adopt",
     };

@@ -56,14 +56,8 @@
  * only when the daemon agreed to this bit in hello, so an older daemon is never asked. */
 #define PROTO_FEAT_SEALED (1u << 2)
 
-/* Same-tenant handoffs without the daemon (proto/ledger.h). Only with PROTO_FEAT_FD_ONCE
- * (the daemon reads a ledger slot only for a buffer whose fd it sent this connection).
- * When the daemon agrees it, its hello reply carries two fds (SCM_RIGHTS), in order: the
- * tenant's directory memfd (O_RDWR, LEDGER_DIR_SIZE bytes) and this connection's ledger
- * memfd (O_RDWR, LEDGER_COUNTS_SIZE bytes), both sealed F_SEAL_SHRINK | F_SEAL_GROW |
- * F_SEAL_SEAL. The hello reply's layout does not change. A daemon that cannot make them
- * does not agree the bit. The client then may send PROTO_OP_TOOK and PROTO_OP_NUDGE. */
-#define PROTO_FEAT_LEDGER (1u << 3)
+/* (1u << 3) was PROTO_FEAT_LEDGER, the table's forerunner (took, nudge): no longer agreed;
+ * its bit stays unused. */
 
 /* The client says bye (PROTO_OP_BYE) as its last message before it closes, and the
  * daemon then counts the end of the connection as a clean close (clients_closed) even if
@@ -105,8 +99,8 @@
 #define PROTO_BUF_SEALED (1u << 0) /* a sealed buffer: verify F_GET_SEALS before mapping */
 /* Do not cache this mapping: the buffer is retired (never recycled) once no handle holds
  * it (another tenant mapped it, or it is sealed), or this mapping is not in the daemon's
- * record of the connection's mappings (its fd-once set is full), so it must never serve a
- * ledger hold. A client unmaps it when its last local user goes. Version 3. */
+ * record of the connection's mappings (its fd-once set is full). A client unmaps it when
+ * its last local user goes. Version 3. */
 #define PROTO_BUF_RETIRE (1u << 1)
 
 /* Flags of a lease or lease_many request. */
@@ -154,8 +148,8 @@ enum proto_op {
     PROTO_OP_FORGET = 8,          /* no reply, ever */
     PROTO_OP_LEASE_MANY = 9,      /* all or nothing: one reply with every lease, or an error */
     PROTO_OP_RELEASE_MANY = 10,   /* every known handle is released; an error names the first unknown */
-    PROTO_OP_TOOK = 11,           /* no reply, ever (PROTO_FEAT_LEDGER) */
-    PROTO_OP_NUDGE = 12,          /* no reply, ever (PROTO_FEAT_LEDGER) */
+    PROTO_OP_TOOK = 11,           /* retired with the ledger: an unknown op now */
+    PROTO_OP_NUDGE = 12,          /* retired with the ledger: an unknown op now */
     PROTO_OP_BYE = 13,            /* no reply, ever; the connection's last message (PROTO_FEAT_BYE) */
     PROTO_OP_RETAIN = 14,         /* one more pending acquire of retention (PROTO_FEAT_RETAIN) */
     PROTO_OP_MAP = 15,            /* the fd of a buffer in the uid's table (PROTO_FEAT_TABLE) */
@@ -225,15 +219,8 @@ struct proto_msg {
         struct { uint32_t n; uint32_t flags; uint64_t handles[PROTO_MAX_BATCH]; } release_many;
         /* forget: the client unmapped buffer buf_id (its writable or read-only mapping). */
         struct { uint64_t buf_id; uint32_t writable; } forget;
-        /* took: the client took a ledger hold on buf_id for the publish under token (it
-         * counts toward that publish's max_acquires and the acquire counters, as a daemon
-         * acquire does). nudge: the client dropped a ledger hold on buf_id and found it LENT
-         * (the daemon waits for it): the daemon re-reads that buffer's ledgers. Both are
-         * ignored unless the connection has a ledger and was sent buf_id's fd. */
-        struct { uint64_t buf_id; uint8_t token[PROTO_TOKEN_LEN]; } took;
-        struct { uint64_t buf_id; } nudge;
         /* retain: the published buffer under token, which this connection holds (a handle,
-         * or a ledger hold the daemon can read), gets one more acquire of retention: a
+         * or a hold in its journal), gets one more acquire of retention: a
          * retention that ends at the acquire after those counted so far (one more than it
          * had, if it had one) or at now + keep_ms (keep_ms >= 1; the later deadline of the
          * two if it had one). Only its tenant's uid may ask (EPERM). Its reply is empty. */

@@ -60,6 +60,7 @@ def _consumer(sock, q_in, q_out, rounds):
             ok = b.shape == (N,) and bool(np.array_equal(b, np.arange(N, dtype=np.float64) + i))
             cons.release(b)
             q_out.put(ok)
+        q_in.get()  # the producer has read the daemon's counters: this connection may close now
 
 
 def test_two_processes_hand_over_in_the_table(daemon):
@@ -84,6 +85,7 @@ def test_two_processes_hand_over_in_the_table(daemon):
                 prod.release(a)
             m1 = daemon.status()["counters"]["messages"]
     finally:
+        q_in.put(None)
         p.join(60)
     assert p.exitcode == 0
     sent = m1 - m0 - per_status

@@ -6,7 +6,7 @@
  * with duplicates and foreign handles, one uid's flood of waiting leases beside another
  * uid leasing freely, and an acquire parked on a token whose buffer is released and
  * leased again (ENOENT, never the new bytes). Nothing may leak: status counters, quota,
- * the daemon's own fds (/proc/<pid>/fd); the daemon's ledger check aborts on a drift. */
+ * the daemon's own fds (/proc/<pid>/fd); the daemon's ledgers check aborts on a drift. */
 #include <criterion/criterion.h>
 
 #include <errno.h>
@@ -86,14 +86,14 @@ static long cpu_ms(pid_t pid)
  * csize: pool.bytes_allocated / csize of them), read when both agree twice running. */
 static int fds_other(const struct daemon *d, uint64_t csize)
 {
-    /* status_u64's connections take no ledger: the daemon makes a uid's directory memfd for
-     * its first ledger connection and closes it with its last, so each status call would
-     * add a transient fd to the count (CI saw base + 1 once). */
+    /* status_u64's connections take no table: the daemon makes a uid's table memfd for its
+     * first table connection and closes it with its last, so each status call would add a
+     * transient fd to the count (CI saw base + 1 once). */
     /* Each status call is a connection (a socket and a pidfd in the daemon) that ends
      * when the daemon reads its close, a moment after status_u64 returns: the fds are
      * counted after the call, twice 50 ms apart, and only an unchanged count is taken
      * (counting first, then calling, took a connection still ending once: base + 2). */
-    setenv("SHMREF_LEDGER", "0", 1);
+    setenv("SHMREF_TABLE", "0", 1);
     for (int i = 0;; i++) {
         uint64_t alloc = status_u64(d, "pool.bytes_allocated");
         usleep(50000);

@@ -316,7 +316,7 @@ static int daemon_holds(const struct daemon *d, const char *name)
 }
 
 /* daemon_pinned_bytes: storage behind the daemon's buffer fds (unlinked files in
- * /dev/shm, or memfds other than the ledgers') as the kernel counts it, each file once. */
+ * /dev/shm, or memfds other than the tables') as the kernel counts it, each file once. */
 static uint64_t daemon_pinned_bytes(const struct daemon *d)
 {
     static ino_t seen[4096];

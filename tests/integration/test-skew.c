@@ -37,7 +37,7 @@ static void hello_in(int fd, uint32_t v, uint64_t features, struct proto_msg *re
 }
 
 #define ALL_FEATURES                                                                                      \
-    (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_LEDGER | PROTO_FEAT_BYE | \
+    (PROTO_FEAT_NOREPLY_RELEASE | PROTO_FEAT_FD_ONCE | PROTO_FEAT_SEALED | PROTO_FEAT_TABLE | PROTO_FEAT_BYE | \
      PROTO_FEAT_FOREIGN | PROTO_FEAT_PRIVATE | PROTO_FEAT_RETAIN)
 
 /* prev_connect: a raw connection of the previous version that asked every feature; it
@@ -54,7 +54,7 @@ static int prev_connect(const struct daemon *d)
                  (unsigned)r.u.hello_reply.version);
     cr_assert_eq(r.u.hello_reply.features, PROTO_FEAT_PREV, "agreed features %#llx",
                  (unsigned long long)r.u.hello_reply.features);
-    cr_assert_eq(nfds, 0, "the hello reply carried %u fds (a ledger)", nfds);
+    cr_assert_eq(nfds, 0, "the hello reply carried %u fds (a table)", nfds);
     return fd;
 }
 

@@ -20,7 +20,7 @@
 #include "broker-fixture.h"
 #include "core-hold.h"
 #include "fake-peer.h"
-#include "ledger.h"
+#include "handoff.h"
 #include "ledgers.h"
 
 #define KiB (UINT64_C(1) << 10)
@@ -152,7 +152,7 @@ Test(acquire, another_tenant_marks_it_foreign)
     registry_release_all(f.bk.reg, &f.same.peer.holder);
     cr_assert_eq(registry_release(f.bk.reg, &f.prod.peer.holder, hp), 0);
     cr_assert_eq(pool_bytes_warm(f.bk.pool), 0, "a buffer another tenant mapped went back warm");
-    cr_assert_eq(pool_slot_of(f.bk.pool, id, 1000), LEDGER_NO_SLOT, "a foreign buffer still exists");
+    cr_assert_eq(pool_slot_of(f.bk.pool, id, 1000), HANDOFF_NO_SLOT, "a foreign buffer still exists");
     fx_close(&f);
 }
 

@@ -20,7 +20,7 @@
 
 #include <uv.h>
 
-#include "ledger.h"
+#include "handoff.h"
 #include "pool-callback.h"
 #include "pool.h"
 
@@ -500,8 +500,8 @@ Test(pool, ledger_slots_dense_and_reused)
     cr_assert_eq(pool_slots_used(f.pool), 2);
     cr_assert_eq(pool_slot_of(f.pool, a->id, 1000), 0);
     cr_assert_eq(pool_slot_of(f.pool, b->id, 1000), 1);
-    cr_assert_eq(pool_slot_of(f.pool, b->id, 1001), LEDGER_NO_SLOT, "another tenant's buffer");
-    cr_assert_eq(pool_slot_of(f.pool, 999, 1000), LEDGER_NO_SLOT, "no such buffer");
+    cr_assert_eq(pool_slot_of(f.pool, b->id, 1001), HANDOFF_NO_SLOT, "another tenant's buffer");
+    cr_assert_eq(pool_slot_of(f.pool, 999, 1000), HANDOFF_NO_SLOT, "no such buffer");
     uint64_t a_id = a->id;
     pool_put(f.pool, a); /* warm: keeps its slot */
     cr_assert_eq(pool_slots_used(f.pool), 2);
@@ -510,7 +510,7 @@ Test(pool, ledger_slots_dense_and_reused)
     a->foreign = true; /* retired on return: its file is closed, its slot free */
     pool_put(f.pool, a);
     cr_assert_eq(pool_slots_used(f.pool), 1);
-    cr_assert_eq(pool_slot_of(f.pool, a_id, 1000), LEDGER_NO_SLOT);
+    cr_assert_eq(pool_slot_of(f.pool, a_id, 1000), HANDOFF_NO_SLOT);
     struct pool_buf *c = get_new(&f, 100000, 1001);
     cr_assert_eq(c->slot, 0, "the freed slot is reused first");
     cr_assert_eq(pool_slots_used(f.pool), 2);

@@ -13,7 +13,7 @@
 
 #include <uv.h>
 
-#include "ledger.h"
+#include "handoff.h"
 #include "pool-callback.h"
 #include "pool.h"
 #include "quota.h"
@@ -683,7 +683,7 @@ Test(registry, lender_keeps_a_buffer_lent)
     struct registry_lender l = { .lend = lend_cb };
     registry_set_lender(f.reg, &l);
     struct registry_buf *b = lease(&f, &h, 64 * KiB, 1000, &handle);
-    cr_assert_eq(ledger_slot_of(b->token), b->pb->slot, "the token names the slot");
+    cr_assert_eq(handoff_slot_of(b->token), b->pb->slot, "the token names the slot");
     uint8_t token[PROTO_TOKEN_LEN];
     memcpy(token, b->token, sizeof(token));
     cr_assert_eq(registry_publish(f.reg, b, 100, 0, NULL, 0), 0);

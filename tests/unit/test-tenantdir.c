@@ -22,7 +22,7 @@
 #include "core-fixture.h"
 #include "core-hold.h"
 #include "handoff.h"
-#include "ledger.h"
+#include "handoff.h"
 #include "tenantdir.h"
 
 #define KiB (UINT64_C(1) << 10)
@@ -153,11 +153,11 @@ static uint32_t client_publish(struct conn *k, uint32_t cls, uint64_t size, uint
     uint32_t slot, seq;
     cr_assert_eq(handoff_lease(k->tab, k->journal, cls, T, &slot, &seq), 0, "the client's lease");
     cr_assert_eq(getrandom(token, PROTO_TOKEN_LEN, 0), (ssize_t)PROTO_TOKEN_LEN);
-    ledger_set_slot(token, slot);
+    handoff_set_slot(token, slot);
     struct handoff_meta *m = handoff_meta_at(k->tab, slot);
     memcpy(m->data, "f8", 2);
     atomic_store(&m->len, 2);
-    cr_assert_eq(handoff_publish(k->tab, slot, seq, ledger_siphash(hdr(k)->key, token, PROTO_TOKEN_LEN), size), 0);
+    cr_assert_eq(handoff_publish(k->tab, slot, seq, handoff_siphash(hdr(k)->key, token, PROTO_TOKEN_LEN), size), 0);
     if (ret_seq)
         *ret_seq = seq;
     return slot;
@@ -165,7 +165,7 @@ static uint32_t client_publish(struct conn *k, uint32_t cls, uint64_t size, uint
 
 static uint64_t tokhash(struct conn *k, const uint8_t *token)
 {
-    return ledger_siphash(hdr(k)->key, token, PROTO_TOKEN_LEN);
+    return handoff_siphash(hdr(k)->key, token, PROTO_TOKEN_LEN);
 }
 
 /* ---- 1: files ----------------------------------------------------------------------- */
@@ -420,7 +420,7 @@ Test(tenantdir, lease_publish_take_and_daemon_hold)
     /* not published yet: the daemon takes nothing */
     uint8_t token[PROTO_TOKEN_LEN];
     cr_assert_eq(getrandom(token, sizeof(token), 0), (ssize_t)sizeof(token));
-    ledger_set_slot(token, slot);
+    handoff_set_slot(token, slot);
     cr_assert_null(registry_find_table(f.core.reg, token), "taken before its publish");
     struct handoff_meta *m = handoff_meta_at(k1.tab, slot);
     memcpy(m->data, "f8", 2);
@@ -440,7 +440,7 @@ Test(tenantdir, lease_publish_take_and_daemon_hold)
     memcpy(wrong, token, sizeof(wrong));
     wrong[9] ^= 1;
     cr_assert_null(registry_find_table(f.core.reg, wrong));
-    ledger_set_slot(wrong, slot == 7 ? 8 : 7);
+    handoff_set_slot(wrong, slot == 7 ? 8 : 7);
     cr_assert_null(registry_find_table(f.core.reg, wrong));
     /* a size beyond the buffer: nothing */
     struct handoff_entry *e = handoff_entry_at(k1.tab, slot);
@@ -643,7 +643,7 @@ Test(tenantdir, adopt_makes_a_writing_buffer)
     cr_assert(!b->lent && !b->published);
     cr_assert_eq(f.td.st.adopts, 1);
     assert_word(&k, slot, HANDOFF_LEASED, 2, 0);
-    cr_assert_eq(ledger_slot_of(b->token), slot, "the fresh token does not name its slot");
+    cr_assert_eq(handoff_slot_of(b->token), slot, "the fresh token does not name its slot");
     cr_assert_eq(registry_find_writing(f.core.reg, b->token), b);
     struct registry_holder h = { 0 };
     uint64_t hd;
@@ -967,11 +967,11 @@ Test(tenantdir, hostile_table_never_hurts_the_daemon_or_another_uid)
     /* drive every path */
     uint8_t tok[PROTO_TOKEN_LEN];
     memcpy(tok, ta, sizeof(tok));
-    ledger_set_slot(tok, sb);
+    handoff_set_slot(tok, sb);
     cr_assert_null(registry_find_table(f.core.reg, tok));
-    ledger_set_slot(tok, sc);
+    handoff_set_slot(tok, sc);
     cr_assert_null(registry_find_table(f.core.reg, tok));
-    ledger_set_slot(tok, 0xfffffff0u);
+    handoff_set_slot(tok, 0xfffffff0u);
     cr_assert_null(registry_find_table(f.core.reg, tok));
     A_ALIVE();
     cr_assert_eq(registry_reclaim_table(f.core.reg, 1000, UINT64_MAX), a->pb->size, "b, FREE|LISTED, not reclaimed");
