@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "handoff.h"
 #include "harness.h"
 #include "proto.h"
 #include "rawclient.h"
@@ -550,6 +551,8 @@ Test(table, consumer_racing_recycles_never_reads_a_new_generation)
     daemon_stop(&d);
 }
 
+static int raw_send(int fd, struct proto_msg *m);
+
 /* ---- 4. SIGKILL between steps is reclaimed within 10 ms --------------------------- */
 
 #define KILLS 25
@@ -609,20 +612,23 @@ static long now_us(void)
 
 /* The child is SIGKILLed at a random point of its loop (a random delay after it runs);
  * from waitpid the parent polls status until the child's two journals are gone (the
- * daemon read them and dropped their holds), then leases every member of the table
- * itself: each must be served from the table (its free list), the table not grown. On the
+ * daemon read them and dropped their holds) and its daemon handles too (buffers.leases
+ * 0: the parent has no stock), then leases every member of the table
+ * itself: each must be served from the table (its free list), but for at most one more
+ * per kill (a step cut between its two stores: a leaked hold, by design). On the
  * ledger design nothing read a dead consumer's ledger until a sweep (a kill left buffers
  * LENT); with take's two stores in the other order a kill between them would drop a hold
  * the word never had: a member with holds of a live process pushed early, or a count
  * that never reaches 0 (the parent's leases would then go to the daemon). */
 Test(table, sigkill_between_steps_is_reclaimed_within_10ms)
 {
+    setenv("SHMREF_STOCK", "0", 1); /* no lease is the daemon's but the child's */
     daemon_start(&d, NULL);
     shmref_conn *s = connect_ok(&d); /* keeps the uid's table across the kills; asks status */
     uint32_t rnd = 12345;
     long us[KILLS];
-    uint64_t crash0 = st(s, "table.crash_holds");
-    unsigned leaked = 0;
+    uint64_t crash0 = st(s, "table.crash_holds"), held_before = 0;
+    unsigned leaks = 0;
     for (int k = 0; k < KILLS; k++) {
         int pfd[2];
         cr_assert_eq(pipe(pfd), 0);
@@ -635,38 +641,106 @@ Test(table, sigkill_between_steps_is_reclaimed_within_10ms)
         kill(pid, SIGKILL);
         child_wait(pid);
         long t0 = now_us();
-        while (st(s, "table.journals") != 1 && now_us() - t0 < 5000000)
+        while ((st(s, "table.journals") != 1 || st(s, "buffers.leases") != 0) && now_us() - t0 < 5000000)
             ;
         us[k] = now_us() - t0;
         cr_assert_eq(st(s, "table.journals"), 1, "the killed child's journals were still read after 5 s");
-        /* every member is free again: the parent's leases are all served from the table */
+        cr_assert_eq(st(s, "buffers.leases"), 0, "the killed child's daemon handles were still held after 5 s");
+        /* every member is free again (the parent's leases are served from the table) but
+         * at most one more than before: the one step the kill may have cut between its two
+         * stores (take, lease: the word counted, the journal not yet; give: the journal
+         * given, the word not yet) leaves the word one too high, by design (handoff.h: a
+         * leaked hold, never an early recycle), until the tenant is quiet (checked below) */
         uint64_t members = st(s, "table.members"), l0 = counter(s, "table_leases");
         shmref_buf **b = calloc(members + 1, sizeof(*b));
-        for (uint64_t i = 0; i < members; i++)
-            cr_assert_eq(shmref_lease(s, SIZE, &b[i]), 0, "lease: %s", shmref_errmsg(s));
-        uint64_t local = counter(s, "table_leases") - l0;
-        if (local != members) {
-            leaked++;
-            fprintf(stderr, "kill %d: %llu of %llu members were free after the reclaim\n", k,
-                    (unsigned long long)local, (unsigned long long)members);
+        unsigned got = 0;
+        for (uint64_t i = 0; i < members; i++) {
+            uint64_t before = counter(s, "table_leases");
+            cr_assert_eq(shmref_lease(s, SIZE, &b[got]), 0, "lease: %s", shmref_errmsg(s));
+            if (counter(s, "table_leases") == before) { /* the free list is empty */
+                shmref_release(b[got]);
+                break;
+            }
+            got++;
         }
-        for (uint64_t i = 0; i < members; i++)
+        uint64_t held = members - (counter(s, "table_leases") - l0);
+        if (held > held_before) {
+            leaks++;
+            fprintf(stderr, "kill %d: %llu of %llu members held after the reclaim (%llu before)\n", k,
+                    (unsigned long long)held, (unsigned long long)members, (unsigned long long)held_before);
+        }
+        cr_assert_leq(held, held_before + 1, "kill %d: %llu members held after the reclaim, %llu before: the dead "
+                      "child's holds were not dropped", k, (unsigned long long)held, (unsigned long long)held_before);
+        held_before = held;
+        for (unsigned i = 0; i < got; i++)
             shmref_release(b[i]);
         free(b);
-        cr_assert_eq(st(s, "table.members"), members, "kill %d: the table grew: a member was still held", k);
     }
     long sorted[KILLS];
     memcpy(sorted, us, sizeof(us));
     qsort(sorted, KILLS, sizeof(long), cmp_long);
     uint64_t crash = st(s, "table.crash_holds") - crash0;
-    printf("sigkill: %d kills, reclaimed (journals read, holds dropped) in median %.2f ms, worst %.2f ms, best "
-           "%.2f ms; %llu crash holds dropped; %u kills left members held\n", KILLS, sorted[KILLS / 2] / 1000.0,
-           sorted[KILLS - 1] / 1000.0, sorted[0] / 1000.0, (unsigned long long)crash, leaked);
-    cr_assert_eq(leaked, 0, "%u kills left table members held after the reclaim", leaked);
+    printf("sigkill: %d kills, reclaimed (journals read, holds and handles dropped) in median %.2f ms, worst %.2f ms, best "
+           "%.2f ms; %llu crash holds dropped; %u kills cut a step between its two stores (a leaked hold)\n",
+           KILLS, sorted[KILLS / 2] / 1000.0, sorted[KILLS - 1] / 1000.0, sorted[0] / 1000.0,
+           (unsigned long long)crash, leaks);
     cr_assert_gt(crash, 0, "no kill found a hold to drop: the reclaim was not tested");
     cr_assert_leq(sorted[KILLS / 2], 10000, "median reclaim %.2f ms, over the issue's 10 ms",
                   sorted[KILLS / 2] / 1000.0);
+    /* what the leaked holds are: the table read through a raw hello's fd (no live
+     * process holds anything now, the parent's leases are all released) */
+    uint64_t words_held = 0;
+    {
+        int fd = raw_connect(&d);
+        static uint8_t rb[PROTO_MAX_REPLY];
+        struct proto_msg m = { .op = PROTO_OP_HELLO, .id = 1 }, r;
+        m.u.hello.version = PROTO_VERSION;
+        m.u.hello.features = PROTO_FEAT_FD_ONCE | PROTO_FEAT_TABLE;
+        m.u.hello.name = "look";
+        m.u.hello.name_len = 4;
+        cr_assert_eq(raw_send(fd, &m), 0);
+        int fds[4];
+        unsigned nf = 0;
+        ssize_t len = rawclient_recv_fds(fd, rb, sizeof(rb), fds, 4, &nf, 5000);
+        const char *why;
+        cr_assert(len > 0 && proto_decode(rb, (size_t)len, sizeof(rb), &r, &why) == 0 && nf == 2);
+        size_t tlen = handoff_size(HANDOFF_MAX_SLOTS);
+        void *tab = mmap(NULL, tlen, PROT_READ, MAP_SHARED, fds[0], 0);
+        cr_assert_neq(tab, MAP_FAILED);
+        for (uint32_t slot = 0; slot < HANDOFF_MAX_SLOTS; slot++) {
+            uint64_t w = atomic_load(&handoff_entry_at(tab, slot)->word);
+            if (handoff_count_of(w)) {
+                words_held += handoff_count_of(w);
+                printf("sigkill: slot %u left with count %u, state %u (%s), flags 0x%x\n", slot, handoff_count_of(w),
+                       handoff_state_of(w), handoff_state_of(w) == HANDOFF_LEASED ? "leased" : "published",
+                       handoff_flags_of(w));
+            }
+        }
+        /* and the free lists as they are linked now */
+        const struct handoff_header *hh = tab;
+        uint64_t linked = 0;
+        for (unsigned cl = 0; cl < HANDOFF_CLASSES; cl++)
+            for (uint32_t at = (uint32_t)atomic_load(&hh->head[cl]); at && linked <= HANDOFF_MAX_SLOTS; linked++)
+                at = atomic_load(&handoff_entry_at(tab, at - 1)->next);
+        uint64_t members = st(s, "table.members");
+        printf("sigkill: at the end %llu members: %llu on a free list, %llu holds in words, %llu free but "
+               "unlinked (a kill between a pop's or a push's two steps)\n", (unsigned long long)members,
+               (unsigned long long)linked, (unsigned long long)words_held,
+               (unsigned long long)(members - linked - words_held));
+        munmap(tab, tlen);
+        close(fds[0]);
+        close(fds[1]);
+        close(fd);
+    }
+    cr_assert_leq(words_held, leaks, "%llu holds left in the table's words, more than the %u kills that cut a step",
+                  (unsigned long long)words_held, leaks);
+    /* the tenant quiet (its last connection gone): the table goes back whole, leaked
+     * holds and all */
     shmref_close(s);
+    uint64_t members = wait_status(&d, "table.members", 0, 5000);
+    uint64_t leases = wait_status(&d, "buffers.leases", 0, 5000);
+    cr_assert_eq(members, 0, "%llu members left after the uid's last connection", (unsigned long long)members);
+    cr_assert_eq(leases, 0, "%llu leases left after the uid's last connection", (unsigned long long)leases);
     daemon_stop(&d);
 }
 
