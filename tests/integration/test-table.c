@@ -892,7 +892,9 @@ static int other_raw(void *arg)
  * the mapping would be writable; one that let another uid MAP or ADOPT root's buffer by
  * buf_id would answer with an fd or a handle; one that recycled the buffer locally after
  * another uid mapped it (no OUT) would lease it to root again: table.members would not
- * drop and no giveback would come. */
+ * drop and no giveback would come (tried: acquire.c not marking the buffer foreign sent
+ * no giveback, and the table kept its 2 members). Only one order is here: the other uid
+ * releases first, root's last local give sends GIVEBACK. */
 Test(table, another_uid_gets_read_only_bytes_and_retires_the_buffer)
 {
     daemon_start(&d, "--socket-mode", "0666", NULL);
