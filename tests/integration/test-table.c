@@ -788,6 +788,35 @@ static int other_lib(void *arg)
     return 0;
 }
 
+/* other_hold: uid 65534 acquires and holds until told (a byte on go), then releases. */
+struct other_hold_arg {
+    struct other *o;
+    int ready, go;
+};
+
+static int other_hold(void *arg)
+{
+    struct other_hold_arg *h = arg;
+    if (become(OTHER_UID) < 0)
+        return 100;
+    shmref_conn *c;
+    if (shmref_connect(d.socket, &c) < 0)
+        return 101;
+    shmref_buf *a;
+    if (shmref_acquire(c, &h->o->desc, &a) < 0)
+        return 102;
+    if (check_pattern(shmref_buf_data(a), SIZE, h->o->seed) != -1 || shmref_buf_writable(a))
+        return 103;
+    char x = 'h';
+    if (write(h->ready, &x, 1) != 1 || read(h->go, &x, 1) != 1)
+        return 104;
+    if (check_pattern(shmref_buf_data(a), SIZE, h->o->seed) != -1)
+        return 105;
+    shmref_release(a);
+    shmref_close(c);
+    return 0;
+}
+
 static int raw_send(int fd, struct proto_msg *m)
 {
     uint8_t buf[PROTO_MAX_REQUEST];
@@ -893,8 +922,8 @@ static int other_raw(void *arg)
  * buf_id would answer with an fd or a handle; one that recycled the buffer locally after
  * another uid mapped it (no OUT) would lease it to root again: table.members would not
  * drop and no giveback would come (tried: acquire.c not marking the buffer foreign sent
- * no giveback, and the table kept its 2 members). Only one order is here: the other uid
- * releases first, root's last local give sends GIVEBACK. */
+ * no giveback, and the table kept its 2 members). Both orders: the other uid releases
+ * first (root's last local give sends GIVEBACK), or last (the daemon's give ends it). */
 Test(table, another_uid_gets_read_only_bytes_and_retires_the_buffer)
 {
     daemon_start(&d, "--socket-mode", "0666", NULL);
@@ -952,6 +981,39 @@ Test(table, another_uid_gets_read_only_bytes_and_retires_the_buffer)
     cr_assert_eq(counter(p, "table_leases") - l1, members0 - 1,
                  "8 leases found %llu buffers in the table, which had %llu members left",
                  (unsigned long long)(counter(p, "table_leases") - l1), (unsigned long long)(members0 - 1));
+
+    /* the other order: root's holds go first, the other uid's daemon hold last: the
+     * daemon's give finds it OUT and ends it (no giveback from root) */
+    l1 = counter(p, "table_leases");
+    cr_assert_eq(shmref_lease(p, SIZE, &b), 0);
+    cr_assert_eq(counter(p, "table_leases"), l1 + 1, "the lease was not served from the table");
+    o->seed = 778;
+    fill_pattern(shmref_buf_data(b), SIZE, o->seed);
+    cr_assert_eq(shmref_publish(b, SIZE, 0, NULL, 0, &o->desc), 0);
+    int rp[2], gp[2];
+    cr_assert_eq(pipe(rp), 0);
+    cr_assert_eq(pipe(gp), 0);
+    struct other_hold_arg ha = { .o = o, .ready = rp[1], .go = gp[0] };
+    pid_t hp = child_run(other_hold, &ha);
+    char x;
+    cr_assert_eq(read(rp[0], &x, 1), 1, "uid %d's holder failed", OTHER_UID);
+    gbp0 = counter(p, "table_givebacks");
+    shmref_release(b);
+    cr_assert_eq(shmref_ping(p), 0);
+    uint64_t members1 = st(c, "table.members");
+    cr_assert_eq(write(gp[1], "g", 1), 1);
+    int rh = child_wait(hp);
+    cr_assert_eq(rh, 0, "uid %d's holder: exit %d (see other_hold)", OTHER_UID, rh);
+    uint64_t members2 = wait_st(c, "table.members", members1 - 1, 5000);
+    printf("other uid, its release last: table members %llu -> %llu, root's givebacks %llu\n",
+           (unsigned long long)members1, (unsigned long long)members2,
+           (unsigned long long)(counter(p, "table_givebacks") - gbp0));
+    cr_assert_eq(members2, members1 - 1, "the buffer another uid held last stayed in the table");
+    cr_assert_eq(counter(p, "table_givebacks"), gbp0, "root gave back a buffer the daemon still held");
+    for (int i = 0; i < 2; i++) {
+        close(rp[i]);
+        close(gp[i]);
+    }
     munmap(o, sizeof(*o));
     shmref_close(c);
     shmref_close(p);
