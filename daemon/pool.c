@@ -716,11 +716,7 @@ void pool_put(struct pool *p, struct pool_buf *b)
         return;
     }
     struct pool_class *c = &p->classes[b->cls];
-    if (b->ro_fd >= 0) { /* reopened when next acquired: warm buffers hold one fd */
-        close(b->ro_fd);
-        b->ro_fd = -1;
-        p->nfds--;
-    }
+    pool_ro_close(p, b); /* reopened when next acquired: warm buffers hold one fd */
     b->is_free = true;
     b->lru_prev = p->lru_tail;
     b->lru_next = NULL;
@@ -747,6 +743,15 @@ int pool_seal(struct pool *p, struct pool_buf *b)
 bool pool_sealable(const struct pool *p)
 {
     return p->store.memfd;
+}
+
+void pool_ro_close(struct pool *p, struct pool_buf *b)
+{
+    if (b->ro_fd >= 0) {
+        close(b->ro_fd);
+        b->ro_fd = -1;
+        p->nfds--;
+    }
 }
 
 int pool_ro_fd(struct pool *p, struct pool_buf *b)

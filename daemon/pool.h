@@ -175,6 +175,9 @@ uint32_t pool_slot_of(const struct pool *pool, uint64_t id, uint32_t tenant);
 
 /* pool_ro_fd: the read-only fd of buf (made on first use). Returns it or -errno. */
 int pool_ro_fd(struct pool *pool, struct pool_buf *buf);
+/* pool_ro_close: buf's read-only fd closed (if it has one): no daemon reference needs it
+ * (a buffer going warm, or LENT to its tenant's table); pool_ro_fd makes it again. */
+void pool_ro_close(struct pool *pool, struct pool_buf *buf);
 
 /* Accounting, for status and refusal messages. */
 uint64_t pool_cap(const struct pool *pool);

@@ -282,6 +282,10 @@ static void buf_gone(struct registry *r, struct registry_buf *b)
     b->meta = NULL;
     b->meta_len = 0;
     if (r->lender.lend && r->lender.lend(r->lender.arg, b)) {
+        /* no daemon reference is left to send its read-only fd: a member holds one fd,
+         * as a warm buffer does (else every member once acquired through the daemon
+         * kept two, and acquires failed EMFILE at half the buffers the fds allow) */
+        pool_ro_close(r->pool, b->pb);
         b->lent = true;
         r->st.lent++;
         r->st.lent_bytes += b->pb->size;
