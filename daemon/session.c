@@ -378,6 +378,8 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
                    (unsigned long long)s->peer.id, (int)s->peer.pid, (unsigned)s->peer.uid,
                    s->peer.log_rate.suppressed, s->peer.log_rate.suppressed == 1 ? "" : "s");
     /* Its journal's holds end first, then its handles: a dead connection holds nothing. */
+    if (!s->bye)
+        tenantdir_repair(env->tenantdirs, &s->journal);
     tenantdir_leave(env->tenantdirs, &s->journal);
     /* Its process's mappings went with it, or it closed (libshmref unmaps first), or its
      * process lives on with them: those of buffers whose pages the pool cannot free stay

@@ -355,6 +355,28 @@ void tenantdir_leave(struct tenantdirs *t, struct tenantdir_conn *c)
         table_back(t, d);
 }
 
+void tenantdir_repair(struct tenantdirs *t, struct tenantdir_conn *c)
+{
+    struct tenantdir *d = c->dir;
+    if (!d)
+        return;
+    for (struct registry_buf *b = d->members, *next; b; b = next) {
+        next = b->lent_next;
+        if (!b->lent)
+            continue; /* the daemon holds it: never FREE */
+        struct handoff_entry *e = handoff_entry_at(d->map, b->pb->slot);
+        uint64_t w = atomic_load(&e->word);
+        if (handoff_state_of(w) != HANDOFF_FREE || handoff_count_of(w) || (w & (HANDOFF_LISTED | HANDOFF_OUT)))
+            continue;
+        /* FREE, no hold, on no list: a push cut short. OUT makes a live pusher's next CAS
+         * fail (it then gives the buffer to us: a giveback, ignored once it has ended). */
+        if (atomic_compare_exchange_strong(&e->word, &w, w | HANDOFF_OUT)) {
+            t->st.repaired++;
+            member_end(t, d, b);
+        }
+    }
+}
+
 struct registry_buf *tenantdir_member(const struct tenantdirs *t, const struct tenantdir_conn *c, uint64_t buf_id)
 {
     if (!t || !c->dir || !t->at)

@@ -44,6 +44,7 @@ struct tenantdir_stats {
     uint64_t maps, adopts, givebacks;  /* requests served */
     uint64_t reclaimed;                /* free buffers taken back (quota or pool space) */
     uint64_t crash_holds;              /* holds dropped from the journals of ended connections */
+    uint64_t repaired;                 /* free members found off their lists after a kill */
     uint64_t ignored;                  /* requests that named nothing of theirs */
 };
 
@@ -73,6 +74,12 @@ int tenantdir_join(struct tenantdirs *t, uint32_t uid, struct tenantdir_conn *c,
  * back with its uid's last journal. Accepts a conn without one. */
 void tenantdir_leave(struct tenantdirs *t, struct tenantdir_conn *c);
 
+/* tenantdir_repair: c ended without saying bye (killed): members its process may have
+ * left FREE and on no free list (killed inside a push) are taken back (OUT, ended to the
+ * pool: a live process of the uid inside a push of one of them finds OUT and gives it to
+ * the daemon, which ignores it). Holds a kill left counted in a word stay until the uid's
+ * last connection ends (a stopped process is not told from a dead one). O(members). */
+void tenantdir_repair(struct tenantdirs *t, struct tenantdir_conn *c);
 /* tenantdir_member: the member of c's uid's table with buffer id buf_id, or NULL (O(1)). */
 struct registry_buf *tenantdir_member(const struct tenantdirs *t, const struct tenantdir_conn *c, uint64_t buf_id);
 /* tenantdir_giveback: PROTO_OP_GIVEBACK: buf_id's last local hold went and it is OUT: if

@@ -736,6 +736,57 @@ Test(tenantdir, leave_ends_out_buffer_whose_last_hold_it_had)
     fx_close(&f);
 }
 
+/* A client killed inside a push leaves a member FREE with no hold on no list (its word CAS
+ * done, its link not): tenantdir_repair (a connection that ended without bye) takes it back
+ * (OUT, ended); a free member on its list, a held one and one on no list but OUT are left
+ * as they are. Without the repair the buffer stays charged to its uid and unusable until
+ * the uid's last connection ends. */
+Test(tenantdir, repair_takes_back_a_free_member_on_no_list)
+{
+    struct fx f;
+    fx_open(&f);
+    struct conn k1, k2;
+    conn_join(&f, &k1, 1000);
+    conn_join(&f, &k2, 1000);
+    struct registry_buf *cut = granted(&f, 1000, 100 * KiB), *listed = granted(&f, 1000, 100 * KiB);
+    struct registry_buf *held = granted(&f, 1000, 100 * KiB);
+    uint32_t s_cut = cut->pb->slot, s_listed = listed->pb->slot, s_held = held->pb->slot;
+    /* the list is LIFO: held, listed, cut. held: leased by k1 and kept; listed: leased and
+     * given back (free, on its list); cut: leased, its hold given back, the push cut
+     * between the FREE CAS and the link (the word as drop() leaves it there) */
+    uint32_t slot, seq, seq_cut;
+    cr_assert_eq(handoff_lease(k1.tab, k1.journal, 0, T, &slot, &seq), 0);
+    cr_assert_eq(slot, s_held);
+    cr_assert_eq(handoff_lease(k1.tab, k1.journal, 0, T, &slot, &seq), 0);
+    cr_assert_eq(slot, s_listed);
+    cr_assert_eq(handoff_lease(k1.tab, k1.journal, 0, T, &slot, &seq_cut), 0);
+    cr_assert_eq(slot, s_cut);
+    cr_assert_eq(handoff_give(k1.tab, k1.journal, s_listed, T), HANDOFF_FREED);
+    atomic_fetch_sub(&k1.journal[s_cut], 1u);
+    atomic_store(&handoff_entry_at(k1.tab, s_cut)->word, handoff_word(seq_cut, 0, 0, HANDOFF_FREE));
+    assert_word(&k1, s_cut, HANDOFF_FREE, 0, 0);
+    assert_word(&k1, s_held, HANDOFF_LEASED, 1, 0);
+    assert_word(&k1, s_listed, HANDOFF_FREE, 0, HANDOFF_LISTED);
+    uint64_t q0 = quota_total(f.core.quota), cut_size = cut->pb->size; /* cut is freed by the repair */
+    tenantdir_repair(&f.td, &k1.c);
+    cr_assert_eq(f.td.st.repaired, 1);
+    cr_assert_eq(quota_total(f.core.quota), q0 - cut_size, "the cut member was not credited");
+    cr_assert_eq(tenantdir_members(&f.td), 2);
+    assert_word(&k1, s_cut, HANDOFF_FREE, 0, HANDOFF_OUT);
+    assert_word(&k1, s_held, HANDOFF_LEASED, 1, 0);
+    assert_word(&k1, s_listed, HANDOFF_FREE, 0, HANDOFF_LISTED);
+    /* a pusher that was not dead after all: its link CAS sees OUT; its giveback is ignored */
+    uint64_t ign = f.td.st.ignored;
+    tenantdir_giveback(&f.td, &k2.c, 0); /* nothing of its: ignored */
+    cr_assert_eq(f.td.st.ignored, ign + 1);
+    tenantdir_repair(&f.td, &k1.c); /* nothing more to do */
+    cr_assert_eq(f.td.st.repaired, 1);
+    conn_end(&f, &k1); /* its journal's hold on `held` ends with it */
+    assert_word(&k2, s_held, HANDOFF_FREE, 0, HANDOFF_LISTED);
+    conn_end(&f, &k2);
+    fx_close(&f);
+}
+
 /* The uid's last leave takes the table back: LENT members end (even held in a journal),
  * a live one (the daemon holds it) leaves the table and ends at its last reference. */
 Test(tenantdir, last_leave_takes_the_table_back)
