@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* methods-shmref.c: the array through shmrefd, with the public libshmref API only; the
  * binary descriptor travels over the control socket. Every server writes its own output
- * (payload_transform) into a lease of its own, published for its one consumer
- * (max_acquires 1, with a retention) and released, so the client's acquire is the only
- * holder left. One-copy: the client copies its heap array into a lease; the server
+ * (payload_transform) into a lease of its own, published for its one consumer and held
+ * until the next request (by then the client has acquired it), as a server that answers
+ * requests in turn does (the Python bench's servers the same); a publish with a retention
+ * for one consumer goes through the daemon (docs/architecture.md, "What needs the daemon"). One-copy: the client copies its heap array into a lease; the server
  * copies the input into its heap (as a server that keeps its input would) and computes
  * from there into its output. Zero-copy: the client writes its input in place (every
  * word) into its lease; the server computes from the input's mapping straight into its
@@ -19,7 +20,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RETAIN_MS 60000               /* the server's output outlives its lease, until its one acquire */
+/* srv_last: the server's previous output, held until the next request's is published */
+static shmref_buf *srv_last;
+
+/* srv_hand_out: publish out (size bytes) for the client and keep it until the next one. */
+static int srv_hand_out(shmref_buf *out, size_t size, shmref_desc *ret)
+{
+    int r = shmref_publish(out, size, 0, NULL, 0, ret);
+    int r2 = shmref_release(srv_last);
+    srv_last = out;
+    return r < 0 ? r : r2;
+}
+
+static void srv_hand_back(void)
+{
+    shmref_release(srv_last);
+    srv_last = NULL;
+}
 
 static int conn_fail(struct rt_ctx *ctx, int r, const char *what)
 {
@@ -152,9 +169,7 @@ static int srv_copy(shmref_conn *c, shmref_buf *in, shmref_desc *ret)
     if (r < 0 || (r = shmref_lease(c, size, &out)) < 0)
         return r;
     payload_transform(shmref_buf_data(out), heap, size, 1);
-    r = shmref_publish_ex(out, size, RETAIN_MS, 1, 0, NULL, 0, ret);
-    int r2 = shmref_release(out);
-    return r < 0 ? r : r2;
+    return srv_hand_out(out, size, ret);
 }
 
 static int srv_reply(shmref_conn *c, shmref_buf *in, int mode, shmref_desc *ret);
@@ -226,6 +241,7 @@ int srv_shmref(int fd, const char *socket, bool zero_copy)
         ;
     if (r < 0)
         fprintf(stderr, "shmref-bench server: %s: %s\n", strerror(-r), shmref_errmsg(c));
+    srv_hand_back();
     srv_waits_report(c, w0);
     shmref_close(c);
     return r < 0 ? r : 0;
@@ -233,7 +249,7 @@ int srv_shmref(int fd, const char *socket, bool zero_copy)
 
 /* srv_reply: the zero-copy and pub/sub servers' work on one request: a reply leased,
  * computed from the request (mode 2: every word; 1: one word per page; 0: the first
- * word), published for its one consumer with a retention; both leases released. */
+ * word), published and held until the next request; the request released. */
 static int srv_reply(shmref_conn *c, shmref_buf *in, int mode, shmref_desc *ret)
 {
     size_t size = shmref_buf_size(in);
@@ -243,9 +259,9 @@ static int srv_reply(shmref_conn *c, shmref_buf *in, int mode, shmref_desc *ret)
         return r;
     payload_transform(shmref_buf_data(out), shmref_buf_data(in), size,
                       mode == 2 ? 1 : mode ? BENCH_PAGE / 8 : 0);
-    r = shmref_publish_ex(out, size, RETAIN_MS, 1, 0, NULL, 0, ret);
-    int r2 = shmref_release(out), r3 = shmref_release(in);
-    return r < 0 ? r : r2 < 0 ? r2 : r3;
+    r = srv_hand_out(out, size, ret);
+    int r3 = shmref_release(in);
+    return r < 0 ? r : r3;
 }
 
 int srv_shmref_pubsub(int fd, const char *socket, int mode)
@@ -268,6 +284,7 @@ int srv_shmref_pubsub(int fd, const char *socket, int mode)
     }
     if (r < 0)
         fprintf(stderr, "shmref-bench server: %s: %s\n", strerror(-r), shmref_errmsg(c));
+    srv_hand_back();
     srv_waits_report(c, w0);
     shmref_close(c);
     return r;
