@@ -101,9 +101,11 @@ static uint64_t capacity_of(void *tab, uint32_t slot)
     return cls < HANDOFF_CLASSES ? atomic_load(&((struct handoff_header *)tab)->cap[cls]) : 0;
 }
 
-/* made: the handle of a table lease (writable, not published). */
+/* made: the handle of a table hold of slot (generation seq) on buffer buf_id mapped at
+ * data (len bytes): a lease (writable, under a fresh token) when token is NULL, else an
+ * acquire of the publish under token. */
 static shmref_buf *made(shmref_conn *conn, uint32_t slot, uint32_t seq, uint64_t buf_id, void *data, size_t len,
-                        size_t size)
+                        size_t size, const uint8_t *token)
 {
     shmref_buf *b = calloc(1, sizeof(*b));
     if (!b)
@@ -116,9 +118,11 @@ static shmref_buf *made(shmref_conn *conn, uint32_t slot, uint32_t seq, uint64_t
     b->data = data;
     b->size = size;
     b->capacity = len;
-    b->writable = true;
-    token_for(conn, slot, b->token);
-    conn->counters.table_leases++;
+    b->writable = token == NULL;
+    if (token)
+        memcpy(b->token, token, PROTO_TOKEN_LEN);
+    else
+        token_for(conn, slot, b->token);
     return b;
 }
 
@@ -154,12 +158,13 @@ int localhold_lease(shmref_conn *conn, size_t size, shmref_buf **ret_buf, struct
         *ret_popped = (struct localhold_popped){ .slot = slot, .seq = seq, .buf_id = buf_id, .size = size };
         return 1;
     }
-    shmref_buf *b = made(conn, slot, seq, buf_id, data, (size_t)cap, size);
+    shmref_buf *b = made(conn, slot, seq, buf_id, data, (size_t)cap, size, NULL);
     if (!b) {
         mapcache_put(&conn->cache, data);
         give_slot(conn, slot, buf_id);
         return -ENOMEM;
     }
+    conn->counters.table_leases++;
     *ret_buf = b;
     return 0;
 }
@@ -167,12 +172,13 @@ int localhold_lease(shmref_conn *conn, size_t size, shmref_buf **ret_buf, struct
 int localhold_lease_mapped(shmref_conn *conn, const struct localhold_popped *pp, void *data, size_t len,
                            shmref_buf **ret_buf)
 {
-    shmref_buf *b = len >= pp->size ? made(conn, pp->slot, pp->seq, pp->buf_id, data, len, pp->size) : NULL;
+    shmref_buf *b = len >= pp->size ? made(conn, pp->slot, pp->seq, pp->buf_id, data, len, pp->size, NULL) : NULL;
     if (!b) {
         mapcache_put(&conn->cache, data);
         give_slot(conn, pp->slot, pp->buf_id);
         return -EAGAIN;
     }
+    conn->counters.table_leases++;
     conn->counters.table_maps++;
     *ret_buf = b;
     return 0;
@@ -244,7 +250,9 @@ int localhold_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags
     void *data = cap >= desc->size ? mapcache_find(&conn->cache, buf_id, (size_t)cap, false) : NULL;
     const struct handoff_meta *m = handoff_meta_at(tab, slot);
     uint32_t meta_len = atomic_load(&m->len);
-    shmref_buf *b = data && meta_len <= HANDOFF_META_MAX ? calloc(1, sizeof(*b)) : NULL;
+    shmref_buf *b = data && meta_len <= HANDOFF_META_MAX
+                        ? made(conn, slot, seq, buf_id, data, (size_t)cap, desc->size, desc->token)
+                        : NULL;
     if (b && meta_len && !(b->meta = malloc(meta_len))) {
         free(b);
         b = NULL;
@@ -259,15 +267,6 @@ int localhold_acquire(shmref_conn *conn, const shmref_desc *desc, unsigned flags
     if (meta_len)
         memcpy(b->meta, m->data, meta_len);
     b->meta_len = meta_len;
-    b->table = true;
-    b->slot = slot;
-    b->seq = seq;
-    b->buf_id = buf_id;
-    b->data = data;
-    b->size = desc->size;
-    b->capacity = (size_t)cap;
-    memcpy(b->token, desc->token, PROTO_TOKEN_LEN);
-    b->conn = conn;
     conn->counters.table_acquires++;
     *ret_buf = b;
     return 0;

@@ -222,26 +222,39 @@ int handoff_grant(void *tab, uint32_t slot, uint32_t cls, uint64_t buf_id, unsig
     return -EAGAIN;
 }
 
+/* unlink_head: one try at unlinking the first entry of cls's list: 1 and *ret_slot (off
+ * the list, still LISTED), 0 when the head moved under the CAS (try again), -1 when the
+ * list is empty or names no slot of the table. The tag in the head's high half makes a pop
+ * that raced a pop and a push of the same slot fail here. */
+static int unlink_head(void *tab, uint32_t cls, uint32_t n, uint32_t *ret_slot)
+{
+    struct handoff_header *h = tab;
+    uint64_t old = atomic_load(&h->head[cls]);
+    uint32_t first = (uint32_t)old;
+    if (first == 0 || first > n)
+        return -1;
+    uint32_t slot = first - 1;
+    uint64_t neu = (old >> 32 << 32) + (1ull << 32) + atomic_load(&handoff_entry_at(tab, slot)->next);
+    if (!atomic_compare_exchange_strong(&h->head[cls], &old, neu))
+        return 0;
+    *ret_slot = slot;
+    return 1;
+}
+
 int handoff_lease(void *tab, _Atomic uint32_t *journal, uint32_t cls, unsigned tries, uint32_t *ret_slot,
                   uint32_t *ret_seq)
 {
-    struct handoff_header *h = tab;
     if (cls >= HANDOFF_CLASSES)
         return -EAGAIN;
-    uint32_t n = nslots(tab);
+    uint32_t n = nslots(tab), slot;
     for (unsigned i = 0; i < tries; i++) {
-        uint64_t old = atomic_load(&h->head[cls]);
-        uint32_t first = (uint32_t)old;
-        if (first == 0 || first > n)
+        int u = unlink_head(tab, cls, n, &slot);
+        if (u < 0)
             return -EAGAIN;
-        uint32_t slot = first - 1;
-        struct handoff_entry *e = handoff_entry_at(tab, slot);
-        uint32_t next = atomic_load(&e->next);
-        /* The tag makes a pop that raced a pop and a push of the same slot fail here. */
-        uint64_t neu = (old >> 32 << 32) + (1ull << 32) + next;
-        if (!atomic_compare_exchange_strong(&h->head[cls], &old, neu))
+        if (u == 0)
             continue;
         HANDOFF_STEP(1); /* unlinked, still LISTED: killed here, the buffer is leaked */
+        struct handoff_entry *e = handoff_entry_at(tab, slot);
         uint64_t w = atomic_load(&e->word);
         if (handoff_state_of(w) != HANDOFF_FREE || handoff_count_of(w) || !(w & HANDOFF_LISTED) ||
             (w & HANDOFF_OUT)) {
@@ -392,20 +405,16 @@ int handoff_hold(void *tab, uint32_t slot, uint32_t seq, unsigned tries)
 
 int handoff_pop(void *tab, uint32_t cls, unsigned tries, uint32_t *ret_slot)
 {
-    struct handoff_header *h = tab;
     if (cls >= HANDOFF_CLASSES)
         return -EAGAIN;
-    uint32_t n = nslots(tab);
+    uint32_t n = nslots(tab), slot;
     for (unsigned i = 0; i < tries; i++) {
-        uint64_t old = atomic_load(&h->head[cls]);
-        uint32_t first = (uint32_t)old;
-        if (first == 0 || first > n)
+        int u = unlink_head(tab, cls, n, &slot);
+        if (u < 0)
             return -EAGAIN;
-        uint32_t slot = first - 1;
-        struct handoff_entry *e = handoff_entry_at(tab, slot);
-        uint64_t neu = (old >> 32 << 32) + (1ull << 32) + atomic_load(&e->next);
-        if (!atomic_compare_exchange_strong(&h->head[cls], &old, neu))
+        if (u == 0)
             continue;
+        struct handoff_entry *e = handoff_entry_at(tab, slot);
         uint64_t w = atomic_load(&e->word);
         if (handoff_state_of(w) != HANDOFF_FREE || handoff_count_of(w) || !(w & HANDOFF_LISTED))
             continue; /* scribbled: left off the list as it is */
