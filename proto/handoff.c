@@ -223,7 +223,7 @@ int handoff_take(void *tab, _Atomic uint32_t *journal, uint32_t slot, uint64_t t
     for (unsigned i = 0; i < tries; i++) {
         uint64_t w = atomic_load(&e->word);
         if (handoff_state_of(w) != HANDOFF_PUBLISHED || handoff_count_of(w) == 0 ||
-            handoff_count_of(w) == HANDOFF_COUNT_MAX)
+            handoff_count_of(w) == HANDOFF_COUNT_MAX || (journal && (w & HANDOFF_OUT)))
             return -EAGAIN;
         /* Read between the load and the CAS: the CAS fails if the word changed, so what
          * was compared belongs to the generation the hold is of. */

@@ -173,7 +173,8 @@ int handoff_publish(void *tab, uint32_t slot, uint32_t seq, uint64_t tokhash, ui
  * with that size: the word's count first (one CAS that fails if anything changed since
  * the checks), then journal (NULL: the daemon's own hold, which it keeps in its memory).
  * 0 and *ret_seq (the generation held), or -EAGAIN (not this publish, or busy `tries`
- * times, or the count is at its maximum): ask the daemon. */
+ * times, or the count is at its maximum, or, for a client's take (journal not NULL), the
+ * daemon's OUT: a buffer the daemon retains counts its acquires): ask the daemon. */
 int handoff_take(void *tab, _Atomic uint32_t *journal, uint32_t slot, uint64_t tokhash, uint64_t size,
                  unsigned tries, uint32_t *ret_seq);
 
