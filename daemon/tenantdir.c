@@ -252,14 +252,14 @@ static uint64_t reclaim(void *arg, uint32_t tenant, uint64_t bytes)
 }
 
 /* retained: the registry's: member b got a retention. Its acquires must reach the daemon
- * (a take in the table would not end it): OUT makes clients' takes ask the daemon; like a
- * buffer another uid mapped, it leaves the table with its last hold. */
+ * (a take in the table would not end it): RETAINED makes clients' takes ask the daemon;
+ * OUT: like a buffer another uid mapped, it leaves the table with its last hold. */
 static void retained(void *arg, struct registry_buf *b)
 {
     struct tenantdirs *t = arg;
     struct tenantdir *d = dir_find(t, b->tenant);
     if (d && b->pb->slot < HANDOFF_MAX_SLOTS)
-        handoff_set_out(d->map, b->pb->slot, HANDOFF_TRIES);
+        handoff_set_retained(d->map, b->pb->slot, HANDOFF_TRIES);
 }
 
 /* ---- connections ------------------------------------------------------------------- */
