@@ -157,8 +157,13 @@ int lease_attempt(struct lease_attempt *a, char *msg, size_t cap)
         while (r == -EDQUOT && registry_reclaim_retained(bk->reg, p->uid))
             r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
     /* Free buffers of the tenant's own table are its to give back for its lease. */
-    if (r == -EDQUOT && registry_reclaim_table(bk->reg, p->uid, cls.size))
+    if (r == -EDQUOT && registry_reclaim_table(bk->reg, p->uid, cls.size)) {
+        /* A reclaimed buffer the tenant still maps is warm and pinned to it (its quota):
+         * this lease takes it, which unpins it, before the quota is asked again. */
+        if (!warm)
+            warm = pool_take_warm(bk->pool, &cls, p->uid);
         r = quota_take(bk->quota, p->uid, cls.size, &a->charge, msg, cap);
+    }
     if (r < 0) {
         if (warm)
             pool_untake(bk->pool, warm);

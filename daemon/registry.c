@@ -285,6 +285,10 @@ static void buf_gone(struct registry *r, struct registry_buf *b)
         b->lent = true;
         r->st.lent++;
         r->st.lent_bytes += b->pb->size;
+        /* still charged, but a free member of its table now: a lease waiting for quota or
+         * space reclaims it when retried */
+        if (r->ev.freed)
+            r->ev.freed(r->ev.arg, NULL);
         return;
     }
     buf_end(r, b);
