@@ -402,6 +402,53 @@ Test(pipeline, a_waiting_lease_is_served_when_quota_frees, .timeout = 60)
     daemon_stop(&d);
 }
 
+/* The default path: q's buffers join the uid's table at their release, still charged;
+ * a lease of the uid waiting for quota reclaims the free one (which q's process still
+ * maps: warm and pinned to the uid in the pool, so the lease takes that very buffer). */
+Test(pipeline, a_waiting_lease_reclaims_a_buffer_freed_into_the_table, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--tenant-quota", "128K", NULL);
+    shmref_conn *p = connect_ok(&d), *q = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(p, 0), 0);
+    cr_assert_eq(shmref_set_stock(q, 0), 0);
+    shmref_buf *a, *b, *x;
+    cr_assert_eq(shmref_lease(q, 65536, &a), 0);
+    cr_assert_eq(shmref_lease(q, 65536, &b), 0);
+    int r0 = shmref_lease(p, 65536, &x);
+    cr_assert_eq(r0, -EDQUOT, "%d %s", r0, shmref_errmsg(p));
+    releaser_conn = q;
+    struct later l = { .buf = a, .ms = 300 };
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, release_later, &l), 0);
+    long t0 = now_ms();
+    int r = shmref_lease_ex(p, 65536, 0, 5000, &x);
+    long took = now_ms() - t0;
+    pthread_join(th, NULL);
+    cr_assert_eq(r, 0, "%s", shmref_errmsg(p));
+    cr_assert(took >= 250 && took < 4000, "took %ld ms", took);
+    cr_assert_eq(status_u64(&d, "table.grants"), 1, "a joined the table");
+    cr_assert_eq(status_u64(&d, "table.reclaimed"), 1, "and was reclaimed for the waiting lease");
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 2, "the lease got that buffer back");
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), 0);
+    /* at the quota again, a free table buffer is reclaimed for a lease that does not wait */
+    shmref_release(x);
+    cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(shmref_lease(p, 65536, &x), 0, "%s", shmref_errmsg(p));
+    shmref_buf *y;
+    shmref_release(b);
+    cr_assert_eq(shmref_ping(q), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), 65536, "b is free in the table");
+    cr_assert_eq(shmref_lease_many(q, &(size_t){ 65536 }, 1, &y), 0, "%s", shmref_errmsg(q));
+    cr_assert_eq(status_u64(&d, "table.reclaimed"), 2);
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 2);
+    shmref_release(y);
+    shmref_release(x);
+    shmref_close(p);
+    shmref_close(q);
+    daemon_stop(&d);
+}
+
 /* ---- lease_many and release_many: one message per 32 ---- */
 
 Test(pipeline, lease_many_and_release_many_send_one_message_per_32, .timeout = 60)
