@@ -523,6 +523,9 @@ int registry_publish(struct registry *r, struct registry_buf *b, uint64_t size, 
 
 int registry_retain(struct registry *r, struct registry_buf *b, uint32_t keep_ms)
 {
+    /* a table's member: an acquire taken in the table would not count against it */
+    if (b->table && r->lender.retained)
+        r->lender.retained(r->lender.arg, b);
     if (!b->retained) {
         int e = retention_start(r, b, keep_ms);
         if (e < 0)

@@ -251,12 +251,23 @@ static uint64_t reclaim(void *arg, uint32_t tenant, uint64_t bytes)
     return got;
 }
 
+/* retained: the registry's: member b got a retention. Its acquires must reach the daemon
+ * (a take in the table would not end it): RETAINED makes clients' takes ask the daemon;
+ * OUT: like a buffer another uid mapped, it leaves the table with its last hold. */
+static void retained(void *arg, struct registry_buf *b)
+{
+    struct tenantdirs *t = arg;
+    struct tenantdir *d = dir_find(t, b->tenant);
+    if (d && b->pb->slot < HANDOFF_MAX_SLOTS)
+        handoff_set_retained(d->map, b->pb->slot, HANDOFF_TRIES);
+}
+
 /* ---- connections ------------------------------------------------------------------- */
 
 void tenantdir_init(struct tenantdirs *t, struct registry *reg, struct pool *pool, struct counters *counters)
 {
     *t = (struct tenantdirs){ .reg = reg, .pool = pool, .counters = counters };
-    struct registry_lender l = { .lend = lend, .take = take, .reclaim = reclaim, .arg = t };
+    struct registry_lender l = { .lend = lend, .take = take, .reclaim = reclaim, .retained = retained, .arg = t };
     registry_set_lender(reg, &l);
 }
 

@@ -307,7 +307,7 @@ int handoff_take(void *tab, _Atomic uint32_t *journal, uint32_t slot, uint64_t t
     for (unsigned i = 0; i < tries; i++) {
         uint64_t w = atomic_load(&e->word);
         if (handoff_state_of(w) != HANDOFF_PUBLISHED || handoff_count_of(w) == 0 ||
-            handoff_count_of(w) == HANDOFF_COUNT_MAX)
+            handoff_count_of(w) == HANDOFF_COUNT_MAX || (journal && (w & HANDOFF_RETAINED)))
             return -EAGAIN;
         /* Read between the load and the CAS: the CAS fails if the word changed, so what
          * was compared belongs to the generation the hold is of. */
@@ -427,15 +427,25 @@ int handoff_pop(void *tab, uint32_t cls, unsigned tries, uint32_t *ret_slot)
     return -EAGAIN;
 }
 
-uint64_t handoff_set_out(void *tab, uint32_t slot, unsigned tries)
+static uint64_t set_flags(void *tab, uint32_t slot, uint32_t flags, unsigned tries)
 {
     if (slot >= nslots(tab))
         return 0;
     struct handoff_entry *e = handoff_entry_at(tab, slot);
     for (unsigned i = 0; i < tries; i++) {
         uint64_t w = atomic_load(&e->word);
-        if (atomic_compare_exchange_strong(&e->word, &w, w | HANDOFF_OUT))
-            return w | HANDOFF_OUT;
+        if (atomic_compare_exchange_strong(&e->word, &w, w | flags))
+            return w | flags;
     }
     return 0;
+}
+
+uint64_t handoff_set_out(void *tab, uint32_t slot, unsigned tries)
+{
+    return set_flags(tab, slot, HANDOFF_OUT, tries);
+}
+
+uint64_t handoff_set_retained(void *tab, uint32_t slot, unsigned tries)
+{
+    return set_flags(tab, slot, HANDOFF_OUT | HANDOFF_RETAINED, tries);
 }

@@ -51,6 +51,8 @@ enum handoff_state { HANDOFF_FREE = 0, HANDOFF_LEASED = 1, HANDOFF_PUBLISHED = 2
                                          * push before it links the entry, cleared by the pop
                                          * that unlinks it): a slot is granted again only
                                          * without it, so no entry is ever on a list twice */
+#define HANDOFF_RETAINED   0x40u        /* flag (with OUT): the daemon retains it; clients'
+                                         * takes ask the daemon (its retention counts them) */
 #define HANDOFF_COUNT_MAX  0xffffffu
 
 static inline uint32_t handoff_state_of(uint64_t w) { return (uint32_t)(w & 0xfu); }
@@ -183,7 +185,8 @@ int handoff_publish(void *tab, uint32_t slot, uint32_t seq, uint64_t tokhash, ui
  * with that size: the word's count first (one CAS that fails if anything changed since
  * the checks), then journal (NULL: the daemon's own hold, which it keeps in its memory).
  * 0 and *ret_seq (the generation held), or -EAGAIN (not this publish, or busy `tries`
- * times, or the count is at its maximum): ask the daemon. */
+ * times, or the count is at its maximum, or, for a client's take (journal not NULL),
+ * RETAINED: the daemon's retention counts its acquires): ask the daemon. */
 int handoff_take(void *tab, _Atomic uint32_t *journal, uint32_t slot, uint64_t tokhash, uint64_t size,
                  unsigned tries, uint32_t *ret_seq);
 
@@ -225,5 +228,8 @@ enum handoff_end handoff_reclaim(void *tab, uint32_t slot, uint32_t n, unsigned 
  * not LISTED: the daemon has it now. FREE and LISTED: it is still linked, and is the
  * daemon's once a pop unlinks it (the pop clears LISTED and leaves it). */
 uint64_t handoff_set_out(void *tab, uint32_t slot, unsigned tries);
+/* Daemon: handoff_set_retained: OUT (as handoff_set_out), and RETAINED: the daemon holds a
+ * retention of it, which counts acquires, so a client's take asks the daemon. */
+uint64_t handoff_set_retained(void *tab, uint32_t slot, unsigned tries);
 
 #endif

@@ -163,12 +163,18 @@ static uint64_t counter(shmref_conn *c, const char *name)
 /* The stock's refills wait for the next message (one sendmmsg, one wake-up of the daemon):
  * an event loop is told to write meanwhile (SHMREF_WANT_WRITE) and shmref_flush sends
  * them; a blocking call sends them before it waits. Either way the next lease of the
- * class comes from the stock, with no round trip. */
+ * class comes from the stock, with no round trip.
+ * The stock serves only connections without a table: p is made with $SHMREF_TABLE=0.
+ * With a table (the default, q at the end) shmref_lease never takes from the stock:
+ * after the first lease of a class, whose buffer joins the table at its release, a lease
+ * is popped from the table and sends nothing at all (nothing kept for a next message). */
 Test(eventloop, refills_kept_for_the_next_message_are_never_lost, .timeout = 60)
 {
     struct daemon d;
     daemon_start(&d, NULL);
+    cr_assert_eq(setenv("SHMREF_TABLE", "0", 1), 0); /* the stock exists only without a table */
     shmref_conn *p = connect_ok(&d);
+    cr_assert_eq(unsetenv("SHMREF_TABLE"), 0);
     cr_assert_eq(shmref_set_stock(p, 2), 0); /* the suite runs with SHMREF_STOCK=0 */
     shmref_buf *b;
     cr_assert_eq(shmref_lease(p, 8192, &b), 0, "%s", shmref_errmsg(p)); /* learns the class: 2 refills */
@@ -205,7 +211,32 @@ Test(eventloop, refills_kept_for_the_next_message_are_never_lost, .timeout = 60)
     shmref_release(c);
     shmref_release(v[0].buf);
     shmref_release(b);
+    cr_assert_eq(counter(p, "table_leases"), 0);
     shmref_close(p);
+
+    /* the default: a table, which serves shmref_lease instead of the stock */
+    shmref_conn *q = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(q, 2), 0);
+    cr_assert_eq(shmref_lease(q, 8192, &b), 0, "%s", shmref_errmsg(q)); /* the daemon's: the table is empty */
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_ping(q), 0); /* the release is done: the buffer is in the table */
+    /* Nothing of the caller's stays leased. (This shmref_lease of the daemon's still
+     * learned its class for the stock, whose refills are held as stock, pool.bytes_stock,
+     * though no lease of a table connection takes from it but the submit API's.) */
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), status_u64(&d, "pool.bytes_stock"));
+    cr_assert_eq(status_u64(&d, "table.grants"), 1);
+    sent = counter(q, "sent");
+    rt = counter(q, "round_trips");
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(shmref_lease(q, 8192, &b), 0, "%s", shmref_errmsg(q));
+        cr_assert_eq(shmref_conn_events(q) & (SHMREF_WANT_WRITE | SHMREF_WANT_READ), 0, "nothing kept or awaited");
+        cr_assert_eq(shmref_release(b), 0);
+    }
+    cr_assert_eq(counter(q, "table_leases"), 3);
+    cr_assert_eq(counter(q, "sent"), sent, "a steady-state lease sends no message");
+    cr_assert_eq(counter(q, "round_trips"), rt);
+    cr_assert_eq(counter(q, "stock_hits") + counter(q, "stock_misses"), 0, "the stock is not used with a table");
+    shmref_close(q);
     daemon_stop(&d);
 }
 

@@ -112,9 +112,22 @@ Test(hugepages, the_private_mount_is_invisible_to_others)
     daemon_stop(&d);
 }
 
+/* counter: one of libshmref's counters of c. */
+static uint64_t counter(shmref_conn *c, const char *name)
+{
+    uint64_t v = 0;
+    cr_assert_eq(shmref_conn_counter(c, name, &v), 0, "%s", name);
+    return v;
+}
+
 /* small_leases_on_huge_always: n leases of 8000 bytes, one after the other, from a pool on
  * a huge=always tmpfs mounted at a fresh directory made from tmpl: each is a whole 2 MiB
- * page, and the one buffer comes back intact and is recycled every time. */
+ * page, and the one buffer comes back intact and is recycled every time.
+ * The pool's recycling is reached through shmref_lease_many (its buffers never join the
+ * uid's table); then n shmref_lease of the default path: the first one recycles the same
+ * buffer from the pool, and at its release it joins the table, which serves the other
+ * n - 1 with no message; when the connection (the uid's last) closes, the table gives it
+ * back to the pool, intact (not tampered), warm, and the pool recycles it again. */
 static void small_leases_on_huge_always(char *tmpl, int n)
 {
     char cmd[256];
@@ -127,14 +140,47 @@ static void small_leases_on_huge_always(char *tmpl, int n)
     cr_assert_str_eq(pool_kind(&d, kind, sizeof(kind)), "tmpfile-hugepages");
     shmref_conn *c = connect_ok(&d);
     shmref_buf *b;
+    const size_t size = 8000;
     for (int i = 0; i < n; i++) {
-        cr_assert_eq(shmref_lease(c, 8000, &b), 0, "%s", shmref_errmsg(c));
+        cr_assert_eq(shmref_lease_many(c, &size, 1, &b), 0, "%s", shmref_errmsg(c));
         cr_assert_eq(shmref_buf_capacity(b), 2u << 20, "a small buffer is a whole huge page here");
         cr_assert_eq(shmref_release(b), 0);
     }
     cr_assert_eq(shmref_ping(c), 0); /* releases are one-way: now they are done */
     cr_assert_eq(status_u64(&d, "counters.buffers_created"), 1);
     cr_assert_eq(status_u64(&d, "counters.buffers_recycled"), (uint64_t)n - 1);
+    cr_assert_eq(status_u64(&d, "counters.buffers_tampered"), 0);
+    cr_assert_eq(status_u64(&d, "table.grants"), 0, "lease_many's buffers never join the table");
+    /* the default path: the first lease is the daemon's (the table is empty); its release
+     * (one-way: the ping makes it done) puts the buffer in the table */
+    cr_assert_eq(shmref_lease(c, size, &b), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_ping(c), 0);
+    uint64_t sent = counter(c, "sent");
+    for (int i = 1; i < n; i++) {
+        cr_assert_eq(shmref_lease(c, size, &b), 0, "%s", shmref_errmsg(c));
+        cr_assert_eq(shmref_buf_capacity(b), 2u << 20, "a small buffer is a whole huge page here");
+        cr_assert_eq(shmref_release(b), 0);
+    }
+    cr_assert_eq(counter(c, "table_leases"), (uint64_t)n - 1, "the table serves every lease after the first");
+    cr_assert_eq(counter(c, "sent"), sent, "no message for a table lease or its release");
+    cr_assert_eq(shmref_ping(c), 0);
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 1);
+    cr_assert_eq(status_u64(&d, "counters.buffers_recycled"), (uint64_t)n, "the first table lease is the pool's");
+    cr_assert_eq(status_u64(&d, "table.grants"), 1);
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), 2u << 20);
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    shmref_close(c);
+    /* the uid's last table connection is gone: the table's buffer is the pool's again */
+    cr_assert_eq(wait_status(&d, "pool.bytes_warm", 2u << 20, 5000), 2u << 20, "the table's buffer is back, warm");
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), 0);
+    cr_assert_eq(status_u64(&d, "counters.buffers_tampered"), 0);
+    c = connect_ok(&d);
+    cr_assert_eq(shmref_lease_many(c, &size, 1, &b), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_ping(c), 0);
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 1);
+    cr_assert_eq(status_u64(&d, "counters.buffers_recycled"), (uint64_t)n + 1);
     cr_assert_eq(status_u64(&d, "counters.buffers_tampered"), 0);
     shmref_close(c);
     daemon_stop(&d);

@@ -125,6 +125,7 @@ Test(lifecycle, eighty_megabytes_cross_process_identical)
 struct consumer_arg {
     struct link *l;
     const char *text;
+    uint32_t seed;
 };
 
 static int consumer(void *p)
@@ -137,7 +138,7 @@ static int consumer(void *p)
     if (shmref_connect(d.socket, &c) < 0 || shmref_desc_from_text(a->text, &desc) < 0 ||
         shmref_acquire(c, &desc, &b) < 0)
         return 20;
-    if (check_pattern(shmref_buf_data(b), shmref_buf_size(b), 7) != -1)
+    if (check_pattern(shmref_buf_data(b), shmref_buf_size(b), a->seed) != -1)
         return 21;
     say(a->l->up[1], "acquired");
     hear(a->l->down[0], cmd, sizeof(cmd));
@@ -149,16 +150,34 @@ static int consumer(void *p)
     return 0;
 }
 
-Test(lifecycle, three_consumers_all_release_before_reuse)
+/* counter: one of libshmref's counters of c. */
+static uint64_t counter(shmref_conn *c, const char *name)
 {
-    daemon_start(&d, NULL);
-    shmref_conn *c = connect_ok(&d);
+    uint64_t v = 0;
+    cr_assert_eq(shmref_conn_counter(c, name, &v), 0, "%s", name);
+    return v;
+}
+
+enum consumers_round { BY_LEASE_MANY, DAEMON_LEASE_FOR_TABLE, TABLE_LEASE };
+
+/* three_consumers: one round: c leases (as round says) 1 MiB, publishes it, three child
+ * processes (connections of their own, which do not map it: their acquires ask the
+ * daemon) acquire it; c lets go first, then each child in turn. Until the last release
+ * the buffer is held (the daemon holds it for the acquirers): neither warm in the pool nor
+ * free in the table. Returns the buffer's address in c. */
+static void *three_consumers(shmref_conn *c, enum consumers_round round, uint32_t seed)
+{
     shmref_buf *b;
     shmref_desc desc;
     char text[SHMREF_DESC_TEXT_MAX], msg[16];
     const size_t size = 1 << 20;
-    cr_assert_eq(shmref_lease(c, size, &b), 0);
-    fill_pattern(shmref_buf_data(b), size, 7);
+    uint64_t acquires = status_u64(&d, "counters.acquires");
+    if (round == BY_LEASE_MANY)
+        cr_assert_eq(shmref_lease_many(c, &size, 1, &b), 0, "%s", shmref_errmsg(c));
+    else
+        cr_assert_eq(shmref_lease(c, size, &b), 0, "%s", shmref_errmsg(c));
+    void *data = shmref_buf_data(b);
+    fill_pattern(data, size, seed);
     cr_assert_eq(shmref_publish(b, size, 0, NULL, 0, &desc), 0);
     shmref_desc_to_text(&desc, text, sizeof(text));
 
@@ -167,28 +186,77 @@ Test(lifecycle, three_consumers_all_release_before_reuse)
     pid_t pid[3];
     for (int i = 0; i < 3; i++) {
         link_open(&l[i]);
-        a[i] = (struct consumer_arg){ &l[i], text };
+        a[i] = (struct consumer_arg){ &l[i], text, seed };
         pid[i] = child_run(consumer, &a[i]);
         hear(l[i].up[0], msg, sizeof(msg));
         cr_assert_str_eq(msg, "acquired");
     }
+    cr_assert_eq(status_u64(&d, "counters.acquires"), acquires + 3, "every acquire asked the daemon");
     cr_assert_eq(shmref_release(b), 0); /* the producer lets go first */
+    cr_assert_eq(shmref_ping(c), 0);    /* (a release of a daemon lease is one-way) */
     for (int i = 0; i < 3; i++) {
         cr_assert_eq(status_u64(&d, "pool.bytes_leased"), size, "released too early (after %d)", i);
         cr_assert_eq(status_u64(&d, "buffers.live"), 1);
         cr_assert_eq(status_u64(&d, "pool.bytes_warm"), 0);
+        cr_assert_eq(status_u64(&d, "pool.bytes_tables"), 0, "free in the table too early (after %d)", i);
+        cr_assert_eq(status_u64(&d, "table.lent"), 0);
         say(l[i].down[1], "release");
         hear(l[i].up[0], msg, sizeof(msg));
         cr_assert_str_eq(msg, "released");
     }
     cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
-    cr_assert_eq(status_u64(&d, "buffers.live"), 0);
-    cr_assert_eq(status_u64(&d, "pool.bytes_warm"), size, "the buffer should be back, warm");
+    if (round == BY_LEASE_MANY) {
+        cr_assert_eq(status_u64(&d, "buffers.live"), 0);
+        cr_assert_eq(status_u64(&d, "pool.bytes_warm"), size, "the buffer should be back, warm");
+        cr_assert_eq(status_u64(&d, "pool.bytes_tables"), 0, "lease_many's buffers never join the table");
+    } else {
+        /* a lease of the default path: the buffer is back in the uid's table, free */
+        cr_assert_eq(status_u64(&d, "pool.bytes_warm"), 0);
+        cr_assert_eq(status_u64(&d, "pool.bytes_tables"), size, "the buffer should be back in the table");
+        cr_assert_eq(status_u64(&d, "table.members"), 1);
+        cr_assert_eq(status_u64(&d, "table.lent"), 1);
+        cr_assert_eq(status_u64(&d, "table.grants"), 1);
+    }
     for (int i = 0; i < 3; i++) {
         say(l[i].down[1], "exit");
         cr_assert_eq(child_wait(pid[i]), 0);
     }
+    return data;
+}
+
+/* The pool's mechanism (reached by shmref_lease_many, whose buffers never join a table),
+ * then the default path's: a daemon lease for the table (the table is empty) and a lease
+ * popped from the table, published in it; in both the buffer is free again, in the table,
+ * only after all three consumers released it, and is reused (same pages) by the next
+ * lease; when the uid's last connection closes, it goes back to the pool, warm. */
+Test(lifecycle, three_consumers_all_release_before_reuse)
+{
+    const size_t size = 1 << 20;
+    daemon_start(&d, NULL);
+    shmref_conn *c = connect_ok(&d);
+    three_consumers(c, BY_LEASE_MANY, 7);
+    three_consumers(c, DAEMON_LEASE_FOR_TABLE, 8);
+    cr_assert_eq(counter(c, "table_leases"), 0);
+    cr_assert_eq(status_u64(&d, "table.takes"), 0);
+    void *data = three_consumers(c, TABLE_LEASE, 9);
+    cr_assert_eq(counter(c, "table_leases"), 1, "the lease was the table's");
+    cr_assert_eq(counter(c, "table_publishes"), 1, "published in the table");
+    cr_assert_eq(status_u64(&d, "table.takes"), 1, "the daemon held it in the table for the acquirers");
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 1);
+    /* reused: the next lease is the same buffer, popped from the table, no message */
+    uint64_t sent = counter(c, "sent");
+    shmref_buf *b;
+    cr_assert_eq(shmref_lease(c, size, &b), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(counter(c, "table_leases"), 2);
+    cr_assert_eq(counter(c, "sent"), sent);
+    cr_assert_eq(shmref_buf_data(b), data, "the same buffer, its mapping kept");
+    cr_assert_eq(check_pattern(shmref_buf_data(b), size, 9), -1, "the same pages");
+    cr_assert_eq(shmref_release(b), 0);
     shmref_close(c);
+    /* the uid's last connection is gone: its table's buffer is the pool's, warm */
+    cr_assert_eq(wait_status(&d, "pool.bytes_warm", size, 5000), size, "the buffer should be back, warm");
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
     daemon_stop(&d);
 }
 
@@ -389,20 +457,44 @@ Test(lifecycle, full_pool_is_enospc_with_numbers)
 
 /* ---- recycling: within a tenant, warm and mapped once; across tenants, retired ---- */
 
+/* The pool's recycling through shmref_lease_many (its buffers never join a table); then
+ * the default path's: a shmref_lease's buffer joins the uid's table at its release and the
+ * next lease of its class is popped from there, no message: same mapping, same pages. */
 Test(lifecycle, recycles_within_tenant_and_keeps_the_mapping)
 {
     daemon_start(&d, NULL);
     shmref_conn *c = connect_ok(&d);
     shmref_buf *b;
-    cr_assert_eq(shmref_lease(c, 1 << 20, &b), 0);
+    size_t size = 1 << 20;
+    cr_assert_eq(shmref_lease_many(c, &size, 1, &b), 0);
     void *first = shmref_buf_data(b);
     memset(first, 0xab, 1 << 20);
     cr_assert_eq(shmref_release(b), 0);
-    cr_assert_eq(shmref_lease(c, 1000000, &b), 0); /* same class */
+    size = 1000000; /* same class */
+    cr_assert_eq(shmref_lease_many(c, &size, 1, &b), 0);
     cr_assert_eq(shmref_buf_data(b), first, "the cached mapping should be reused");
     cr_assert_eq(((unsigned char *)shmref_buf_data(b))[12345], 0xab, "same pages, still warm");
     cr_assert_eq(status_u64(&d, "counters.buffers_created"), 1);
     cr_assert_eq(status_u64(&d, "counters.buffers_recycled"), 1);
+    cr_assert_eq(shmref_release(b), 0);
+    /* the table: the first lease is the daemon's (recycled from the pool) */
+    cr_assert_eq(shmref_lease(c, 1 << 20, &b), 0);
+    cr_assert_eq(shmref_buf_data(b), first, "the cached mapping should be reused");
+    size_t cap = shmref_buf_capacity(b);
+    memset(first, 0xcd, 1 << 20);
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_ping(c), 0); /* the release is done: the buffer is in the table */
+    cr_assert_eq(status_u64(&d, "table.grants"), 1);
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), cap, "still charged: the table's");
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    uint64_t sent = counter(c, "sent");
+    cr_assert_eq(shmref_lease(c, 1000000, &b), 0); /* same class */
+    cr_assert_eq(counter(c, "table_leases"), 1, "popped from the table");
+    cr_assert_eq(counter(c, "sent"), sent, "no message");
+    cr_assert_eq(shmref_buf_data(b), first, "the cached mapping should be reused");
+    cr_assert_eq(((unsigned char *)shmref_buf_data(b))[12345], 0xcd, "same pages, still warm");
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 1);
+    cr_assert_eq(status_u64(&d, "counters.buffers_recycled"), 2, "the table's reuse is not the pool's");
     cr_assert_eq(shmref_release(b), 0);
     shmref_close(c);
     daemon_stop(&d);

@@ -157,14 +157,20 @@ Test(pinned, mappings_kept_after_release_are_charged_to_their_tenant)
 
 /* Two connections of one tenant keep their (cached) mappings of a buffer after both
  * released it: it is warm, pinned once for the tenant, until the last mapping goes
- * (libshmref unmaps at close and says forget). */
+ * (libshmref unmaps at close and says forget).
+ * A buffer goes back to the pool warm at its release when it was leased by
+ * shmref_lease_many (a shmref_lease's joins the uid's table instead): that is the pool's
+ * pinning. With the default path, the released buffer is in the table, charged to its
+ * uid as the table's (pool.bytes_tables), not pinned; when the uid's last connection
+ * closes it is back in the pool, warm, and no mapping pins it. */
 Test(pinned, a_warm_buffer_still_mapped_is_pinned_until_the_last_mapping_goes)
 {
     daemon_start(&d, "--pool-size", "64M", NULL);
     shmref_conn *c = connect_ok(&d);
     shmref_buf *b, *r;
     shmref_desc desc;
-    cr_assert_eq(shmref_lease(c, 4 * MiB, &b), 0);
+    const size_t size = 4 * MiB;
+    cr_assert_eq(shmref_lease_many(c, &size, 1, &b), 0);
     cr_assert_eq(shmref_publish(b, 4 * MiB, 0, NULL, 0, &desc), 0);
     shmref_conn *c2 = connect_ok(&d);
     cr_assert_eq(shmref_acquire(c2, &desc, &r), 0);
@@ -178,6 +184,28 @@ Test(pinned, a_warm_buffer_still_mapped_is_pinned_until_the_last_mapping_goes)
     cr_expect_eq(wait_status(&d, "pool.bytes_pinned", 4 * MiB, WAIT_MS), 4 * MiB, "c still maps it");
     shmref_close(c);
     cr_expect_eq(wait_status(&d, "pool.bytes_pinned", 0, WAIT_MS), 0);
+    cr_expect_eq(tenant_pinned(0), 0);
+
+    /* the default path: the buffer joins the table, not the pool */
+    c = connect_ok(&d);
+    c2 = connect_ok(&d);
+    cr_assert_eq(shmref_lease(c, 4 * MiB, &b), 0);
+    cr_assert_eq(shmref_publish(b, 4 * MiB, 0, NULL, 0, &desc), 0);
+    cr_assert_eq(shmref_acquire(c2, &desc, &r), 0);
+    cr_assert_eq(shmref_release(r), 0);
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_ping(c), 0);
+    cr_assert_eq(shmref_ping(c2), 0);
+    cr_expect_eq(status_u64(&d, "pool.bytes_tables"), 4 * MiB, "free in the uid's table, charged to it");
+    cr_expect_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    cr_expect_eq(status_u64(&d, "pool.bytes_warm"), 0);
+    cr_expect_eq(status_u64(&d, "pool.bytes_pinned"), 0, "a table's buffer is not pinned: it is the table's");
+    cr_expect_eq(tenant_pinned(0), 0);
+    shmref_close(c2);
+    shmref_close(c);
+    cr_expect_eq(wait_status(&d, "pool.bytes_warm", 4 * MiB, WAIT_MS), 4 * MiB, "the table went back to the pool");
+    cr_expect_eq(status_u64(&d, "pool.bytes_tables"), 0);
+    cr_expect_eq(wait_status(&d, "pool.bytes_pinned", 0, WAIT_MS), 0, "the mappings went with the connections");
     cr_expect_eq(tenant_pinned(0), 0);
     daemon_stop(&d);
 }

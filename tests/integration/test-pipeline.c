@@ -114,12 +114,12 @@ Test(pipeline, a_zero_copy_handoff_waits_once_with_a_warm_stock, .timeout = 60)
 {
     struct daemon d;
     daemon_start(&d, NULL);
-    /* The daemon's path (test-ledger-client has the ledger's, where the acquire does not
-     * wait at all): with it, nothing in this tight loop waits for the daemon, and the
-     * stock's refills (one daemon round trip each) cannot keep up with it. */
-    setenv("SHMREF_LEDGER", "0", 1);
+    /* The daemon's path with the stock, which serves only connections without a table
+     * (SHMREF_TABLE=0 here; the table's path, where nothing waits or is sent at all, is
+     * a_steady_table_handoff_sends_no_message below). */
+    setenv("SHMREF_TABLE", "0", 1);
     shmref_conn *p = connect_ok(&d), *c = connect_ok(&d);
-    unsetenv("SHMREF_LEDGER");
+    unsetenv("SHMREF_TABLE");
     cr_assert_eq(shmref_set_stock(p, 2), 0);
     shmref_buf *b, *r;
     shmref_desc desc;
@@ -146,6 +146,60 @@ Test(pipeline, a_zero_copy_handoff_waits_once_with_a_warm_stock, .timeout = 60)
     cr_assert_leq(counter(c, "waits") - cw, N, "the consumer waited %llu times in %d handoffs",
                  (unsigned long long)(counter(c, "waits") - cw), N);
     cr_assert_geq(counter(p, "stock_hits") - hits, N - N / 20);
+    cr_assert_eq(counter(p, "table_leases") + counter(c, "table_acquires"), 0);
+    shmref_close(c);
+    shmref_close(p);
+    daemon_stop(&d);
+}
+
+/* The default path: with the table, a steady-state handoff (the lease popped from the
+ * table, the publish made in it, the acquire of a buffer the consumer maps taken in it,
+ * both releases given back in it) sends no message and waits for nothing. */
+Test(pipeline, a_steady_table_handoff_sends_no_message, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d), *c = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(p, 2), 0); /* unused with a table */
+    shmref_buf *b, *r;
+    shmref_desc desc;
+    /* Warm up: the first lease is the daemon's; its buffer joins the table at its end,
+     * and c's acquire (through the daemon) maps it. */
+    cr_assert_eq(shmref_lease(p, 8192, &b), 0);
+    cr_assert_eq(shmref_publish(b, 8192, 0, NULL, 0, &desc), 0);
+    cr_assert_eq(shmref_acquire(c, &desc, &r), 0, "%s", shmref_errmsg(c));
+    cr_assert_eq(shmref_release(r), 0);
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_ping(c), 0);
+    cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(status_u64(&d, "table.lent"), 1, "in the table, free");
+    uint64_t ps = counter(p, "sent"), cs = counter(c, "sent"), pw = counter(p, "waits"), cw = counter(c, "waits");
+    uint64_t acquires = status_u64(&d, "counters.acquires");
+    enum { N = 200 };
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(shmref_lease(p, 8192, &b), 0, "%s", shmref_errmsg(p));
+        fill_pattern(shmref_buf_data(b), 8192, (uint32_t)i);
+        cr_assert_eq(shmref_publish(b, 8192, 0, NULL, 0, &desc), 0);
+        cr_assert_eq(shmref_acquire(c, &desc, &r), 0, "%s", shmref_errmsg(c));
+        cr_assert_eq(check_pattern(shmref_buf_data(r), 8192, (uint32_t)i), -1);
+        cr_assert_eq(shmref_release(r), 0);
+        cr_assert_eq(shmref_release(b), 0);
+    }
+    cr_assert_eq(counter(p, "table_leases"), N);
+    cr_assert_eq(counter(p, "table_publishes"), N);
+    cr_assert_eq(counter(c, "table_acquires"), N);
+    cr_assert_eq(counter(p, "sent"), ps, "the producer sent %llu messages",
+                 (unsigned long long)(counter(p, "sent") - ps));
+    cr_assert_eq(counter(c, "sent"), cs, "the consumer sent %llu messages",
+                 (unsigned long long)(counter(c, "sent") - cs));
+    cr_assert_eq(counter(p, "waits"), pw);
+    cr_assert_eq(counter(c, "waits"), cw);
+    cr_assert_eq(counter(p, "stock_hits") + counter(p, "stock_misses"), 0, "the stock is not used with a table");
+    cr_assert_eq(status_u64(&d, "counters.acquires"), acquires, "the daemon served no acquire");
+    cr_assert_eq(status_u64(&d, "table.lent"), 1, "the one buffer, free again");
+    /* nothing of theirs is leased (the warm-up's daemon lease still learned its class for
+     * the stock: its refills are the stock's, held as pool.bytes_stock) */
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), status_u64(&d, "pool.bytes_stock"));
     shmref_close(c);
     shmref_close(p);
     daemon_stop(&d);
@@ -153,11 +207,16 @@ Test(pipeline, a_zero_copy_handoff_waits_once_with_a_warm_stock, .timeout = 60)
 
 /* ---- the stock: charged like any lease, returned when unused ---- */
 
+/* The stock serves only connections without a table: p is made with SHMREF_TABLE=0. With
+ * a table (the default, q at the end) free buffers wait in the table instead: charged to
+ * the uid as the table's, and returned to the pool when its last connection closes. */
 Test(pipeline, the_stock_is_charged_and_returned, .timeout = 60)
 {
     struct daemon d;
     daemon_start(&d, NULL);
+    setenv("SHMREF_TABLE", "0", 1);
     shmref_conn *p = connect_ok(&d);
+    unsetenv("SHMREF_TABLE");
     cr_assert_eq(shmref_set_stock(p, 2), 0);
     shmref_buf *b;
     cr_assert_eq(shmref_lease(p, 9000, &b), 0);
@@ -190,6 +249,23 @@ Test(pipeline, the_stock_is_charged_and_returned, .timeout = 60)
     cr_assert_eq(wait_status(&d, "buffers.leases", 0, 2000), 0);
     cr_assert_eq(status_u64(&d, "counters.clients_died"), 0, "the close released the stock first");
     cr_assert_geq(status_u64(&d, "counters.clients_closed"), closed + 1);
+    cr_assert_eq(status_u64(&d, "table.grants"), 0, "no table: nothing joined one");
+
+    shmref_conn *q = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(q, 0), 0);
+    cr_assert_eq(shmref_lease(q, 9000, &b), 0);
+    size_t cap = shmref_buf_capacity(b);
+    shmref_release(b);
+    cr_assert_eq(leases_settle(&d, q, 0), 0, "nothing leased");
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), cap, "the free buffer is the table's, charged");
+    cr_assert_eq(shmref_lease(q, 10000, &b2), 0); /* the same class: from the table */
+    cr_assert_eq(counter(q, "table_leases"), 1);
+    cr_assert_eq(counter(q, "stock_hits") + counter(q, "stock_misses"), 0);
+    shmref_release(b2);
+    shmref_close(q);
+    cr_assert_eq(wait_status(&d, "pool.bytes_tables", 0, 2000), 0, "the table went back with its last connection");
+    cr_assert_eq(status_u64(&d, "buffers.leases"), 0);
     daemon_stop(&d);
 }
 
@@ -244,18 +320,27 @@ Test(pipeline, a_reacquire_shares_the_handle_and_the_buffer_cannot_be_recycled, 
     cr_assert_eq(check_pattern(shmref_buf_data(r2), 65536, 1), -1, "a held buffer was recycled");
     cr_assert_eq(leases_settle(&d, p, 2), 2, "r2 still holds the daemon's handle");
     shmref_release(b);
-    /* The last local handle goes: the daemon's goes with it, the buffer is recycled. */
+    /* The last local handle goes: the daemon's goes with it, the buffer is free for reuse:
+     * in the uid's table (both leases were the daemon's, for the table), and the next
+     * lease is popped from there, not recycled by the pool. */
     uint64_t recycled = status_u64(&d, "counters.buffers_recycled");
+    cr_assert_eq(status_u64(&d, "table.lent"), 1, "only the second buffer is free: r2 holds the first");
     cr_assert_eq(shmref_release(r2), 0);
     cr_assert_eq(leases_settle(&d, c, 0), 0);
     cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    cr_assert_eq(status_u64(&d, "table.lent"), 2, "both free in the table");
+    uint64_t popped = counter(p, "table_leases");
     cr_assert_eq(shmref_lease(p, 65536, &b), 0);
-    cr_assert_eq(status_u64(&d, "counters.buffers_recycled"), recycled + 1);
+    cr_assert_eq(counter(p, "table_leases"), popped + 1, "reused from the table");
+    cr_assert_eq(status_u64(&d, "counters.buffers_recycled"), recycled);
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 2);
     /* A re-acquire after the release goes to the daemon: the buffer is gone. */
     sent = counter(c, "sent");
     cr_assert_eq(shmref_acquire(c, &desc, &r1), -ENOENT, "%s", shmref_errmsg(c));
     cr_assert_eq(counter(c, "sent"), sent + 1, "the acquire after the release did not ask the daemon");
     cr_assert_eq(counter(c, "local_acquires"), 1);
+    cr_assert_eq(counter(c, "table_acquires"), 0);
     shmref_release(b);
     shmref_close(c);
     shmref_close(p);
@@ -287,8 +372,11 @@ Test(pipeline, a_waiting_lease_is_served_when_quota_frees, .timeout = 60)
     shmref_conn *p = connect_ok(&d), *q = connect_ok(&d);
     cr_assert_eq(shmref_set_stock(p, 0), 0);
     shmref_buf *a, *b, *x;
-    cr_assert_eq(shmref_lease(q, 65536, &a), 0);
-    cr_assert_eq(shmref_lease(q, 65536, &b), 0);
+    /* q's leases by shmref_lease_many: their buffers go back to the pool at their release,
+     * which frees the quota (a shmref_lease's would join the uid's table, still charged) */
+    const size_t size = 65536;
+    cr_assert_eq(shmref_lease_many(q, &size, 1, &a), 0);
+    cr_assert_eq(shmref_lease_many(q, &size, 1, &b), 0);
     int r0 = shmref_lease(p, 65536, &x);
     cr_assert_eq(r0, -EDQUOT, "%d %s", r0, shmref_errmsg(p));
     long t0 = now_ms();
@@ -306,8 +394,56 @@ Test(pipeline, a_waiting_lease_is_served_when_quota_frees, .timeout = 60)
     pthread_join(th, NULL);
     cr_assert_eq(r, 0, "%s", shmref_errmsg(p));
     cr_assert(took >= 250 && took < 4000, "took %ld ms", took);
+    cr_assert_eq(status_u64(&d, "table.grants"), 0);
     shmref_release(x);
     shmref_release(b);
+    shmref_close(p);
+    shmref_close(q);
+    daemon_stop(&d);
+}
+
+/* The default path: q's buffers join the uid's table at their release, still charged;
+ * a lease of the uid waiting for quota reclaims the free one (which q's process still
+ * maps: warm and pinned to the uid in the pool, so the lease takes that very buffer). */
+Test(pipeline, a_waiting_lease_reclaims_a_buffer_freed_into_the_table, .timeout = 60)
+{
+    struct daemon d;
+    daemon_start(&d, "--tenant-quota", "128K", NULL);
+    shmref_conn *p = connect_ok(&d), *q = connect_ok(&d);
+    cr_assert_eq(shmref_set_stock(p, 0), 0);
+    cr_assert_eq(shmref_set_stock(q, 0), 0);
+    shmref_buf *a, *b, *x;
+    cr_assert_eq(shmref_lease(q, 65536, &a), 0);
+    cr_assert_eq(shmref_lease(q, 65536, &b), 0);
+    int r0 = shmref_lease(p, 65536, &x);
+    cr_assert_eq(r0, -EDQUOT, "%d %s", r0, shmref_errmsg(p));
+    releaser_conn = q;
+    struct later l = { .buf = a, .ms = 300 };
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, release_later, &l), 0);
+    long t0 = now_ms();
+    int r = shmref_lease_ex(p, 65536, 0, 5000, &x);
+    long took = now_ms() - t0;
+    pthread_join(th, NULL);
+    cr_assert_eq(r, 0, "%s", shmref_errmsg(p));
+    cr_assert(took >= 250 && took < 4000, "took %ld ms", took);
+    cr_assert_eq(status_u64(&d, "table.grants"), 1, "a joined the table");
+    cr_assert_eq(status_u64(&d, "table.reclaimed"), 1, "and was reclaimed for the waiting lease");
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 2, "the lease got that buffer back");
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), 0);
+    /* at the quota again, a free table buffer is reclaimed for a lease that does not wait */
+    shmref_release(x);
+    cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(shmref_lease(p, 65536, &x), 0, "%s", shmref_errmsg(p));
+    shmref_buf *y;
+    shmref_release(b);
+    cr_assert_eq(shmref_ping(q), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), 65536, "b is free in the table");
+    cr_assert_eq(shmref_lease_many(q, &(size_t){ 65536 }, 1, &y), 0, "%s", shmref_errmsg(q));
+    cr_assert_eq(status_u64(&d, "table.reclaimed"), 2);
+    cr_assert_eq(status_u64(&d, "counters.buffers_created"), 2);
+    shmref_release(y);
+    shmref_release(x);
     shmref_close(p);
     shmref_close(q);
     daemon_stop(&d);

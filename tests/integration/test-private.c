@@ -18,6 +18,14 @@ static void stop(void) { daemon_stop(&d); }
 
 TestSuite(private, .init = start, .fini = stop, .timeout = 120);
 
+/* counter: one of libshmref's counters of c. */
+static uint64_t counter(shmref_conn *c, const char *name)
+{
+    uint64_t v = 0;
+    cr_assert_eq(shmref_conn_counter(c, name, &v), 0, "%s", name);
+    return v;
+}
+
 static shmref_buf *acquire_ok(shmref_conn *c, const shmref_desc *desc, unsigned flags)
 {
     shmref_buf *b = NULL;
@@ -61,9 +69,47 @@ Test(private, writes_stay_in_the_acquirers_own_pages)
     cr_assert_eq(shmref_release(mine), 0);
     cr_assert_eq(shmref_release(b), 0);
     cr_assert_eq(wait_status(&d, "buffers.leases", 0, 3000), 0, "every lease went back");
-    uint64_t recycled = status_u64(&d, "counters.buffers_recycled");
+    /* The buffer is free again, in the uid's table (the lease was the daemon's, for the
+     * table): nothing holds it, and the next lease of its class is the same buffer, with
+     * the producer's bytes (the private writes were in c's own pages). */
+    cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), SIZE);
+    cr_assert_eq(status_u64(&d, "table.lent"), 1);
+    uint64_t leases = counter(p, "table_leases"), sent = counter(p, "sent");
     cr_assert_eq(shmref_lease(p, SIZE, &b), 0, "%s", shmref_errmsg(p));
-    cr_assert_eq(status_u64(&d, "counters.buffers_recycled"), recycled + 1, "the buffer was recycled");
+    cr_assert_eq(counter(p, "table_leases"), leases + 1, "the buffer was reused, from the table");
+    cr_assert_eq(counter(p, "sent"), sent);
+    cr_assert_eq(check_pattern(shmref_buf_data(b), SIZE, 7), -1, "the buffer is as published");
+
+    /* the same, published in the table: c maps the buffer, but a private acquire is still
+     * a private copy, and a plain one is a table hold */
+    fill_pattern(shmref_buf_data(b), SIZE, 8);
+    uint64_t publishes = counter(p, "table_publishes");
+    cr_assert_eq(shmref_publish(b, SIZE, 0, NULL, 0, &desc), 0, "%s", shmref_errmsg(p));
+    cr_assert_eq(counter(p, "table_publishes"), publishes + 1);
+    mine = acquire_ok(c, &desc, SHMREF_ACQUIRE_PRIVATE);
+    cr_assert_eq(shmref_buf_private(mine), 1);
+    w = shmref_buf_data(mine);
+    cr_assert_eq(check_pattern(w, SIZE, 8), -1, "it reads the producer's bytes");
+    memset(w, 0x5a, 4096);
+    cr_assert_eq(check_pattern(shmref_buf_data(b), SIZE, 8), -1, "the producer's buffer is unchanged");
+    uint64_t takes = counter(c, "table_acquires");
+    again = acquire_ok(c, &desc, 0);
+    cr_assert_eq(shmref_buf_private(again), 0);
+    cr_assert_eq(counter(c, "table_acquires"), takes + 1, "a plain acquire is a table hold");
+    cr_assert_eq(check_pattern(shmref_buf_data(again), SIZE, 8), -1);
+    cr_assert_eq(shmref_release(again), 0);
+    cr_assert_eq(shmref_release(mine), 0);
+    cr_assert_eq(shmref_release(b), 0);
+    cr_assert_eq(shmref_ping(c), 0);
+    cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0, "nothing stays leased");
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), SIZE);
+    cr_assert_eq(status_u64(&d, "table.lent"), 1);
+    cr_assert_eq(shmref_lease(p, SIZE, &b), 0, "%s", shmref_errmsg(p));
+    cr_assert_eq(counter(p, "table_leases"), leases + 2, "free again in the table");
+    cr_assert_eq(check_pattern(shmref_buf_data(b), SIZE, 8), -1, "as published: the private writes were c's own");
     cr_assert_eq(shmref_release(b), 0);
     shmref_close(other);
     shmref_close(c);

@@ -2,7 +2,8 @@
 /* test-retain.c: shmref_retain (PROTO_OP_RETAIN) through a real shmrefd and real
  * processes: a holder that retains a buffer and is SIGKILLed leaves it to the next
  * acquire (and to that one only), or to its deadline; it works for a hold the daemon
- * knows only from the holder's ledger, also when that hold alone kept the buffer (LENT);
+ * knows only from the holder's journal (a take in its uid's table), also when that hold
+ * alone kept the buffer (LENT: no daemon reference);
  * another uid, a connection that holds nothing, and a token nothing is published under
  * are refused; a flood of retains keeps alive only what the flooder's own quota pays. */
 #include <criterion/criterion.h>
@@ -29,7 +30,7 @@ TestSuite(retain, .fini = reap_children, .timeout = 120);
 struct holder {
     shmref_desc desc;
     uint32_t keep_ms, retains;
-    bool via_ledger;            /* acquire, release, acquire again: a ledger hold */
+    bool via_table;             /* acquire, release, acquire again: a table hold */
     bool wait_go;               /* wait for a byte on go[0] before retaining */
     uid_t uid;                  /* 0: the test's */
     int up[2], go[2];
@@ -60,13 +61,15 @@ static int holder_main(void *arg)
         return 12;
     if (check_pattern(shmref_buf_data(b), h->desc.size, 3) != -1)
         return 13;
-    if (h->via_ledger) {
+    if (h->via_table) {
         uint64_t before = 0, after = 0;
-        shmref_conn_counter(c, "ledger_acquires", &before);
-        shmref_release(b); /* its mapping stays cached: the next acquire is a ledger hold */
+        shmref_conn_counter(c, "table_acquires", &before);
+        shmref_release(b); /* its mapping stays cached: the next acquire is a table hold */
+        if (shmref_ping(c) < 0) /* (the release of a daemon acquire is one-way) */
+            return 19;
         if (shmref_acquire(c, &h->desc, &b) < 0)
             return 14;
-        shmref_conn_counter(c, "ledger_acquires", &after);
+        shmref_conn_counter(c, "table_acquires", &after);
         if (after != before + 1)
             return 15;
     }
@@ -199,39 +202,87 @@ Test(retain, ends_at_its_deadline_if_nobody_comes)
     daemon_stop(&d);
 }
 
-/* ---- holds the daemon knows from a ledger ---- */
+/* ---- holds the daemon knows from a journal (table takes) ---- */
 
+/* The holder (another process of the uid) maps the buffer (its first acquire asked the
+ * daemon) and takes its second acquire of a publish made in the table: a hold the daemon
+ * knows only from the holder's journal. It may retain the buffer: the daemon checks the
+ * journal. First when that hold alone keeps the buffer (LENT: no daemon reference), then
+ * while the producer still holds its lease too. */
 Test(retain, a_ledger_hold_and_a_lent_buffer_are_held)
 {
     daemon_start(&d, NULL);
     shmref_conn *p = connect_ok(&d), *c = connect_ok(&d);
     shmref_buf *mine;
-    /* the producer holds it (no retention); the holder's second acquire is a ledger hold */
-    struct holder h = { .via_ledger = true, .wait_go = true, .keep_ms = 60000, .retains = 1 };
-    h.desc = publish(p, 0, 0, &mine);
-    pid_t pid = holder_run(&h);
-    /* the producer lets go: the holder's ledger count alone keeps it (LENT) */
+    /* a buffer in the table first: the publishes below are the table's */
+    cr_assert_eq(shmref_lease(p, SIZE, &mine), 0, "%s", shmref_errmsg(p));
     cr_assert_eq(shmref_release(mine), 0);
-    cr_assert_eq(wait_status(&d, "ledger.lent", 1, 2000), 1, "LENT to the holder's ledger");
-    cr_assert_eq(write(h.go[1], "g", 1), 1);
-    cr_assert_eq(hear_int(h.up[0]), 0, "retain of a LENT buffer the holder took in its ledger");
-    cr_assert_eq(status_u64(&d, "ledger.lent"), 0, "live again: the retention holds it");
-    cr_assert_eq(status_u64(&d, "buffers.retained"), 1);
-    kill_holder(&h, pid);
-    acquire_checks(c, &h.desc, "the acquire after the ledger holder was killed");
-    shmref_buf *b;
-    cr_assert_eq(shmref_acquire(c, &h.desc, &b), -ENOENT);
+    cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(status_u64(&d, "table.lent"), 1, "free in the table");
+    uint64_t v = 0;
+    /* the producer holds it (no retention); the holder's second acquire is a table hold */
+    struct holder h = { .via_table = true, .wait_go = true, .keep_ms = 60000, .retains = 1 };
+    h.desc = publish(p, 0, 0, &mine);
+    cr_assert_eq(shmref_conn_counter(p, "table_publishes", &v), 0);
+    cr_assert_eq(v, 1, "published in the table");
+    pid_t pid = holder_run(&h);
+    cr_assert_eq(status_u64(&d, "table.takes"), 1, "the holder's first acquire asked the daemon");
+    /* the producer lets go: the holder's table hold alone keeps it (LENT) */
+    cr_assert_eq(shmref_release(mine), 0);
+    cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(status_u64(&d, "table.lent"), 1, "LENT: held in the table without the daemon");
     cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), SIZE);
+    cr_assert_eq(write(h.go[1], "g", 1), 1);
+    cr_assert_eq(hear_int(h.up[0]), 0, "retain of a LENT buffer the holder took in its table");
+    cr_assert_eq(status_u64(&d, "table.lent"), 0, "live again: the retention holds it");
+    cr_assert_eq(status_u64(&d, "buffers.retained"), 1);
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), SIZE, "the daemon holds it for the retention");
+    uint64_t crash_holds = status_u64(&d, "table.crash_holds");
+    kill_holder(&h, pid);
+    cr_assert_eq(wait_status(&d, "table.crash_holds", crash_holds + 1, 2000), crash_holds + 1,
+                 "the killed holder's table hold was dropped");
+    cr_assert_eq(status_u64(&d, "buffers.retained"), 1, "the retention outlives the holder");
+    acquire_checks(c, &h.desc, "the acquire after the table holder was killed");
+    cr_assert_eq(shmref_ping(c), 0);
+    shmref_buf *b;
+    cr_assert_eq(shmref_acquire(c, &h.desc, &b), -ENOENT, "the retention served its one acquire");
+    cr_assert_eq(status_u64(&d, "buffers.retained"), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    /* a retained member leaves its table with its last hold (its takes were the daemon's) */
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), 0);
+    cr_assert_eq(status_u64(&d, "table.members"), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_warm"), SIZE, "back in the pool");
 
-    /* not LENT: the producer still holds it, the holder's hold is in its ledger */
-    struct holder h2 = { .via_ledger = true, .keep_ms = 60000, .retains = 1 };
+    /* not LENT: the producer still holds it, the holder's hold is in its journal; and c
+     * maps the buffer, so only the retention sends its acquire to the daemon */
+    cr_assert_eq(shmref_lease(p, SIZE, &mine), 0, "%s", shmref_errmsg(p));
+    cr_assert_eq(shmref_release(mine), 0);
+    cr_assert_eq(shmref_ping(p), 0);
+    cr_assert_eq(status_u64(&d, "table.lent"), 1, "free in the table");
+    struct holder h2 = { .via_table = true, .keep_ms = 60000, .retains = 1 };
     h2.desc = publish(p, 0, 0, &mine);
+    cr_assert_eq(shmref_conn_counter(p, "table_publishes", &v), 0);
+    cr_assert_eq(v, 2, "published in the table");
+    acquire_checks(c, &h2.desc, "c maps it");
     pid = holder_run(&h2);
-    cr_assert_eq(hear_int(h2.up[0]), 0, "retain of a buffer held in the ledger");
+    cr_assert_eq(hear_int(h2.up[0]), 0, "retain of a buffer held in the table");
+    cr_assert_eq(status_u64(&d, "buffers.retained"), 1);
     kill_holder(&h2, pid);
     cr_assert_eq(shmref_release(mine), 0);
-    acquire_checks(c, &h2.desc, "after the producer and the ledger holder let go");
+    uint64_t takes = 0, fallbacks = 0, n = 0;
+    cr_assert_eq(shmref_conn_counter(c, "table_acquires", &takes), 0);
+    cr_assert_eq(shmref_conn_counter(c, "table_fallbacks", &fallbacks), 0);
+    acquire_checks(c, &h2.desc, "after the producer and the table holder let go");
+    cr_assert_eq(shmref_conn_counter(c, "table_fallbacks", &n), 0);
+    cr_assert_eq(n, fallbacks + 1, "a retained buffer's acquire asks the daemon");
+    cr_assert_eq(shmref_conn_counter(c, "table_acquires", &n), 0);
+    cr_assert_eq(n, takes);
+    cr_assert_eq(shmref_ping(c), 0);
+    cr_assert_eq(shmref_acquire(c, &h2.desc, &b), -ENOENT, "the retention served its one acquire");
+    cr_assert_eq(status_u64(&d, "buffers.retained"), 0);
     cr_assert_eq(status_u64(&d, "pool.bytes_leased"), 0);
+    cr_assert_eq(status_u64(&d, "pool.bytes_tables"), 0);
     shmref_close(c);
     shmref_close(p);
     daemon_stop(&d);
