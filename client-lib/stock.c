@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* stock.c: the lease stock of a connection. After the first lease of a size (a round
+/* stock.c: the lease stock of a connection without a table (one with a table leases from
+ * its uid's free lists: localhold.c). After the first lease of a size (a round
  * trip), `depth` more leases of its size class are asked for without waiting and kept
  * ready; a later lease of that class takes one at once and asks for one more, with the
  * next message (client_send_later); the replies are taken in when the stock runs dry. Stock
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "handle.h"
+#include "localhold.h"
 #include "mapcache.h"
 #include "requests.h"
 #include "transport.h"
@@ -35,7 +37,8 @@ void stock_init(struct stock *st)
 
 bool stock_eligible(const shmref_conn *conn, size_t size)
 {
-    return conn->stock.depth > 0 && size <= STOCK_MAX_SIZE;
+    /* a connection with a table has no stock: its uid's free lists are it */
+    return conn->stock.depth > 0 && size <= STOCK_MAX_SIZE && !localhold_on(conn);
 }
 
 /* find: the class a lease of size bytes falls in (the daemon's classes are monotone, so

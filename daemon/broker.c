@@ -43,13 +43,13 @@ static void do_lease(struct broker *bk, struct broker_peer *p, const struct prot
         return;
     /* FIFO within a tenant: a waiting lease never overtakes its tenant's earlier waiters. */
     struct waiters_queue *q = wait ? waiters_tenant(&bk->waiters, p->uid) : NULL;
-    if (q && waits_park_lease(bk, p, m->id, size, q->tail->blocked, wait) != -ENOMEM)
+    if (q && waits_park_lease(bk, p, m->id, size, m->u.lease.flags, q->tail->blocked, wait) != -ENOMEM)
         return; /* parked, or refused at --max-parked-per-uid */
     int r = lease_one(bk, p, m->id, size, wait != 0, m->u.lease.flags & (PROTO_LEASE_STOCK | PROTO_LEASE_TABLE), msg,
                       sizeof(msg));
     if (r == 0)
         return;
-    if (wait && waits_park_lease(bk, p, m->id, size, -r, wait) != -ENOMEM)
+    if (wait && waits_park_lease(bk, p, m->id, size, m->u.lease.flags, -r, wait) != -ENOMEM)
         return;
     peer_refuse(bk, p, m->id, -r, "lease", msg);
 }

@@ -37,6 +37,7 @@ struct waiter {
     uint32_t wait_ms;           /* the wait granted (for messages) */
     uint64_t size;              /* a lease: bytes asked */
     int blocked;                /* a lease: what it last met, EDQUOT or ENOSPC */
+    uint32_t flags;             /* a lease: its PROTO_LEASE_TABLE, kept for its retries */
     uint32_t count;             /* places under max-leases it takes (waiters_set_count) */
     void *data;                 /* the owner's, freed with the waiter (a batch's sizes) */
     bool busy;                  /* being tried (a batch whose buffers are being made) */

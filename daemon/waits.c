@@ -25,13 +25,15 @@ static void table_poll(struct broker *bk)
         waiters_poll(&bk->waiters, WAITS_TABLE_POLL_MS);
 }
 
-int waits_park_lease(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, int blocked,
-                     uint32_t wait_ms)
+int waits_park_lease(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, uint32_t flags,
+                     int blocked, uint32_t wait_ms)
 {
     if (!peer_park_left(bk, p, id, 1, "lease"))
         return -EMFILE;
-    if (!waiters_park_lease(&bk->waiters, p, &p->parked, id, p->uid, size, blocked, wait_ms))
+    struct waiter *w = waiters_park_lease(&bk->waiters, p, &p->parked, id, p->uid, size, blocked, wait_ms);
+    if (!w)
         return -ENOMEM;
+    w->flags = flags & PROTO_LEASE_TABLE;
     bk->counters->lease_waits++;
     table_poll(bk);
     return 0;
@@ -72,7 +74,7 @@ static void retry_leases(void *arg)
                 break;
             }
             if (!p->closing) {
-                int r = lease_one(bk, p, w->id, w->size, true, 0, msg, sizeof(msg));
+                int r = lease_one(bk, p, w->id, w->size, true, w->flags, msg, sizeof(msg));
                 if (r < 0) { /* still blocked: the rest of this tenant stays behind it */
                     w->blocked = -r;
                     waiters_tenant_last(ws, q);

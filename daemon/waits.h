@@ -22,11 +22,12 @@ void waits_stop(struct broker *bk);
 /* waits_kick: quota or space may have freed: waiting leases are retried next turn. */
 void waits_kick(struct broker *bk);
 
-/* waits_park_lease: a lease (checked) that met EDQUOT/ENOSPC (blocked), or that must
- * queue behind its tenant's earlier waiters, waits up to wait_ms. Returns 0, -EMFILE
- * after refusing (its uid's waiting requests at --max-parked-per-uid), or -ENOMEM. */
-int waits_park_lease(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, int blocked,
-                      uint32_t wait_ms);
+/* waits_park_lease: a lease (checked; flags: its PROTO_LEASE_TABLE, kept for its retries)
+ * that met EDQUOT/ENOSPC (blocked), or that must queue behind its tenant's earlier waiters,
+ * waits up to wait_ms. Returns 0, -EMFILE after refusing (its uid's waiting requests at
+ * --max-parked-per-uid), or -ENOMEM. */
+int waits_park_lease(struct broker *bk, struct broker_peer *p, uint32_t id, uint64_t size, uint32_t flags,
+                     int blocked, uint32_t wait_ms);
 /* waits_park_acquire: an acquire waits up to wait_ms for the publish of b (leased, not
  * published). Refuses (max-leases, memory) itself. */
 void waits_park_acquire(struct broker *bk, struct broker_peer *p, uint32_t id, struct registry_buf *b,

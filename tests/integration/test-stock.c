@@ -5,7 +5,9 @@
  * pool cap, within a per-uid cap and for small classes, and counts them per tenant.
  * Regression: an idle program of one uid with a full stock (SHMREF_STOCK raised) held
  * quota-sized stock inside the pool, and another uid's lease up to its quota failed
- * ENOSPC, with quotas that add up to more than the pool. */
+ * ENOSPC, with quotas that add up to more than the pool. The stock exists only on a
+ * connection without a table (a connection with one leases from its uid's free lists), so
+ * every connection here is made with SHMREF_TABLE=0 (stock_only, before each test). */
 #include <criterion/criterion.h>
 
 #include <errno.h>
@@ -22,6 +24,13 @@
 
 static struct daemon d;
 static int up[2], down[2];
+
+static void stock_only(void)
+{
+    setenv("SHMREF_TABLE", "0", 1);
+}
+
+TestSuite(stock, .init = stock_only);
 
 /* tenant_u64: tenants[].key of uid (0 if not listed). */
 static uint64_t tenant_u64(uint32_t uid, const char *k)
