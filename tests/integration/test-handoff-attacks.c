@@ -282,7 +282,63 @@ struct raw {
     uint64_t mapped, adopted, errors, eopnotsupp;
     uint64_t leased_ids[16];        /* buffers its leases for the table got (members at their release) */
     unsigned nleased;
+    bool keep_maps;                 /* maps every fd a reply brings, writes into it, keeps it (the attacker) */
 };
+
+/* A buffer the attacker no longer holds may have been emptied under its stale mapping (a
+ * buffer another uid acquired is retired at its end and its pages freed: pool.c): a write
+ * there is SIGBUS in the attacker, its own loss. The scribbler skips such a region. */
+static sigjmp_buf bus_jmp;
+static volatile sig_atomic_t bus_armed;
+static uint64_t bus_faults;
+
+static void on_bus(int sig)
+{
+    if (!bus_armed) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    siglongjmp(bus_jmp, 1);
+}
+
+static void write_over(uint8_t *p, size_t len)
+{
+    if (sigsetjmp(bus_jmp, 1) == 0) {
+        bus_armed = 1;
+        for (size_t off = 0; off < len; off += PAGE / 2)
+            memset(p + off, 0x5a, 64);
+    }
+    bus_armed = 0;
+}
+
+/* keep_fd: a hostile client's use of an fd a reply brought: mapped read-write if it can
+ * be (else read-only), written over at once if writable, and kept (the newest 64), so
+ * that its later scribbles (scribble_maps) write there too. */
+static void keep_fd(int fd)
+{
+    static struct { void *p; size_t len; } kept[64];
+    static unsigned next;
+    struct stat sb;
+    if (fstat(fd, &sb) < 0 || sb.st_size <= 0)
+        return;
+    size_t len = (size_t)sb.st_size;
+    bool rw = true;
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        rw = false;
+        p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    }
+    if (p == MAP_FAILED)
+        return;
+    if (rw)
+        write_over(p, len);
+    unsigned i = next++ % 64;
+    if (kept[i].p)
+        munmap(kept[i].p, kept[i].len);
+    kept[i].p = p;
+    kept[i].len = len;
+}
 
 static int raw_send(struct raw *c, struct proto_msg *m)
 {
@@ -389,6 +445,8 @@ static int raw_drain(struct raw *c, uint32_t want)
         int fd = -1;
         unsigned n = 0;
         ssize_t len = rawclient_recv_fds(c->sock, rep, sizeof(rep), &fd, 1, &n, want ? 10000 : 20);
+        if (n && c->keep_maps)
+            keep_fd(fd);
         if (n)
             close(fd);
         if (len == -ETIMEDOUT && !want)
@@ -593,23 +651,6 @@ static void scribble_region(uint8_t *p, size_t len, uint32_t *s, uint64_t pass, 
             memcpy(p + off, x, sizeof(x));
         }
     }
-}
-
-/* A buffer the attacker no longer holds may have been emptied under its stale mapping (a
- * buffer another uid acquired is retired at its end and its pages freed: pool.c): a write
- * there is SIGBUS in the attacker, its own loss. The scribbler skips such a region. */
-static sigjmp_buf bus_jmp;
-static volatile sig_atomic_t bus_armed;
-static uint64_t bus_faults;
-
-static void on_bus(int sig)
-{
-    if (!bus_armed) {
-        signal(sig, SIG_DFL);
-        raise(sig);
-        return;
-    }
-    siglongjmp(bus_jmp, 1);
 }
 
 /* scribble_maps: every shared writable mapping in this process but /dev/zero (the test's
@@ -817,6 +858,7 @@ static int attacker(void *p)
     struct raw c;
     if (raw_open(&c, a->socket) < 0)
         return 11;
+    c.keep_maps = true;
     static uint8_t hdr[HANDOFF_HEADER]; /* the header as the daemon made it */
     memcpy(hdr, c.tab, HANDOFF_HEADER);
     shmref_conn *ca = NULL, *cb = NULL;
@@ -844,6 +886,7 @@ static int attacker(void *p)
             atomic_fetch_add(&ctl->reconnects, 1);
             if (raw_open(&c, a->socket) < 0)
                 return 12;
+            c.keep_maps = true;
         }
         atomic_fetch_add(&ctl->msgs, 16 * 5 + 6);
         atomic_fetch_add(&ctl->passes, 1);
