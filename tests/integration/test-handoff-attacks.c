@@ -1030,7 +1030,14 @@ Test(handoff_attacks, a_uid_scribbling_on_everything_it_shares_harms_only_itself
     int nh = victim_series(&v, st, hit, RT_N, RT_MAX, 4000, quiet, "under attack");
     foreign_src = NULL;
     long ping = ping_us(mine.sock);
-    struct charge att = charge_of(st, OTHER_UID);
+    struct charge att = charge_of(st, OTHER_UID), vic = charge_of(st, getuid());
+    uint64_t pool_pinned = 0;
+    {
+        shmref_status *ps;
+        cr_assert_eq(shmref_status_get(st, &ps), 0);
+        cr_assert_eq(shmref_status_u64(ps, "pool.bytes_pinned", &pool_pinned), 0);
+        shmref_status_free(ps);
+    }
     uint64_t passes = atomic_load(&ctl->passes) - passes0;
     cr_assert(daemon_alive(&d), "the daemon died");
 
@@ -1041,7 +1048,7 @@ Test(handoff_attacks, a_uid_scribbling_on_everything_it_shares_harms_only_itself
            "meanwhile over %llu shared mappings (%llu tables, %llu journals), %llu raw messages in all (%llu maps "
            "and %llu adopts answered, %llu local leases of its own, %llu errors, %llu EOPNOTSUPP), %llu own "
            "handoffs (%llu failed), %llu reconnects, %llu regions emptied under it (SIGBUS); uid %u charged %llu bytes, %llu buffers, %llu pinned at the end, "
-           "at most %llu bytes at a check; a ping after it %ld us\n",
+           "at most %llu bytes at a check; pool.bytes_pinned %llu; a ping after it %ld us\n",
            RT_SIZE / 1024, b50, b99, nb, h50, h99, nh, (double)h50 / (double)b50, (unsigned long long)quiet.bytes,
            (unsigned long long)quiet.pinned, (unsigned long long)quiet.buffers, (unsigned long long)foreign_ok,
            (unsigned long long)foreign_gone, (unsigned long long)foreign_err, (unsigned long long)passes,
@@ -1053,7 +1060,7 @@ Test(handoff_attacks, a_uid_scribbling_on_everything_it_shares_harms_only_itself
            (unsigned long long)atomic_load(&ctl->api_err), (unsigned long long)atomic_load(&ctl->reconnects),
            (unsigned long long)atomic_load(&ctl->bus_faults), OTHER_UID, (unsigned long long)att.bytes,
            (unsigned long long)att.buffers, (unsigned long long)att.pinned, (unsigned long long)attacker_charged_max,
-           ping);
+           (unsigned long long)pool_pinned, ping);
     int ex = ctl_stop(ctl, pid);
     cr_assert_eq(ex, 0, "the attacker failed: %d (10-12: setup, 128+: a signal; 137 it did not stop within 20 s)",
                  ex);
@@ -1062,6 +1069,12 @@ Test(handoff_attacks, a_uid_scribbling_on_everything_it_shares_harms_only_itself
     /* An attacker whose holds and pins the registry charged to nobody (a table member
      * uncharged at its grant) would read 0 here. */
     cr_assert_gt(attacker_charged_max, 0, "what the attacker held and pinned was charged to nobody");
+    /* Every pinned byte (a buffer no lease holds that clients still map) is charged to a
+     * mapping uid: the attacker pins only what its uid is charged for, never a buffer
+     * charged to nobody or to the victim (whose charge is checked in victim_series). */
+    cr_assert_leq(pool_pinned, att.pinned + vic.pinned, "the pool has %llu bytes pinned, its tenants are charged "
+                  "%llu (uid %u) and %llu (uid %u)", (unsigned long long)pool_pinned, (unsigned long long)att.pinned,
+                  OTHER_UID, (unsigned long long)vic.pinned, (unsigned)getuid());
     cr_assert_geq(atomic_load(&ctl->tables), 1, "the attacker found no table to scribble on");
     cr_assert_geq(atomic_load(&ctl->journals), 1, "the attacker found no journal to scribble on");
     cr_assert_gt(foreign_ok, 0, "the victim never acquired one of the attacker's publishes");
