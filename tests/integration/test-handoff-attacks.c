@@ -1844,10 +1844,13 @@ static void pings(int fd, long *t, int n)
 
 #define PINGS 400
 /* Another uid's median ping and round trip under a flood <= 10x its own baseline. The
- * daemon serves up to 64 messages of one connection per turn (transport.c), so a ping
- * (13 us alone) may wait for a turn of the flooder's kind: measured 0.9-3.1x for every
- * kind, 8x once for a flood of status (about 30 us each) with a flooder that kept one
- * burst in flight; a nudge made to cost the daemon 100 us: 1,650x. */
+ * daemon bounds the time one connection gets per wake-up (transport.c), so a ping (13 us
+ * alone) waits for about one of the flooder's requests: measured 0.8-1.4x for every kind
+ * (the round trip, table handoffs plus one daemon acquire, 0.98-1.02x). What breaks it is
+ * a request that costs the daemon far more than a ping: a giveback made to spin 300 us in
+ * tenantdir_giveback gave a ping median of 24x (the retry, against a noisier 39 us
+ * baseline, 8.1x) and a round trip of 2.9x; a request that stalls the daemon for
+ * milliseconds fails both. */
 #define FLOOD_RATIO 10
 #define FLOOD_MS 2000
 /* The daemon's heap during the floods over before them: 0.3 MB measured; sanitized,
