@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -1843,15 +1844,17 @@ static void pings(int fd, long *t, int n)
 }
 
 #define PINGS 400
-/* Another uid's median ping and round trip under a flood <= 10x its own baseline. The
- * daemon bounds the time one connection gets per wake-up (transport.c), so a ping (13 us
- * alone) waits for about one of the flooder's requests: measured 0.8-1.4x for every kind
- * (the round trip, table handoffs plus one daemon acquire, 0.98-1.02x). What breaks it is
- * a request that costs the daemon far more than a ping: a giveback made to spin 300 us in
- * tenantdir_giveback gave a ping median of 24x (the retry, against a noisier 39 us
- * baseline, 8.1x) and a round trip of 2.9x; a request that stalls the daemon for
- * milliseconds fails both. */
-#define FLOOD_RATIO 10
+/* Another uid's median ping and round trip under a flood <= 15x its least baseline of the
+ * test. The daemon bounds the time one connection gets per wake-up (transport.c), so a
+ * ping (13 us alone) waits for about one of the flooder's requests: measured 0.8-1.4x for
+ * every kind but status, whose requests cost the daemon 50-100 us (up to 9.8x against the
+ * least baseline, 2.9x against the one just before); the round trip (table handoffs plus
+ * one daemon acquire) 0.8-1.1x. What breaks it is a request that costs the daemon far
+ * more than a ping: a giveback made to spin 300 us in tenantdir_giveback gave a ping
+ * median of 24x the least baseline (9x the one just before it, which passed a bound of
+ * 10x against its own baseline: hence the least) and a round trip of 2.9x; a request
+ * that stalls the daemon for milliseconds fails both. */
+#define FLOOD_RATIO 15
 #define FLOOD_MS 2000
 /* The daemon's heap during the floods over before them: 0.3 MB measured; sanitized,
  * ASan's quarantine of freed memory (256 MiB by default) comes on top. */
@@ -1943,18 +1946,30 @@ Test(handoff_attacks, a_flood_of_each_message_kind_costs_only_the_flooder, .time
     flood_victim.nvictim = table_members(mine.tab, flood_victim.victim_ids, 16, NULL);
     cr_assert_gt(flood_victim.nvictim, 0, "root's table has no members");
     long rss0 = rss_anon_kb(d.pid), rss_max = rss0;
+    /* The baselines are the least of those measured so far in this test (each flood's is
+     * taken just before it): a noisy moment before one flood does not loosen its bound. */
+    long bp = LONG_MAX, br = LONG_MAX;
     for (int k = 0; k < F_KINDS; k++) {
         struct flood_result r = flood_once(&d, fd, &v, st, quiet, (enum flood_kind)k);
+        bp = r.p50 < bp ? r.p50 : bp;
+        br = r.r50 < br ? r.r50 : br;
+        r.p50 = bp;
+        r.r50 = br;
         if (!flood_ok(&r)) { /* past the bound once: measured again before it counts (a busy machine) */
-            printf("flood of %s: past %dx once; again\n", flood_name[k], FLOOD_RATIO);
+            printf("flood of %s: past %dx the least baselines (%ld us, %ld us) once; again\n", flood_name[k],
+                   FLOOD_RATIO, bp, br);
             r = flood_once(&d, fd, &v, st, quiet, (enum flood_kind)k);
+            bp = r.p50 < bp ? r.p50 : bp;
+            br = r.r50 < br ? r.r50 : br;
+            r.p50 = bp;
+            r.r50 = br;
         }
         rss_max = r.rss > rss_max ? r.rss : rss_max;
         cr_assert_leq(r.f50, FLOOD_RATIO * r.p50, "under a flood of %s root's median ping took %ld us, %.1fx its "
-                      "%ld us alone (bound %dx), twice", flood_name[k], r.f50, (double)r.f50 / (double)r.p50, r.p50,
+                      "least %ld us alone (bound %dx), twice", flood_name[k], r.f50, (double)r.f50 / (double)r.p50, r.p50,
                       FLOOD_RATIO);
         cr_assert_leq(r.g50, FLOOD_RATIO * r.r50, "under a flood of %s root's median round trip took %ld us, %.1fx "
-                      "its %ld us alone (bound %dx), twice", flood_name[k], r.g50, (double)r.g50 / (double)r.r50,
+                      "its least %ld us alone (bound %dx), twice", flood_name[k], r.g50, (double)r.g50 / (double)r.r50,
                       r.r50, FLOOD_RATIO);
         /* The valid requests among the flood were served (the flood ran the table's paths,
          * not only their refusals): a map of its own member sends its fd; its own local
