@@ -1012,7 +1012,17 @@ Test(handoff_attacks, a_uid_scribbling_on_everything_it_shares_harms_only_itself
     cr_assert_gt(vlocal, RT_WARM / 2, "the victim's acquires did not go through its table (%llu)",
                  (unsigned long long)vlocal);
     struct charge quiet = charge_of(st, getuid());
-    int nb = victim_series(&v, st, base, RT_N, RT_MAX, 2000, quiet, "baseline");
+    /* the baseline: the least median of three series alone */
+    long b50 = LONG_MAX, b99 = 0;
+    int nb = 0;
+    for (int i = 0; i < 3; i++) {
+        nb = victim_series(&v, st, base, RT_N, RT_MAX, 700, quiet, "baseline");
+        long m = pct(base, nb, 50);
+        if (m < b50) {
+            b50 = m;
+            b99 = pct(base, nb, 99);
+        }
+    }
 
     struct ctl *ctl = ctl_new();
     struct raw mine; /* root's table: its members' ids, for the attacker's map/giveback/adopt */
@@ -1042,8 +1052,8 @@ Test(handoff_attacks, a_uid_scribbling_on_everything_it_shares_harms_only_itself
     uint64_t passes = atomic_load(&ctl->passes) - passes0;
     cr_assert(daemon_alive(&d), "the daemon died");
 
-    long b50 = pct(base, nb, 50), b99 = pct(base, nb, 99), h50 = pct(hit, nh, 50), h99 = pct(hit, nh, 99);
-    printf("scribbler: victim round trip of %u KiB median %ld us (p99 %ld, %d of them) alone, %ld us (p99 %ld, %d) "
+    long h50 = pct(hit, nh, 50), h99 = pct(hit, nh, 99);
+    printf("scribbler: victim round trip of %u KiB median %ld us (p99 %ld, %d of them; the least of 3 series) alone, %ld us (p99 %ld, %d) "
            "under attack (%.2fx; charged %llu bytes, %llu pinned, %llu buffers between round trips); the victim "
            "acquired %llu of the attacker's publishes (%llu gone, %llu other errors); the attacker made %llu passes "
            "meanwhile over %llu shared mappings (%llu tables, %llu journals), %llu raw messages in all (%llu maps "
@@ -1080,7 +1090,7 @@ Test(handoff_attacks, a_uid_scribbling_on_everything_it_shares_harms_only_itself
     cr_assert_geq(atomic_load(&ctl->journals), 1, "the attacker found no journal to scribble on");
     cr_assert_gt(foreign_ok, 0, "the victim never acquired one of the attacker's publishes");
     cr_assert_leq(h50, ATTACK_RATIO * b50, "under attack the victim's median round trip took %ld us, %.1fx its "
-                  "%ld us alone (bound %dx)", h50, (double)h50 / (double)b50, b50, ATTACK_RATIO);
+                  "least %ld us alone (bound %dx)", h50, (double)h50 / (double)b50, b50, ATTACK_RATIO);
 
     /* the attacker's raw requests did reach the table's paths: some maps and adopts of its
      * own buffers were served, and the retired took and nudge were refused, not dropped */
