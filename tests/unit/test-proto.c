@@ -1915,7 +1915,7 @@ Test(proto, retired_ops_and_bye_fields_are_checked)
     struct proto_msg m;
     /* took [11, 1, 7, bin16] and nudge [12, 2, buf_id]: retired with the ledger, unknown now */
     uint8_t took[5 + 2 + PROTO_TOKEN_LEN] = { 0x94, 11, 0x01, 0x07, 0xc4, PROTO_TOKEN_LEN };
-    expect_unsupported(took, sizeof(took), PROTO_OP_TOOK, 1);
+    expect_unsupported(took, 6 + PROTO_TOKEN_LEN, PROTO_OP_TOOK, 1);
     static const uint8_t nudge[] = { 0x93, 12, 0x02, 0x07 };
     expect_unsupported(nudge, sizeof(nudge), PROTO_OP_NUDGE, 2);
 
