@@ -518,6 +518,9 @@ int registry_publish(struct registry *r, struct registry_buf *b, uint64_t size, 
     /* acquires counted before the publish (registry_acquired of a buffer not yet published) */
     if (b->max_acquires && b->acquires >= b->max_acquires)
         registry_end_retention(r, b);
+    /* a plain publish of a lease for the table: its consumers may take it there */
+    if (b->for_table && !b->table && !keep_ms && !b->max_acquires && r->lender.published)
+        r->lender.published(r->lender.arg, b);
     return 0;
 }
 

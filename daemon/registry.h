@@ -88,12 +88,15 @@ void registry_set_events(struct registry *reg, const struct registry_events *ev)
  * reclaim: free buffers of tenant's table (every tenant's: UINT32_MAX) given back until
  *   bytes were; returns the bytes given back.
  * retained: b, a member of its tenant's table, got a retention (registry_retain): its
- *   acquires must come to the daemon, which counts them against it. */
+ *   acquires must come to the daemon, which counts them against it.
+ * published: b, leased for the table and not in it, got a plain publish (no retention, no
+ *   max_acquires) through the daemon: it may join its table at once, published there. */
 struct registry_lender {
     bool (*lend)(void *arg, struct registry_buf *b);
     struct registry_buf *(*take)(void *arg, const uint8_t *token);
     uint64_t (*reclaim)(void *arg, uint32_t tenant, uint64_t bytes);
     void (*retained)(void *arg, struct registry_buf *b);
+    void (*published)(void *arg, struct registry_buf *b);
     void *arg;
 };
 /* registry_set_lender: who decides at each buffer's end (NULL: nobody, every end is at once). */

@@ -192,6 +192,29 @@ static bool lend(void *arg, struct registry_buf *b)
     return true;
 }
 
+/* published: the registry's: b, leased for the table (its class's free list was empty),
+ * got a plain publish through the daemon. It joins its table now, published there under
+ * its token with the daemon's one hold (its references), so that a consumer that maps it
+ * takes it in the table, as a publish made there: a buffer published once and acquired
+ * again and again (a model, a lookup table) costs the daemon nothing after each consumer's
+ * first acquire. Not for a buffer that may not be recycled (another uid mapped it, sealed). */
+static void published(void *arg, struct registry_buf *b)
+{
+    struct tenantdirs *t = arg;
+    struct tenantdir *d = dir_find(t, b->tenant);
+    uint32_t slot = b->pb->slot;
+    if (!d || slot >= HANDOFF_MAX_SLOTS || b->pb->foreign || b->pb->sealed || t->at[slot] ||
+        b->meta_len > HANDOFF_META_MAX)
+        return;
+    int cls = class_of(t, d, b->pb->size);
+    if (cls < 0 || handoff_join_published(d->map, slot, (uint32_t)cls, b->pb->id,
+                                          handoff_siphash(d->key, b->token, PROTO_TOKEN_LEN), b->size, b->meta,
+                                          b->meta_len) < 0)
+        return;
+    member_link(t, d, b);
+    t->st.grants++;
+}
+
 /* take: the registry's: a daemon acquire (or retain) of a token the registry does not
  * know: a publish made in a table. The slot is in the token; the word is checked against
  * the token's hash under the daemon's copy of the key. */
@@ -267,7 +290,8 @@ static void retained(void *arg, struct registry_buf *b)
 void tenantdir_init(struct tenantdirs *t, struct registry *reg, struct pool *pool, struct counters *counters)
 {
     *t = (struct tenantdirs){ .reg = reg, .pool = pool, .counters = counters };
-    struct registry_lender l = { .lend = lend, .take = take, .reclaim = reclaim, .retained = retained, .arg = t };
+    struct registry_lender l = { .lend = lend, .take = take, .reclaim = reclaim, .retained = retained,
+                                 .published = published, .arg = t };
     registry_set_lender(reg, &l);
 }
 

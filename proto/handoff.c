@@ -222,6 +222,32 @@ int handoff_grant(void *tab, uint32_t slot, uint32_t cls, uint64_t buf_id, unsig
     return -EAGAIN;
 }
 
+int handoff_join_published(void *tab, uint32_t slot, uint32_t cls, uint64_t buf_id, uint64_t tokhash, uint64_t size,
+                           const void *meta, uint32_t meta_len)
+{
+    if (slot >= nslots(tab) || cls >= HANDOFF_CLASSES)
+        return -EINVAL;
+    if (meta_len > HANDOFF_META_MAX)
+        return -EMSGSIZE;
+    struct handoff_entry *e = handoff_entry_at(tab, slot);
+    uint64_t w = atomic_load(&e->word);
+    if (handoff_state_of(w) != HANDOFF_FREE || handoff_count_of(w) || (w & HANDOFF_LISTED))
+        return -EBUSY;
+    /* the daemon's own entry (OUT, or never used): everything a taker compares first, then
+     * the word that makes it visible (release order, as a client's publish) */
+    struct handoff_meta *m = handoff_meta_at(tab, slot);
+    if (meta_len)
+        memcpy(m->data, meta, meta_len);
+    atomic_store(&m->len, meta_len);
+    atomic_store(&e->cls, cls);
+    atomic_store(&e->buf_id, buf_id);
+    atomic_store(&e->tokhash, tokhash);
+    atomic_store(&e->size, size);
+    if (!atomic_compare_exchange_strong(&e->word, &w, handoff_word(handoff_seq_of(w) + 1, 1, 0, HANDOFF_PUBLISHED)))
+        return -EBUSY;
+    return 0;
+}
+
 /* unlink_head: one try at unlinking the first entry of cls's list: 1 and *ret_slot (off
  * the list, still LISTED), 0 when the head moved under the CAS (try again), -1 when the
  * list is empty or names no slot of the table. The tag in the head's high half makes a pop

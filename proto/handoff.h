@@ -167,6 +167,14 @@ void handoff_set_class(void *tab, uint32_t cls, uint64_t cap, uint64_t lo);
  * daemon's, OUT). */
 int handoff_grant(void *tab, uint32_t slot, uint32_t cls, uint64_t buf_id, unsigned tries);
 
+/* Daemon: handoff_join_published: slot's entry (FREE, no hold, not LISTED) becomes the
+ * daemon's publish of buffer buf_id (class cls): its metadata, token hash and size, then
+ * the word PUBLISHED under the next seq with one hold, the daemon's (a buffer published
+ * through the daemon, so that a consumer that maps it takes it in the table). 0, -EINVAL,
+ * -EBUSY (the entry is not free), -EMSGSIZE (metadata over HANDOFF_META_MAX). */
+int handoff_join_published(void *tab, uint32_t slot, uint32_t cls, uint64_t buf_id, uint64_t tokhash, uint64_t size,
+                           const void *meta, uint32_t meta_len);
+
 /* Producer: handoff_lease takes a free buffer of class cls: pops it, makes it LEASED with
  * the next seq and count 1, then counts the hold in journal. *ret_slot, *ret_seq.
  * -EAGAIN: the list is empty, or kept changing, or gave only entries the daemon took back
