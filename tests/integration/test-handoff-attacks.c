@@ -1041,11 +1041,17 @@ Test(handoff_attacks, a_uid_scribbling_on_everything_it_shares_harms_only_itself
     int nh = victim_series(&v, st, hit, RT_N, RT_MAX, 4000, quiet, "under attack");
     foreign_src = NULL;
     long ping = ping_us(mine.sock);
-    struct charge att = charge_of(st, OTHER_UID), vic = charge_of(st, getuid());
+    /* One status, so that the pool's pins and the tenants' charges are of one moment (the
+     * attacker still maps and unmaps: three snapshots disagreed by a buffer under ASan). */
+    struct charge att, vic;
     uint64_t pool_pinned = 0;
     {
         shmref_status *ps;
         cr_assert_eq(shmref_status_get(st, &ps), 0);
+        att = (struct charge){ tenant_u64(ps, OTHER_UID, "bytes"), tenant_u64(ps, OTHER_UID, "pinned"),
+                               tenant_u64(ps, OTHER_UID, "buffers") };
+        vic = (struct charge){ tenant_u64(ps, getuid(), "bytes"), tenant_u64(ps, getuid(), "pinned"),
+                               tenant_u64(ps, getuid(), "buffers") };
         cr_assert_eq(shmref_status_u64(ps, "pool.bytes_pinned", &pool_pinned), 0);
         shmref_status_free(ps);
     }
