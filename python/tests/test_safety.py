@@ -203,6 +203,9 @@ def test_gil_is_released_while_a_call_waits(own_daemon):
 
 def test_stopped_daemon_times_out_with_the_operation_named(own_daemon):
     c = shmref.connect(own_daemon.socket, timeout=0.5)
+    # another connection, which does not map the buffer: its acquire must ask the daemon (a
+    # connection that maps it may take it in the uid's table, with no daemon at all)
+    other = shmref.connect(own_daemon.socket, timeout=0.5)
     a = c.empty(100)
     ref = c.publish(a)
     os.kill(own_daemon.proc.pid, signal.SIGSTOP)
@@ -210,10 +213,10 @@ def test_stopped_daemon_times_out_with_the_operation_named(own_daemon):
         t0 = time.monotonic()
         # the acquire's deadline covers the wait for a publish it asks of the daemon
         with pytest.raises(TimeoutError, match=r"acquire: no answer from shmrefd within 1000 ms"):
-            c.acquire(ref)
+            other.acquire(ref)
         assert time.monotonic() - t0 < 3
         with pytest.raises(OSError, match="abandoned after acquire timed out"):
-            c.ping()
+            other.ping()
         t0 = time.monotonic()
         with pytest.raises(TimeoutError) as e:      # a new connection: hello waits, then gives up
             shmref.connect(own_daemon.socket, timeout=0.5)
