@@ -103,7 +103,9 @@ def test_empty_wait_runs_out_as_timeout_error_naming_the_wait(small):
         c.empty(12 * MiB, "uint8", wait=0.2)
     took = time.monotonic() - start
     msg = str(e.value)
-    assert 0.2 <= took < 3, took
+    # the daemon's deadline is counted from its loop's clock, read once per loop turn (and
+    # a turn of the sanitized daemon is slow): it may end a few ms before 0.2 s of ours
+    assert 0.19 <= took < 3, took
     assert "empty(wait=0.2)" in msg and "waited" in msg and "quota" in msg, msg
     assert "12582912 bytes" in msg and "16.0 MiB quota" in msg, msg  # the daemon's numbers
     assert e.value.wait == 0.2
