@@ -170,6 +170,17 @@ static bool daemon_give(struct tenantdir *d, struct registry_buf *b)
     }
 }
 
+/* join_class: the class b joins its uid's table d in, or -1: no table, no slot, a buffer
+ * that may not be recycled (another uid mapped it, sealed), a slot still a member's, or
+ * every class used. The one rule of both ways in (lend's grant, published's join). */
+static int join_class(struct tenantdirs *t, struct tenantdir *d, const struct registry_buf *b)
+{
+    uint32_t slot = b->pb->slot;
+    if (!d || slot >= HANDOFF_MAX_SLOTS || b->pb->foreign || b->pb->sealed || t->at[slot])
+        return -1;
+    return class_of(t, d, b->pb->size);
+}
+
 /* lend: the registry's lender: b's last daemon reference went. */
 static bool lend(void *arg, struct registry_buf *b)
 {
@@ -182,9 +193,7 @@ static bool lend(void *arg, struct registry_buf *b)
         member_unlink(t, d, b);
         return false;
     }
-    if (!b->for_table || !d || slot >= HANDOFF_MAX_SLOTS || b->pb->foreign || b->pb->sealed || t->at[slot])
-        return false;
-    int cls = class_of(t, d, b->pb->size);
+    int cls = b->for_table ? join_class(t, d, b) : -1;
     if (cls < 0 || handoff_grant(d->map, slot, (uint32_t)cls, b->pb->id, HANDOFF_TRIES) < 0)
         return false;
     member_link(t, d, b);
@@ -202,12 +211,8 @@ static void published(void *arg, struct registry_buf *b)
 {
     struct tenantdirs *t = arg;
     struct tenantdir *d = dir_find(t, b->tenant);
-    uint32_t slot = b->pb->slot;
-    if (!d || slot >= HANDOFF_MAX_SLOTS || b->pb->foreign || b->pb->sealed || t->at[slot] ||
-        b->meta_len > HANDOFF_META_MAX)
-        return;
-    int cls = class_of(t, d, b->pb->size);
-    if (cls < 0 || handoff_join_published(d->map, slot, (uint32_t)cls, b->pb->id,
+    int cls = b->meta_len <= HANDOFF_META_MAX ? join_class(t, d, b) : -1;
+    if (cls < 0 || handoff_join_published(d->map, b->pb->slot, (uint32_t)cls, b->pb->id,
                                           handoff_siphash(d->key, b->token, PROTO_TOKEN_LEN), b->size, b->meta,
                                           b->meta_len) < 0)
         return;
