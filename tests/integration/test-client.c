@@ -34,11 +34,14 @@ Test(client, stopped_daemon_times_out_naming_the_operation)
 {
     struct daemon d;
     daemon_start(&d, NULL);
+    shmref_conn *p = connect_ok(&d);
+    /* The acquire is another connection's, which does not map the buffer: it must ask the
+     * daemon (the publishing connection may take its publish in the uid's table). */
     shmref_conn *c = connect_ok(&d);
     cr_assert_eq(shmref_set_timeout(c, 300), 0);
     cr_assert_eq(shmref_get_timeout(c), 300);
     shmref_desc desc;
-    shmref_buf *b = published(c, 4096, 7, &desc);
+    shmref_buf *b = published(p, 4096, 7, &desc);
     stopped(&d);
     shmref_buf *a = NULL;
     long t0 = now_ms();
@@ -56,6 +59,7 @@ Test(client, stopped_daemon_times_out_naming_the_operation)
     cr_assert_eq(check_pattern(shmref_buf_data(b), 4096, 7), -1); /* mapped memory stays */
     resume(&d);
     shmref_close(c);
+    shmref_close(p);
     daemon_stop(&d);
 }
 
