@@ -12,9 +12,6 @@
 
 #include "ref.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <numpy/arrayobject.h>
 /* numpy 1.x (Debian 12: 1.24) has no accessor: the field is public there. (numpy 2's
  * accessor is an inline function, not a macro: hence the ABI version test.) */
@@ -57,7 +54,7 @@ BufferObject *buffer_new(ConnObject *conn, shmref_buf *buf, bool lease)
     b->data = shmref_buf_data(buf);
     b->size = shmref_buf_size(buf);
     b->lease = lease;
-    b->published = b->frozen = b->protected_ = b->released = b->has_desc = false;
+    b->published = b->frozen = b->released = b->has_desc = false;
     b->private_ = shmref_buf_private(buf) == 1; /* its own copy-on-write mapping: writable */
     b->layout = NULL;
     b->user = NULL;
@@ -67,31 +64,12 @@ BufferObject *buffer_new(ConnObject *conn, shmref_buf *buf, bool lease)
     return b;
 }
 
-/* protect: the mapping read-only (ro) or writable again, page by page. A mapping that
- * cannot be (huge pages of another alignment) keeps its protection: numpy's flags and
- * the read-only exports still hold. */
-static void protect(BufferObject *self, bool ro)
-{
-    if (!self->buf)
-        return;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE), cap = shmref_buf_capacity(self->buf);
-    uintptr_t start = (uintptr_t)self->data;
-    if (!cap || start % page)
-        return;
-    size_t len = (cap + page - 1) / page * page;
-    if (mprotect(self->data, len, ro ? PROT_READ : PROT_READ | PROT_WRITE) == 0)
-        self->protected_ = ro;
-}
-
-/* give_up: the daemon's reference goes (one-way); a lease's mapping is writable again
- * first, since the library may keep it cached for a later lease of the same buffer. */
+/* give_up: the daemon's reference goes (one-way). */
 static void give_up(BufferObject *self)
 {
     shmref_buf *buf = self->buf;
     if (!buf)
         return;
-    if (self->protected_)
-        protect(self, false);
     self->buf = NULL;
     self->released = true;
     conn_release_buf(self->conn, buf);
@@ -110,25 +88,6 @@ static void Buffer_dealloc(BufferObject *self)
 static bool writable(BufferObject *self)
 {
     return self->buf && (self->private_ || (self->lease && !self->published && !self->frozen));
-}
-
-/* chain_exact: whether nothing but the caller refers to array (at most `allowed`
- * references), the arrays it views (each only by the view below it) and the owner (only
- * by the top one): then no view shmref cannot see exists (the rule of buffer_release,
- * exports aside: those are counted). */
-static bool chain_exact(BufferObject *owner, PyObject *array, Py_ssize_t allowed)
-{
-    if (!array || allowed <= 0)
-        return false;
-    PyObject *o = array;
-    for (int n = 0; o != (PyObject *)owner; n++) {
-        if (n >= 64 || !PyArray_Check(o) || Py_REFCNT(o) > (n == 0 ? allowed : 1))
-            return false;
-        o = PyArray_BASE((PyArrayObject *)o);
-        if (!o)
-            return false;
-    }
-    return Py_REFCNT(owner) - 1 - owner->exports <= 0;
 }
 
 /* weak_get: the object a weak reference refers to (new reference), or NULL when gone. */
@@ -164,7 +123,7 @@ static void freeze_views(BufferObject *owner)
     Py_DECREF(views);
 }
 
-int buffer_freeze(BufferObject *owner, PyObject *array, Py_ssize_t allowed)
+int buffer_freeze(BufferObject *owner, PyObject *array)
 {
     if (owner->exports_rw > 0) {
         /* numpy's arrays can be told read-only; a memoryview (or a ctypes from_buffer) holds its own writable Py_buffer, which nothing can take back:
@@ -176,7 +135,6 @@ int buffer_freeze(BufferObject *owner, PyObject *array, Py_ssize_t allowed)
                      owner->size, owner->exports_rw);
         return -1;
     }
-    bool exact = chain_exact(owner, array, allowed);
     for (int i = 0; array && PyArray_Check(array) && i < 64; i++) {
         PyArray_CLEARFLAGS((PyArrayObject *)array, NPY_ARRAY_WRITEABLE);
         array = PyArray_BASE((PyArrayObject *)array);
@@ -185,11 +143,6 @@ int buffer_freeze(BufferObject *owner, PyObject *array, Py_ssize_t allowed)
         return 0;
     owner->frozen = true;
     freeze_views(owner);
-    /* Only when nothing else refers to the arrays: a plain ndarray view (np.asarray) or a
-     * torch tensor (from_numpy) made before cannot be told, and a write through one must
-     * not fault. */
-    if (exact && owner->buf && shmrefpy_getpid() == owner->conn->pid)
-        protect(owner, true);
     return 0;
 }
 

@@ -15,7 +15,6 @@ typedef struct {
     bool lease;                 /* writable until published or frozen */
     bool published;
     bool frozen;                /* read-only from now on (published, or a shared() copy) */
-    bool protected_;            /* the mapping is mprotect'ed read-only (restored at release) */
     bool released;              /* given up (Client.release) */
     bool private_;              /* acquired private (copy-on-write): writable, its writes this process's only */
     bool has_desc;
@@ -58,14 +57,10 @@ int buffer_typestr(PyObject *descr, char out[SHMREF_META_DTYPE_MAX]);
  * a view of and every live numpy view of shmref's type made from them (slices, reshapes)
  * lose NPY_ARRAY_WRITEABLE (a write raises), and later exports and views are read-only.
  * A writable buffer-protocol export still alive (a memoryview made before) cannot be
- * made read-only: BufferError naming them, nothing frozen. The mapping is also made
- * read-only (mprotect), but only when nothing but the caller refers to the arrays:
- * array may be held by `allowed` references (<= 0: unknown, never protected), each
- * array between it and the owner only by the view below it, the owner only by the top
- * one. Anything more may be a view shmref cannot see (a plain ndarray view, a torch
- * tensor): a write through it must not fault, so the mapping stays writable. array may
- * be NULL (the owner alone: never protected). 0, or -1 with BufferError set. */
-int buffer_freeze(BufferObject *owner, PyObject *array, Py_ssize_t allowed);
+ * made read-only: BufferError naming them, nothing frozen. The mapping itself stays
+ * writable (no mprotect: docs/python.md says why); array may be NULL (the owner alone).
+ * 0, or -1 with BufferError set. */
+int buffer_freeze(BufferObject *owner, PyObject *array);
 /* buffer_array_finalize: SharedArray.__array_finalize__ (a C method on the type): a
  * writable view of a writable lease is remembered (weakly) so that publishing freezes
  * it. New reference to None, or NULL with an error. */

@@ -498,7 +498,7 @@ static PyObject *Client_empty(ClientObject *self, PyObject *const *args, Py_ssiz
 
 /* publish_array: publish the lease behind arr, which must be contiguous. */
 static PyObject *publish_array(ClientObject *self, PyObject *obj, uint32_t keep, uint32_t max_acquires,
-                               PyObject *user, PyObject *raw, Py_ssize_t allowed)
+                               PyObject *user, PyObject *raw)
 {
     if (!PyArray_Check(obj))
         return PyErr_Format(PyExc_TypeError, "publish takes a numpy array from Client.empty(), not %.100s",
@@ -564,9 +564,8 @@ static PyObject *publish_array(ClientObject *self, PyObject *obj, uint32_t keep,
     int r;
     if (len == 0)
         len = 1; /* an empty array still names a buffer; its metadata says 0 elements */
-    /* The bytes are read-only for every view before anyone else can read them (obj may be
-     * held by `allowed` references: see buffer_freeze). */
-    if (buffer_freeze(owner, obj, allowed) < 0) {
+    /* The bytes are read-only for every view before anyone else can read them. */
+    if (buffer_freeze(owner, obj) < 0) {
         Py_DECREF(conn);
         return NULL;
     }
@@ -607,7 +606,7 @@ static PyObject *Client_publish(ClientObject *self, PyObject *const *args, Py_ss
     uint32_t k, n;
     if (keep_arg(v[1], v[4], &k) < 0 || max_acquires_arg(v[2], 0, &n) < 0)
         return NULL;
-    return publish_array(self, v[0], k, n, v[3] ? v[3] : Py_None, NULL, 2); /* the caller's name, the argument */
+    return publish_array(self, v[0], k, n, v[3] ? v[3] : Py_None, NULL);
 }
 
 /* _publish_raw(array, meta, keep=0.0): publish with metadata bytes given as they are
@@ -620,7 +619,7 @@ static PyObject *Client_publish_raw(ClientObject *self, PyObject *args)
     uint32_t k;
     if (keep_arg(keep, NULL, &k) < 0)
         return NULL;
-    return publish_array(self, arr, k, 0, Py_None, raw, 0);
+    return publish_array(self, arr, k, 0, Py_None, raw);
 }
 
 static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
@@ -659,7 +658,7 @@ static PyObject *Client_share(ClientObject *self, PyObject *args, PyObject *kw)
     Py_DECREF(conn);
     if (!dst || PyArray_CopyInto((PyArrayObject *)dst, (PyArrayObject *)src) < 0)
         goto done;
-    res = publish_array(self, dst, k, n, meta, NULL, 1); /* our copy: ours alone */
+    res = publish_array(self, dst, k, n, meta, NULL);
     if (res && PyDict_SetItem(self->shares, res, dst) < 0)
         Py_CLEAR(res);
 done:
@@ -1271,7 +1270,7 @@ PyObject *client_publish_buffer(PyObject *m, PyObject *args)
     ConnObject *conn = owner->conn;
     if (conn_forked(conn) < 0)
         return NULL;
-    if (buffer_freeze(owner, NULL, 0) < 0)
+    if (buffer_freeze(owner, NULL) < 0)
         return NULL;
     Py_INCREF(conn);
     shmref_desc d;

@@ -54,8 +54,7 @@ static PyObject *mod_freeze(PyObject *m, PyObject *array)
     BufferObject *b = buffer_of(array);
     if (!b)
         return PyErr_Format(PyExc_ValueError, "not an array from shmref");
-    /* The caller's name and the call's argument (shared()'s fresh copy has no more). */
-    if (buffer_freeze(b, array, 2) < 0)
+    if (buffer_freeze(b, array) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
