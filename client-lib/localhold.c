@@ -21,8 +21,6 @@
 #include "mapcache.h"
 #include "transport.h"
 
-#define TABLE_SIZE handoff_size(HANDOFF_MAX_SLOTS)
-#define JOURNAL_SIZE HANDOFF_JOURNAL_SIZE
 
 bool localhold_wanted(void)
 {
@@ -52,16 +50,16 @@ static void *map_checked(int fd, size_t len)
 void localhold_setup(shmref_conn *conn, const int *fds, unsigned nfds)
 {
     localhold_unmap(conn);
-    void *tab = nfds >= 2 ? map_checked(fds[0], TABLE_SIZE) : NULL;
-    void *journal = nfds >= 2 ? map_checked(fds[1], JOURNAL_SIZE) : NULL;
+    void *tab = nfds >= 2 ? map_checked(fds[0], HANDOFF_TABLE_SIZE) : NULL;
+    void *journal = nfds >= 2 ? map_checked(fds[1], HANDOFF_JOURNAL_SIZE) : NULL;
     /* the key of this connection's tokens: drawn once, a counter under it after that (no
      * system call per publish) */
-    if (!tab || !journal || handoff_check(tab, TABLE_SIZE) < 0 ||
+    if (!tab || !journal || handoff_check(tab, HANDOFF_TABLE_SIZE) < 0 ||
         getrandom(conn->lh.key, sizeof(conn->lh.key), GRND_NONBLOCK) != (ssize_t)sizeof(conn->lh.key)) {
         if (tab)
-            munmap(tab, TABLE_SIZE);
+            munmap(tab, HANDOFF_TABLE_SIZE);
         if (journal)
-            munmap(journal, JOURNAL_SIZE);
+            munmap(journal, HANDOFF_JOURNAL_SIZE);
         conn->counters.table_refused++;
         return;
     }
@@ -73,9 +71,9 @@ void localhold_setup(shmref_conn *conn, const int *fds, unsigned nfds)
 void localhold_unmap(shmref_conn *conn)
 {
     if (conn->lh.tab)
-        munmap(conn->lh.tab, TABLE_SIZE);
+        munmap(conn->lh.tab, HANDOFF_TABLE_SIZE);
     if (conn->lh.journal)
-        munmap((void *)conn->lh.journal, JOURNAL_SIZE);
+        munmap((void *)conn->lh.journal, HANDOFF_JOURNAL_SIZE);
     conn->lh.tab = NULL;
     conn->lh.journal = NULL;
 }

@@ -16,12 +16,9 @@
 #include <unistd.h>
 
 #include "handoff.h"
-#include "handoff.h"
 #include "log.h"
 
 #define SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
-#define TABLE_SIZE handoff_size(HANDOFF_MAX_SLOTS)
-#define JOURNAL_SIZE HANDOFF_JOURNAL_SIZE
 
 struct tenantdir {
     uint32_t uid;
@@ -79,7 +76,7 @@ static int dir_new(struct tenantdirs *t, uint32_t uid, struct tenantdir **ret)
         free(d);
         return e;
     }
-    int fd = sealed_memfd("shmrefd-table", TABLE_SIZE, PROT_READ | PROT_WRITE, &d->map);
+    int fd = sealed_memfd("shmrefd-table", HANDOFF_TABLE_SIZE, PROT_READ | PROT_WRITE, &d->map);
     if (fd < 0) {
         free(d);
         return fd;
@@ -311,13 +308,13 @@ int tenantdir_join(struct tenantdirs *t, uint32_t uid, struct tenantdir_conn *c,
         made = true;
     }
     void *map;
-    int fd = sealed_memfd("shmrefd-table-journal", JOURNAL_SIZE, PROT_READ | PROT_WRITE, &map);
+    int fd = sealed_memfd("shmrefd-table-journal", HANDOFF_JOURNAL_SIZE, PROT_READ | PROT_WRITE, &map);
     if (fd < 0) {
         r = fd;
         if (made) {
             t->head = d->next;
             t->st.tables--;
-            munmap(d->map, TABLE_SIZE);
+            munmap(d->map, HANDOFF_TABLE_SIZE);
             close(d->fd);
             free(d);
         }
@@ -359,7 +356,7 @@ static void table_back(struct tenantdirs *t, struct tenantdir *d)
             *pp = d->next;
             break;
         }
-    munmap(d->map, TABLE_SIZE);
+    munmap(d->map, HANDOFF_TABLE_SIZE);
     close(d->fd);
     t->st.tables--;
     free(d);
@@ -389,7 +386,7 @@ void tenantdir_leave(struct tenantdirs *t, struct tenantdir_conn *c)
         if (handoff_reclaim(d->map, b->pb->slot, n, HANDOFF_TRIES) == HANDOFF_TO_DAEMON && b->lent)
             member_end(t, d, b);
     }
-    munmap((void *)c->journal, JOURNAL_SIZE);
+    munmap((void *)c->journal, HANDOFF_JOURNAL_SIZE);
     *c = (struct tenantdir_conn){ 0 };
     if (!d->nconns)
         table_back(t, d);
@@ -498,7 +495,7 @@ void tenantdir_free(struct tenantdirs *t)
         while (d->conns) { /* sessions end first; this is only a net */
             struct tenantdir_conn *c = d->conns;
             d->conns = c->next;
-            munmap((void *)c->journal, JOURNAL_SIZE);
+            munmap((void *)c->journal, HANDOFF_JOURNAL_SIZE);
             *c = (struct tenantdir_conn){ 0 };
         }
         table_back(t, d);

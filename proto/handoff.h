@@ -143,6 +143,9 @@ uint64_t handoff_siphash(const uint8_t key[16], const void *in, size_t len);
  * handoff_size(HANDOFF_MAX_SLOTS) bytes wherever it is shared, so a scribbled header
  * cannot send a step past the mapping. (Smaller tables are for tests and the bench.) */
 size_t handoff_size(uint32_t nslots);
+/* HANDOFF_TABLE_SIZE: the bytes of every shared table (the daemon's and each client's
+ * mapping of it). */
+#define HANDOFF_TABLE_SIZE handoff_size(HANDOFF_MAX_SLOTS)
 /* handoff_init: the daemon fills a fresh (zeroed) table: header, every list empty. */
 void handoff_init(void *tab, uint32_t nslots, uint32_t uid, const uint8_t key[16]);
 /* handoff_close: the daemon takes the table back (its uid's last connection ended): every
