@@ -402,6 +402,7 @@ static void session_disconnected(struct session *s, enum transport_end end, cons
     free(keep);
     uint32_t n = broker_disconnect(env->broker, &s->peer);
     broker_check(env->broker);
+    tenantdir_check(env->tenantdirs);
     /* The peer went away (why == NULL): with nothing held, or having said bye, it closed
      * cleanly (libshmref releases before closing, then says bye: what it still held were
      * leases on their way to it, its stock's refills); holding leases without a bye, it
@@ -776,4 +777,5 @@ static void on_message(void *ctx, const uint8_t *data, size_t len)
         note_private(s, &m);
     dispatch(s, &m);
     broker_check(s->env->broker);
+    tenantdir_check(s->env->tenantdirs);
 }

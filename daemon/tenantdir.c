@@ -95,6 +95,7 @@ static int dir_new(struct tenantdirs *t, uint32_t uid, struct tenantdir **ret)
 
 static void member_link(struct tenantdirs *t, struct tenantdir *d, struct registry_buf *b)
 {
+    t->nat += !t->at[b->pb->slot];
     t->at[b->pb->slot] = b; /* slot < HANDOFF_MAX_SLOTS: lend checked it */
     b->table = true;
     b->lent_prev = NULL;
@@ -107,8 +108,10 @@ static void member_link(struct tenantdirs *t, struct tenantdir *d, struct regist
 
 static void member_unlink(struct tenantdirs *t, struct tenantdir *d, struct registry_buf *b)
 {
-    if (t->at[b->pb->slot] == b)
+    if (t->at[b->pb->slot] == b) {
         t->at[b->pb->slot] = NULL;
+        t->nat--;
+    }
     if (b->lent_prev) b->lent_prev->lent_next = b->lent_next; else d->members = b->lent_next;
     if (b->lent_next) b->lent_next->lent_prev = b->lent_prev;
     b->lent_prev = b->lent_next = NULL;
@@ -484,6 +487,40 @@ uint64_t tenantdir_members(const struct tenantdirs *t)
     for (const struct tenantdir *d = t ? t->head : NULL; d; d = d->next)
         n += d->nmembers;
     return n;
+}
+
+void tenantdir_check(struct tenantdirs *t)
+{
+    if (!t || !t->reg)
+        return;
+    uint64_t members = 0, lent = 0;
+    const char *why = NULL;
+    for (const struct tenantdir *d = t->head; d && !why; d = d->next) {
+        uint64_t n = 0;
+        for (const struct registry_buf *b = d->members; b && !why; b = b->lent_next, n++) {
+            if (!b->table || b->tenant != d->uid)
+                why = "a member of a table without the registry's table flag, or of another uid";
+            else if (b->pb->slot >= HANDOFF_MAX_SLOTS || t->at[b->pb->slot] != b)
+                why = "a member not in the slot index";
+            lent += b->lent;
+        }
+        if (!why && n != d->nmembers)
+            why = "a members list whose length is not its count";
+        members += n;
+    }
+    if (!why && members != t->nat)
+        why = "the slot index holds other buffers than the members";
+    else if (!why && lent != registry_stats(t->reg).lent)
+        why = "the LENT members are not the registry's LENT buffers";
+    if (!why || t->drift_logged)
+        return;
+    t->drift_logged = true;
+    log_error("tables disagree with themselves: %s (%llu members, %llu in the slot index, %llu LENT, registry %llu LENT)",
+              why, (unsigned long long)members, (unsigned long long)t->nat, (unsigned long long)lent,
+              (unsigned long long)registry_stats(t->reg).lent);
+#ifdef SHMREF_LEDGER_CHECK
+    abort();
+#endif
 }
 
 void tenantdir_free(struct tenantdirs *t)

@@ -55,8 +55,10 @@ struct tenantdirs {
     struct counters *counters;
     struct tenantdir *head;
     struct registry_buf **at;          /* [HANDOFF_MAX_SLOTS]: the table member in each slot */
+    uint64_t nat;                      /* at[]'s entries that are not NULL */
     struct tenantdir_stats st;
     bool failed_logged;
+    bool drift_logged;
 };
 
 /* tenantdir_init: empty, and the registry's lender (registry_set_lender). */
@@ -103,5 +105,13 @@ bool tenantdir_holds_buf(const struct tenantdirs *t, const struct tenantdir_conn
 
 /* tenantdir_members: buffers in tables now (live or LENT). */
 uint64_t tenantdir_members(const struct tenantdirs *t);
+
+/* tenantdir_check: the daemon's three records of one fact, which buffers are in which
+ * table, agree: each uid's members list, the slot index at[] and the registry's flags
+ * (every member has registry_buf.table set, its uid's tenant, at[its slot] == itself, and
+ * at[] holds nothing else), and the LENT members are the registry's count of LENT buffers.
+ * O(members). A disagreement is a bug: test builds (SHMREF_LEDGER_CHECK) abort, others log
+ * it once. (The table's words, which the uid may scribble on, are not read.) */
+void tenantdir_check(struct tenantdirs *t);
 
 #endif

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -22,12 +23,11 @@
 #include "core-fixture.h"
 #include "core-hold.h"
 #include "handoff.h"
-#include "handoff.h"
 #include "tenantdir.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
-#define TABLE_BYTES handoff_size(HANDOFF_MAX_SLOTS)
+#define TABLE_BYTES HANDOFF_TABLE_SIZE
 #define T HANDOFF_TRIES
 
 struct fx {
@@ -46,6 +46,7 @@ static void fx_open(struct fx *f)
 
 static void fx_close(struct fx *f)
 {
+    tenantdir_check(&f->td); /* aborts on a disagreement (a test build) */
     tenantdir_free(&f->td); /* after every connection: LENT buffers end before the registry */
     cr_assert_eq(registry_stats(f->core.reg).lent, 0);
     cr_assert_eq(registry_stats(f->core.reg).buffers, 0, "a buffer outlived every holder");
@@ -84,7 +85,9 @@ static void conn_join(struct fx *f, struct conn *k, uint32_t uid)
 /* conn_leave: the session ends; the client's mappings stay (unmapped by conn_unmap). */
 static void conn_leave(struct fx *f, struct conn *k)
 {
+    tenantdir_check(&f->td);
     tenantdir_leave(&f->td, &k->c);
+    tenantdir_check(&f->td);
     cr_assert_null(k->c.dir);
 }
 
@@ -310,6 +313,32 @@ Test(tenantdir, end_of_for_table_buffer_grants_it)
     cr_assert_eq(quota_total(f.core.quota), 0);
     fx_close(&f);
 }
+
+/* The daemon's records of membership (members lists, slot index, registry flags and LENT
+ * count) are checked after every request in test builds: each way they can disagree
+ * aborts. Each child breaks one record behind the module's back. */
+static void broken_member(int how)
+{
+    struct fx f;
+    fx_open(&f);
+    struct conn k;
+    conn_join(&f, &k, 1000);
+    struct registry_buf *b = granted(&f, 1000, 100 * KiB);
+    tenantdir_check(&f.td); /* agrees */
+    switch (how) {
+    case 0: f.td.at[b->pb->slot] = NULL; break;           /* the slot index lost it */
+    case 1: f.td.at[b->pb->slot ^ 1] = b; f.td.nat++; break; /* a stale slot entry */
+    case 2: b->table = false; break;                       /* the registry's flag */
+    case 3: b->tenant = 1001; break;                       /* another uid's list */
+    default: b->lent = false; break;                       /* LENT members vs the registry's count */
+    }
+    tenantdir_check(&f.td);
+}
+Test(tenantdir, check_catches_a_member_missing_from_the_slot_index, .signal = SIGABRT) { broken_member(0); }
+Test(tenantdir, check_catches_a_stale_slot_entry, .signal = SIGABRT) { broken_member(1); }
+Test(tenantdir, check_catches_a_member_without_the_table_flag, .signal = SIGABRT) { broken_member(2); }
+Test(tenantdir, check_catches_a_member_of_another_uid, .signal = SIGABRT) { broken_member(3); }
+Test(tenantdir, check_catches_lent_members_the_registry_does_not_count, .signal = SIGABRT) { broken_member(4); }
 
 /* Buffers of two sizes: two classes, each recorded once, each its own list; a foreign
  * buffer whose last hold is the daemon's ends at once (OUT, not pushed). */
