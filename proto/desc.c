@@ -4,7 +4,6 @@
 #include "desc.h"
 
 #include <errno.h>
-#include <stdio.h>
 #include <string.h>
 
 #include <msgpack.h>
@@ -21,23 +20,33 @@ int desc_to_text(const struct desc *d, char *buf, size_t cap)
         tmp[n++] = hexdigits[d->token[i] >> 4];
         tmp[n++] = hexdigits[d->token[i] & 15];
     }
-    int r = snprintf(tmp + n, sizeof(tmp) - n, ":%llu", (unsigned long long)d->size);
-    if (r < 0 || (size_t)r >= sizeof(tmp) - n)
-        return -ENOBUFS;
-    n += (size_t)r;
+    /* The size in decimal, by hand: snprintf was most of this function's time (its
+     * positional-argument path), and a descriptor is made at every publish. */
+    char digits[20];
+    int k = 0;
+    uint64_t v = d->size;
+    do
+        digits[k++] = (char)('0' + v % 10);
+    while ((v /= 10) && k < (int)sizeof(digits));
+    tmp[n++] = ':';
+    while (k)
+        tmp[n++] = digits[--k];
+    tmp[n] = 0;
     if (n + 1 > cap)
         return -ENOBUFS;
     memcpy(buf, tmp, n + 1);
     return (int)n;
 }
 
+/* hexval: the value of a lower-case hex digit, or -1 (a table of value + 1, 0 for none:
+ * the parse runs at every acquire of a descriptor text). */
+static const unsigned char hexvals[256] = {
+    ['0'] = 1, ['1'] = 2, ['2'] = 3, ['3'] = 4, ['4'] = 5, ['5'] = 6, ['6'] = 7, ['7'] = 8, ['8'] = 9, ['9'] = 10,
+    ['a'] = 11, ['b'] = 12, ['c'] = 13, ['d'] = 14, ['e'] = 15, ['f'] = 16,
+};
 static int hexval(char c)
 {
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
+    return (int)hexvals[(unsigned char)c] - 1;
 }
 
 int desc_from_text(const char *text, size_t len, struct desc *ret)

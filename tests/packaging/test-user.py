@@ -11,6 +11,10 @@ No socket is named and autostart is on: the first connect starts the uid's priva
     read-only mapping of a shmref buffer, with the values sent;
   - ProcessPoolExecutor: 200 MB arrays (shmref.shared) to a worker and its results
     (leased there by the default client) back, one at a time, by reference both ways;
+  - two processes of the user hand 200 arrays over through the default client
+    (Client.empty, publish, the descriptor through a Queue, acquire, release): after a
+    warm-up the daemon reads no message for them (its status counter), the users' default
+    of issue 28's same-tenant table;
   - with --dask: a LocalCluster(protocol="shmref://") of 2 worker processes moves a 64 MiB
     array from one worker to the other and to the client, intact: its frames are counted as
     sent and received by reference (shmref.dask.stats), none as large frames over TCP.
@@ -241,6 +245,49 @@ def pool():
     report(ok, "ProcessPoolExecutor: 200 MB arrays to workers and back, by reference both ways", str(got))
 
 
+# ---- same-tenant handoffs send the daemon nothing ----
+
+def _consume(q_in, q_out, rounds):
+    c = shmref.default_client()
+    for i in range(rounds):
+        b = c.acquire(q_in.get())
+        q_out.put(b.shape == (1000,) and bool(np.array_equal(b, np.arange(1000.0) + i)))
+        c.release(b)
+    q_in.get()      # the producer has read the daemon's counters
+
+
+def table():
+    """As test_table.py's two-process test, with the default client of a fresh venv."""
+    name = "200 handoffs between two processes of this user send the daemon no message"
+    warm, rounds = 50, 200
+    ctx = mp.get_context("spawn")
+    q_in, q_out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_consume, args=(q_in, q_out, warm + rounds))
+    p.start()
+    try:
+        c = shmref.default_client()
+        right = 0
+        for i in range(warm + rounds):
+            if i == warm:
+                m0 = c.status()["counters"]["messages"]
+                per_status = c.status()["counters"]["messages"] - m0
+                m0 += per_status
+            a = c.empty(1000, "float64")
+            a[:] = np.arange(1000.0) + i
+            q_in.put(str(c.publish(a)))
+            right += q_out.get(timeout=60)
+            c.release(a)
+        sent = c.status()["counters"]["messages"] - m0 - per_status
+    except Exception:
+        return report(False, name, traceback.format_exc()[-800:])
+    finally:
+        q_in.put(None)
+        p.join(60)
+    report(right == warm + rounds and p.exitcode == 0 and sent == 0, name,
+           f"{sent} messages (a status call is {per_status}), {right} of {warm + rounds} arrays right, "
+           f"consumer exit {p.exitcode}")
+
+
 # ---- Dask ----
 
 def make(n):
@@ -313,6 +360,8 @@ def main():
         pipeline(method)
     settle("ProcessPoolExecutor")
     pool()
+    settle("the table")
+    table()
     if "--dask" in sys.argv[2:]:
         settle("Dask")
         dask()

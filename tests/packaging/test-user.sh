@@ -8,7 +8,8 @@
 #   - as nobody, with `env -i` (no SHMREF_* variable: no socket named, autostart on, the
 #     wheel's own shmrefd), test-user.py runs the Python examples of README.md,
 #     docs/install.md and docs/python.md, a 3-stage multiprocessing pipeline of 200 MB
-#     arrays (fork and spawn), ProcessPoolExecutor with 200 MB arrays, and (on 3.11 only:
+#     arrays (fork and spawn), ProcessPoolExecutor with 200 MB arrays, 200 handoffs
+#     between two processes that send the daemon no message (its counter), and (on 3.11 only:
 #     the pins of python/tests/requirements.txt, reused as constraints, are 3.11's, and
 #     one Dask run is a minute) a Dask LocalCluster whose large frames are counted as sent
 #     by reference; the daemon that answered must be the private one, started from the
