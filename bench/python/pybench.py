@@ -11,6 +11,9 @@ Two tables from one run, side by side:
               (tesseract-runtime serve, 127.0.0.1) whose apply returns input + 1, called
               through tesseract-core's client with json+base64, json+binref, json+binref +
               experimental_binref_pool, and with shmref references (tesseract_bench.py).
+And, unless --only leaves them out: 1e3 base64 against shmref.encode in alternating
+blocks (paired), the 1e3 round trip of the reused pair and shmref zero-copy on one CPU and
+on two (placement), acquire + release and every call against C (acqrel, fixedcost).
 Every output is compared element by element with what it must be, outside the timed part.
 Then the targets (the fair rows only) checked against the numbers. --smoke: a few
 iterations at small sizes; non-zero exit on a mismatch.
@@ -288,6 +291,59 @@ def paired(args, ctx, have, tmpdir, names, n, blocks=10, per_block=40):
     return {name: stats(v) + (len(v),) for name, v in samples.items()}
 
 
+def placement(args, ctx, have, tmpdir, names=("mp-shared-memory-reused", "shmref-zerocopy"), n=1_000, blocks=6,
+              per_block=150):
+    """Where the 1e3 round trip's time goes: the reused pair and shmref zero-copy with the
+    client and its server pinned to one CPU, then to two (sched_setaffinity), in
+    alternating blocks (both servers up). On one CPU every wake is a switch on that CPU
+    and every shared line stays in its cache: the difference is the work each method
+    adds. Across two, each wake is an inter-processor interrupt and each line the other
+    side wrote moves between caches: the difference adds what the method's shared state
+    costs to move."""
+    cpus = sorted(os.sched_getaffinity(0))
+    ms = [methods.BY_NAME[x]() for x in names]
+    if len(cpus) < 2 or any(available(m, have) for m in ms):
+        return None
+    servers = []
+    out = {}
+    mine = os.sched_getaffinity(0)
+    try:
+        for m in ms:
+            srv = Server(m.name, ctx, tmpdir)
+            servers.append(srv)
+            m.sock = srv.sock
+            m.client_open(ctx)
+        payload = Payload(n, False)
+        for where, (c, s) in (("same CPU", (cpus[0], cpus[0])), ("cross CPU", (cpus[0], cpus[1]))):
+            os.sched_setaffinity(0, {c})
+            for srv in servers:
+                os.sched_setaffinity(srv.proc.pid, {s})
+            samples = {m.name: [] for m in ms}
+            for b in range(blocks):
+                for m in (ms if b % 2 == 0 else ms[::-1]):
+                    samples[m.name] += run_row(m, payload, 20 if b < 2 else 2, per_block, ROW_BUDGET_S)
+            out[where] = {name: stats(v) + (len(v),) for name, v in samples.items()}
+        for m in ms:
+            m.client_close()
+    finally:
+        os.sched_setaffinity(0, mine)
+        for srv in servers:
+            srv.stop()
+    return out
+
+
+def placement_table(pl):
+    names = list(next(iter(pl.values())))
+    lines = ["1e3 round trip by placement, median ms (alternating blocks; ratio to the first)", "",
+             "| placement | " + " | ".join(f"`{x}`" for x in names) + " | ratio |",
+             "|---|" + "---|" * (len(names) + 1)]
+    for where, row in pl.items():
+        base = row[names[0]][0]
+        lines.append(f"| {where} | " + " | ".join(f"{fmt_ms(row[x][0])}" for x in names)
+                     + f" | {row[names[-1]][0] / base:.2f}x |")
+    return "\n".join(lines)
+
+
 def acquire_release(args, ctx, have, daemon, iterations=4000, blocks=3):
     """Client.acquire + release of one published 4 KiB float64 array on a connection of
     its own, against the same calls from C (shmref-acqrel), in alternating blocks. A round
@@ -483,7 +539,7 @@ def targets(rows, pair=None, acqrel=None, trows=(), fixed=None):
     return out
 
 
-def report(rows, sizes, tesseract_rows, tsizes, tgt, meta, fixed=None):
+def report(rows, sizes, tesseract_rows, tsizes, tgt, meta, fixed=None, pl=None):
     lines = [f"Python round trip, median ms (ratio to `{BASELINE}` at the same size; below 1 is faster)", ""]
     lines.append(table(rows, "roundtrip", [m.name for m in methods.ALL], sizes))
     if tesseract_rows:
@@ -499,6 +555,8 @@ def report(rows, sizes, tesseract_rows, tsizes, tgt, meta, fixed=None):
         for i, name in enumerate(names):
             tl[2 + i] += f" {fmt_ms(SEED[name]) if name in SEED else '-'} |"
         lines += tl
+    if pl:
+        lines += ["", placement_table(pl)]
     if fixed:
         lines += ["", fixedcost.table(fixed).rstrip()]
     lines += ["", "Targets (fair rows: every server writes its own output)", "", "| target | result | measured |",
@@ -534,7 +592,7 @@ def main():
     ap.add_argument("--big", action="store_true", help="add 1e8 elements (800 MB)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--only", type=lambda s: set(s.split(",")), default=None,
-                    help="methods, comma-separated; also paired (1e3 base64 vs encode), acqrel and fixedcost")
+                    help="methods, comma-separated; also paired (1e3 base64 vs encode), placement, acqrel and fixedcost")
     ap.add_argument("--no-tesseract", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--table")
@@ -605,6 +663,13 @@ def main():
             for k, v in (acqrel or {}).items():
                 log(f"  {k}: python {v['python_median_us']:.1f} us, C {v['c_median_us']:.1f} us per pair "
                     f"(C blocks {', '.join(f'{x:.1f}' for x in v['c_block_medians_us'])})")
+        pl = None
+        if not args.smoke and (not args.only or "placement" in args.only):
+            log("1e3 round trip by placement (client and server on one CPU, then on two):")
+            pl = placement(args, ctx, have, tmpdir)
+            for where, row in (pl or {}).items():
+                for k, (med, p90, cnt) in row.items():
+                    log(f"  {where:10s} {k:24s} {med:10.3f} ms  (p90 {p90:.3f}, {cnt} it)")
         fixed = False
         if not args.smoke and (not args.only or "fixedcost" in args.only):
             log("Python's fixed cost per call, Python vs C (1e3 float64):")
@@ -613,7 +678,7 @@ def main():
         pool = daemon.pool_line() if daemon else "no shmrefd"
         meta = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; Linux {platform.release()}, {os.cpu_count()} CPUs, "
                 f"Python {platform.python_version()}; load average at start {load[0]:.2f}; shmrefd {pool}")
-        text = report(allrows, args.sizes, trows, tsizes, tgt, meta, fixed or None)
+        text = report(allrows, args.sizes, trows, tsizes, tgt, meta, fixed or None, pl)
         print(text)
         versions = {}
         for mod in ("numpy", "tesseract_core", "torch", "shmref", "orjson", "pybase64", "iceoryx2"):
@@ -627,7 +692,7 @@ def main():
         except Exception:
             versions["tree"] = None
         doc = {"meta": meta, "versions": versions, "sizes": args.sizes, "records": allrows, "targets": tgt,
-               "paired_1e3": pair, "acquire_release": acqrel, "fixed_cost": fixed or None}
+               "paired_1e3": pair, "acquire_release": acqrel, "fixed_cost": fixed or None, "placement_1e3": pl}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(doc, f, indent=1)
