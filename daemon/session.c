@@ -458,13 +458,19 @@ void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle
 {
     if (!idle_ms)
         return;
-    for (struct session *s = env->head; s; s = s->next) {
-        if (s->hello && !s->peer.closing && !s->peer.holder.leases && !s->peer.pending && !s->peer.parked.n &&
-            now_ms - s->last_ms >= idle_ms && !tenantdir_holds(env->tenantdirs, &s->journal)) {
-            session_fail(s, 0, ETIMEDOUT, "idle for %llu s holding nothing (idle-timeout %llu s): closed",
-                         (unsigned long long)((now_ms - s->last_ms) / 1000), (unsigned long long)(idle_ms / 1000));
-            session_close(s, "idle, holding nothing");
+    uint64_t visits = 0;
+    for (struct session *s = env->head; s && visits < SESSION_IDLE_VISITS; s = s->next) {
+        uint64_t since = s->last_ms > s->idle_checked_ms ? s->last_ms : s->idle_checked_ms;
+        if (!s->hello || s->peer.closing || s->peer.holder.leases || s->peer.pending || s->peer.parked.n ||
+            now_ms - since < idle_ms)
+            continue;
+        if (tenantdir_holds(env->tenantdirs, &s->journal, &visits)) {
+            s->idle_checked_ms = now_ms;
+            continue;
         }
+        session_fail(s, 0, ETIMEDOUT, "idle for %llu s holding nothing (idle-timeout %llu s): closed",
+                     (unsigned long long)((now_ms - s->last_ms) / 1000), (unsigned long long)(idle_ms / 1000));
+        session_close(s, "idle, holding nothing");
     }
 }
 

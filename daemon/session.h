@@ -25,6 +25,7 @@
 #include "transport.h"
 
 #define SESSION_HELLO_MS 10000   /* a connection that says no hello by then is closed */
+#define SESSION_IDLE_VISITS 65536 /* table members one idle sweep may walk (plus one walk) */
 
 /* session_tenant: what one uid's connections share: how many there are (for
  * --max-clients-per-uid) and how many fd-carrying replies they have not read yet (each
@@ -72,6 +73,7 @@ struct session {
     struct tenantdir_conn journal; /* PROTO_FEAT_TABLE agreed: its journal (dir NULL: none) */
     uint64_t accepted_ms;        /* uv_now at accept, for the hello deadline */
     uint64_t last_ms;            /* uv_now at its last request, for --idle-timeout */
+    uint64_t idle_checked_ms;    /* when an idle check last found it holding in the table */
     struct session_tenant *tenant;
     int pidfd;                   /* the peer process's (server.c sets it at accept), or -1 */
     unsigned refs;
@@ -110,7 +112,10 @@ void session_expire_hello(struct session_env *env, uint64_t now_ms);
 
 /* session_expire_idle: closes (ETIMEDOUT) sessions that hold nothing (no lease, none
  * pending, no hold in its journal) and sent nothing for idle_ms; 0 disables. A session
- * holding leases or table holds never idles out. */
+ * holding leases or table holds never idles out. One found holding in the table is looked
+ * at again idle_ms later (a connection that only hands off in its table sends nothing:
+ * without that, every sweep would walk its uid's members for it), and a sweep walks at
+ * most SESSION_IDLE_VISITS members (plus one walk) in all: the rest wait for the next. */
 void session_expire_idle(struct session_env *env, uint64_t now_ms, uint64_t idle_ms);
 
 /* session_uid_conns: how many sessions uid has (closing ones included until they end). */

@@ -275,7 +275,7 @@ static void pack_table(msgpack_packer *pk, const struct status_src *s)
     const struct tenantdirs *t = s->sessions ? s->sessions->tenantdirs : NULL;
     struct tenantdir_stats st = t ? t->st : (struct tenantdir_stats){ 0 };
     key(pk, "table");
-    msgpack_pack_map(pk, 14);
+    msgpack_pack_map(pk, 15);
     kv_u64(pk, "tables", st.tables);        /* uids with a table connection */
     kv_u64(pk, "journals", st.journals);    /* connections with a journal */
     kv_u64(pk, "members", tenantdir_members(t)); /* buffers in tables now (charged to their uids) */
@@ -290,6 +290,7 @@ static void pack_table(msgpack_packer *pk, const struct status_src *s)
     kv_u64(pk, "crash_holds", st.crash_holds);
     kv_u64(pk, "repaired", st.repaired);
     kv_u64(pk, "ignored", st.ignored);
+    kv_u64(pk, "idle_visits", st.idle_visits); /* members walked by idle checks */
 }
 
 static int build(const struct status_src *s, uint8_t *buf, size_t cap, unsigned max)

@@ -460,7 +460,7 @@ int tenantdir_adopt(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf
     return 0;
 }
 
-bool tenantdir_holds(const struct tenantdirs *t, const struct tenantdir_conn *c)
+bool tenantdir_holds(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t *visits)
 {
     if (!t || !c->dir)
         return false;
@@ -468,12 +468,19 @@ bool tenantdir_holds(const struct tenantdirs *t, const struct tenantdir_conn *c)
      * read sees CLOSED and is given back by the client; one taken before is seen here,
      * and CLOSED is cleared again (the connection is not idle after all). */
     atomic_store(handoff_journal_flag(c->journal), 1u);
-    for (const struct registry_buf *b = c->dir->members; b; b = b->lent_next)
+    const struct registry_buf *hint = c->hint ? t->at[c->hint - 1] : NULL;
+    bool held = hint && hint->tenant == c->dir->uid && atomic_load(&c->journal[hint->pb->slot]);
+    uint64_t n = 0;
+    for (const struct registry_buf *b = c->dir->members; b && !held; b = b->lent_next, n++)
         if (atomic_load(&c->journal[b->pb->slot])) {
-            atomic_store(handoff_journal_flag(c->journal), 0u);
-            return true;
+            c->hint = b->pb->slot + 1;
+            held = true;
         }
-    return false;
+    *visits += n;
+    t->st.idle_visits += n;
+    if (held)
+        atomic_store(handoff_journal_flag(c->journal), 0u);
+    return held;
 }
 
 bool tenantdir_holds_buf(const struct tenantdirs *t, const struct tenantdir_conn *c, const struct registry_buf *b)

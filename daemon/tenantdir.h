@@ -34,6 +34,7 @@ struct tenantdir;
 struct tenantdir_conn {
     struct tenantdir *dir;
     _Atomic uint32_t *journal;         /* mapped read-write: CLOSED, and counts taken over */
+    uint32_t hint;                     /* slot + 1 of the member tenantdir_holds last found held */
     struct tenantdir_conn *prev, *next;
 };
 
@@ -46,6 +47,7 @@ struct tenantdir_stats {
     uint64_t crash_holds;              /* holds dropped from the journals of ended connections */
     uint64_t repaired;                 /* free members found off their lists after a kill */
     uint64_t ignored;                  /* requests that named nothing of theirs */
+    uint64_t idle_visits;              /* members walked by idle checks (tenantdir_holds) */
 };
 
 /* tenantdirs: every table; owned by the server. */
@@ -96,10 +98,13 @@ int tenantdir_adopt(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t buf
                     struct registry_buf **ret);
 
 /* tenantdir_holds: whether c's journal counts a hold on a member of its table (such a
- * connection is not idle: closing it would drop holds a process still uses). O(members).
- * Asked only before closing c for idleness: false leaves the journal CLOSED (a hold its
- * client takes from here is given back by the client, which then asks the daemon). */
-bool tenantdir_holds(const struct tenantdirs *t, const struct tenantdir_conn *c);
+ * connection is not idle: closing it would drop holds a process still uses). The member
+ * its last answer found held is looked at first (O(1) while the process keeps holding
+ * it), then the uid's members (O(members)); *visits grows by the members walked, so that
+ * the caller can bound one sweep's work. Asked only before closing c for idleness: false
+ * leaves the journal CLOSED (a hold its client takes from here is given back by the
+ * client, which then asks the daemon). */
+bool tenantdir_holds(struct tenantdirs *t, struct tenantdir_conn *c, uint64_t *visits);
 /* tenantdir_holds_buf: whether c's journal counts a hold on member b of its uid. */
 bool tenantdir_holds_buf(const struct tenantdirs *t, const struct tenantdir_conn *c, const struct registry_buf *b);
 

@@ -27,6 +27,7 @@
 #include <grp.h>
 #include <limits.h>
 #include <setjmp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -2135,5 +2136,140 @@ Test(handoff_attacks, an_expensive_flood_beside_thousands_of_leases_costs_only_t
     shmref_release_many(bufs, FAIR_LEASES);
     for (int i = 0; i < FAIR_CONNS; i++)
         shmref_close(held[i]);
+    daemon_stop(&d);
+}
+
+/* ---- (6) idle connections that hold in the table cost the idle sweep O(1) each -------- */
+
+/* A connection that only hands off in its table sends the daemon nothing, so past
+ * --idle-timeout each housekeeping sweep (one a second) asks its journal whether it holds
+ * anything before it may close it. That walked the uid's members for every such
+ * connection, every sweep: with 128 connections holding the member walked last among
+ * 4,096, 524,288 members a second, for as long as they stayed (up to 512 connections of
+ * 65,536 members: tens of millions, every second, stalling every other uid). Now a sweep
+ * looks first at the member a connection was last found holding, looks at one found
+ * holding again only an idle timeout later, and walks at most SESSION_IDLE_VISITS (65,536)
+ * members plus one walk. The attacker (uid 65534) makes 4,096 members (its share of the
+ * daemon's fd budget allows no more here), then 128 connections whose journals count a
+ * hold on the oldest (the walk's last); root watches table.idle_visits: it must stop
+ * growing once each connection was walked once (at most 8 sweeps), and grow by less than
+ * one walk over the next 5 s. Before: it grew by 524,288 a second for as long as the
+ * connections stayed. Root's pings are printed beside it. */
+#define IDLE_MEMBERS 4096
+#define IDLE_CONNS 128
+
+struct idle_arg {
+    const char *socket;
+    int ready; /* write end: one byte once every journal counts its hold */
+};
+
+static int idle_holder(void *p)
+{
+    struct idle_arg *a = p;
+    if (become(OTHER_UID) < 0)
+        return 2;
+    shmref_conn *c;
+    if (shmref_connect(a->socket, &c) < 0)
+        return 3;
+    static shmref_buf *b[IDLE_MEMBERS];
+    for (int i = 0; i < IDLE_MEMBERS; i++)
+        if (shmref_lease(c, PAGE, &b[i]) < 0) {
+            fprintf(stderr, "idle_holder: lease %d: %s\n", i, shmref_errmsg(c));
+            return 4;
+        }
+    struct raw look;
+    if (raw_open(&look, a->socket) < 0)
+        return 5;
+    /* The first released joins the table first: the members list is newest first, so
+     * its walk reaches this one last. Its slot: the only member's, once it joined. */
+    shmref_release(b[0]);
+    if (shmref_ping(c) < 0)
+        return 6;
+    int64_t slot = -1;
+    for (uint32_t i = 0; i < HANDOFF_MAX_SLOTS && slot < 0; i++)
+        if (atomic_load(&handoff_entry_at(look.tab, i)->buf_id))
+            slot = i;
+    if (slot < 0)
+        return 7;
+    for (int i = 1; i < IDLE_MEMBERS; i++)
+        shmref_release(b[i]);
+    if (shmref_ping(c) < 0)
+        return 8;
+    static struct raw conns[IDLE_CONNS];
+    for (int i = 0; i < IDLE_CONNS; i++) {
+        if (raw_open(&conns[i], a->socket) < 0)
+            return 9;
+        atomic_store(&conns[i].journal[slot], 1u); /* "holds" the walk's last member */
+    }
+    char one = 1;
+    if (write(a->ready, &one, 1) != 1)
+        return 10;
+    for (;;)
+        pause(); /* idle, holding: killed by the test */
+}
+
+Test(handoff_attacks, idle_connections_holding_in_the_table_cost_the_sweep_o1_each, .timeout = 300)
+{
+    struct daemon d;
+    daemon_start(&d, "--socket-mode", "0666", "--idle-timeout", "1", "--max-leases", "16384", NULL);
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    struct idle_arg a = { .socket = d.socket, .ready = pfd[1] };
+    pid_t pid = child_run(idle_holder, &a);
+    close(pfd[1]);
+    char one;
+    struct pollfd pf = { .fd = pfd[0], .events = POLLIN };
+    int pr = poll(&pf, 1, 120000);
+    if (pr != 1 || read(pfd[0], &one, 1) != 1) {
+        kill(pid, SIGKILL);
+        cr_assert_fail("the attacker did not get ready (exit %d)", child_wait(pid));
+    }
+    close(pfd[0]);
+    cr_assert_eq(wait_status(&d, "table.members", IDLE_MEMBERS, 30000), IDLE_MEMBERS);
+    int fd = raw_connect(&d);
+    raw_hello(fd);
+    /* until idle_visits stood still for 2.5 s (at least two sweeps): each connection walked
+     * once (the budget spreads 128 walks of 4,096 over 8 sweeps), or 60 s */
+    uint64_t v = status_u64(&d, "table.idle_visits"), last = v;
+    long still_since = now_us(), deadline = now_us() + 60000000L, worst = 0;
+    while (now_us() < deadline && now_us() - still_since < 2500000L) {
+        long t = ping_us(fd);
+        worst = t > worst ? t : worst;
+        usleep(100000);
+        v = status_u64(&d, "table.idle_visits");
+        if (v != last) {
+            last = v;
+            still_since = now_us();
+        }
+    }
+    uint64_t first = v;
+    printf("idle sweeps: %llu members walked until the checks settled (one walk of each of %d connections: %d, "
+           "and of the attacker's two that hold nothing)\n", (unsigned long long)first, IDLE_CONNS, IDLE_CONNS * IDLE_MEMBERS);
+    cr_assert_lt(now_us(), deadline, "table.idle_visits never stopped growing (%llu): every sweep walks the members",
+                 (unsigned long long)v);
+    cr_assert_geq(first, (uint64_t)IDLE_CONNS * IDLE_MEMBERS, "the connections were not each walked once: %llu",
+                  (unsigned long long)first);
+    long t0 = now_us(), n = 0, sum = 0;
+    while (now_us() - t0 < 5000000L) {
+        long t = ping_us(fd);
+        worst = t > worst ? t : worst;
+        sum += t;
+        n++;
+        usleep(20000);
+    }
+    uint64_t after = status_u64(&d, "table.idle_visits");
+    printf("over the next 5 s: %llu more members walked (%ld root pings, mean %ld us, worst of the test %ld us)\n",
+           (unsigned long long)(after - first), n, n ? sum / n : 0, worst);
+    cr_assert_lt(after - first, (uint64_t)IDLE_MEMBERS,
+                 "idle checks walked %llu members in 5 s after every connection was found holding",
+                 (unsigned long long)(after - first));
+    /* the attacker's two others (its library's, its look at the table) held nothing: closed;
+     * the status request's own connection has a journal too */
+    uint64_t journals = status_u64(&d, "table.journals");
+    cr_assert_eq(journals, IDLE_CONNS + 1, "%llu journals: a holding connection was closed as idle, or one holding "
+                 "nothing was not", (unsigned long long)journals);
+    close(fd);
+    kill(pid, SIGKILL);
+    child_wait(pid);
     daemon_stop(&d);
 }

@@ -869,20 +869,57 @@ Test(tenantdir, holds_is_the_idle_check)
     conn_join(&f, &k1, 1000);
     conn_join(&f, &k2, 1000);
     struct registry_buf *b = granted(&f, 1000, 100 * KiB);
-    cr_assert_not(tenantdir_holds(&f.td, &k1.c));
+    uint64_t visits = 0;
+    cr_assert_not(tenantdir_holds(&f.td, &k1.c, &visits));
     cr_assert(handoff_journal_closed(k1.journal), "an idle connection's journal not CLOSED");
     cr_assert_not(tenantdir_holds_buf(&f.td, &k1.c, b));
     uint32_t slot, seq;
     cr_assert_eq(handoff_lease(k1.tab, k1.journal, 0, T, &slot, &seq), 0);
     cr_assert(tenantdir_holds_buf(&f.td, &k1.c, b));
     cr_assert_not(tenantdir_holds_buf(&f.td, &k2.c, b));
-    cr_assert_not(tenantdir_holds(&f.td, &k2.c), "another connection's hold counted");
-    cr_assert(tenantdir_holds(&f.td, &k1.c));
+    cr_assert_not(tenantdir_holds(&f.td, &k2.c, &visits), "another connection's hold counted");
+    cr_assert(tenantdir_holds(&f.td, &k1.c, &visits));
     cr_assert_not(handoff_journal_closed(k1.journal), "CLOSED not cleared for a busy connection");
     cr_assert_eq(handoff_give(k1.tab, k1.journal, slot, T), HANDOFF_FREED);
-    cr_assert_not(tenantdir_holds(&f.td, &k1.c));
+    cr_assert_not(tenantdir_holds(&f.td, &k1.c, &visits));
     conn_end(&f, &k1);
     conn_end(&f, &k2);
+    fx_close(&f);
+}
+
+/* The idle check of a connection that keeps holding one member costs O(1) after its
+ * first walk: it looks at the member it last found held first. (Without that, a sweep
+ * walked the uid's members for every connection that only hands off in its table, every
+ * second once it was idle: up to 65,536 members per connection.) */
+Test(tenantdir, holds_looks_at_its_last_find_first)
+{
+    struct fx f;
+    fx_open(&f);
+    struct conn k;
+    conn_join(&f, &k, 1000);
+    enum { N = 64 };
+    for (int i = 0; i < N; i++)
+        (void)granted(&f, 1000, 4 * KiB);
+    /* the class's list pops the last granted first; the members list walks newest first:
+     * take every buffer, keep the oldest (the walk's last), give the others back */
+    uint32_t slots[N], seq;
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(handoff_lease(k.tab, k.journal, 0, T, &slots[i], &seq), 0);
+    for (int i = 0; i < N - 1; i++)
+        cr_assert_eq(handoff_give(k.tab, k.journal, slots[i], T), HANDOFF_FREED);
+    uint64_t visits = 0;
+    cr_assert(tenantdir_holds(&f.td, &k.c, &visits));
+    cr_assert_eq(visits, N, "the first check walked %llu members", (unsigned long long)visits);
+    for (int i = 0; i < 10; i++)
+        cr_assert(tenantdir_holds(&f.td, &k.c, &visits));
+    cr_assert_eq(visits, N, "later checks walked again: %llu", (unsigned long long)visits);
+    cr_assert_not(handoff_journal_closed(k.journal));
+    /* given back: the hint finds nothing, the walk nothing, the connection is idle */
+    cr_assert_eq(handoff_give(k.tab, k.journal, slots[N - 1], T), HANDOFF_FREED);
+    cr_assert_not(tenantdir_holds(&f.td, &k.c, &visits));
+    cr_assert_eq(visits, N + N);
+    cr_assert(handoff_journal_closed(k.journal));
+    conn_end(&f, &k);
     fx_close(&f);
 }
 
@@ -1066,7 +1103,8 @@ Test(tenantdir, hostile_table_never_hurts_the_daemon_or_another_uid)
     registry_release(f.core.reg, &ph, phd); /* a grant into the scribbled table */
     (void)later;
     A_ALIVE();
-    (void)tenantdir_holds(&f.td, &k1.c);
+    uint64_t visits = 0;
+    (void)tenantdir_holds(&f.td, &k1.c, &visits);
     conn_leave(&f, &k1); /* 0xffffffff of every member */
     A_ALIVE();
     cr_assert(c->lent, "uid 1000's leave ended uid 1001's buffer");
