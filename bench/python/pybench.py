@@ -265,6 +265,16 @@ def add_ratios(rows, baseline):
 # --- paired rows and acquire + release --------------------------------------------------
 
 
+def open_with_servers(ms, ctx, tmpdir, servers):
+    """Each socket method of ms gets its server process (appended to servers, for the
+    caller to stop) and opens its client."""
+    for m in ms:
+        srv = Server(m.name, ctx, tmpdir)
+        servers.append(srv)
+        m.sock = srv.sock
+        m.client_open(ctx)
+
+
 def paired(args, ctx, have, tmpdir, names, n, blocks=10, per_block=40):
     """Two methods measured in alternating blocks (both servers up), so that a noisy
     neighbour hits both alike: for the close call at 1e3 between base64 and encode."""
@@ -273,11 +283,7 @@ def paired(args, ctx, have, tmpdir, names, n, blocks=10, per_block=40):
         return None
     servers = []
     try:
-        for m in ms:
-            srv = Server(m.name, ctx, tmpdir)
-            servers.append(srv)
-            m.sock = srv.sock
-            m.client_open(ctx)
+        open_with_servers(ms, ctx, tmpdir, servers)
         samples = {m.name: [] for m in ms}
         payload = Payload(n, False)
         for b in range(blocks):
@@ -308,11 +314,7 @@ def placement(args, ctx, have, tmpdir, names=("mp-shared-memory-reused", "shmref
     out = {}
     mine = os.sched_getaffinity(0)
     try:
-        for m in ms:
-            srv = Server(m.name, ctx, tmpdir)
-            servers.append(srv)
-            m.sock = srv.sock
-            m.client_open(ctx)
+        open_with_servers(ms, ctx, tmpdir, servers)
         payload = Payload(n, False)
         for where, (c, s) in (("same CPU", (cpus[0], cpus[0])), ("cross CPU", (cpus[0], cpus[1]))):
             os.sched_setaffinity(0, {c})
